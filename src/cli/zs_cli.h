@@ -1,0 +1,17 @@
+/* zs_cli.h - the native command's subcommand table. An area that adds a
+ * subcommand declares its function here and appends an entry to
+ * ZS_CLI_EXTRA_COMMANDS (e.g. "bench" in bench.c). */
+#ifndef ZS_CLI_H
+#define ZS_CLI_H
+
+#include "zspeed/zspeed.h"
+
+typedef struct {
+  const char *name;
+  const char *help;
+  int (*run)(int argc, char **argv); /* argv after the command name */
+} zs_cli_command;
+
+#define ZS_CLI_EXTRA_COMMANDS {NULL, NULL, NULL}
+
+#endif
