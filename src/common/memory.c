@@ -22,6 +22,11 @@ int zs_alloc_aligned(void **out, size_t size, size_t align) {
                     "got %zu",
                     (unsigned)sizeof(void *), align);
   if (size == 0) size = align; /* a unique, freeable pointer */
+  /* Some allocators (msvcrt's _aligned_malloc under Wine) overflow
+   * size + align silently: refuse impossible sizes ourselves. */
+  if (size > SIZE_MAX - 2 * align)
+    return zs__fail(ZS_ENOMEM, "cannot allocate %zu bytes aligned to %zu",
+                    size, align);
 #ifdef _WIN32
   p = _aligned_malloc(size, align);
   if (!p)

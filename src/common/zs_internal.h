@@ -24,7 +24,12 @@
 
 /* --------------------------------------------------------------- helpers */
 
-#if defined(__GNUC__) || defined(__clang__)
+#if defined(__MINGW32__)
+/* MinGW: C99 printf (%zu, %lld) via __USE_MINGW_ANSI_STDIO, set by CMake. */
+#  define ZS_PRINTF(f, a) __attribute__((format(gnu_printf, f, a)))
+#  define ZS_LIKELY(x) __builtin_expect(!!(x), 1)
+#  define ZS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#elif defined(__GNUC__) || defined(__clang__)
 #  define ZS_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #  define ZS_LIKELY(x) __builtin_expect(!!(x), 1)
 #  define ZS_UNLIKELY(x) __builtin_expect(!!(x), 0)
