@@ -61,11 +61,15 @@ test-windows: setup
 	cmake --build build-mingw -j $(JOBS)
 	bash scripts/wine-ctest.sh build-mingw
 
+# Build the wheel, then install that wheel: the tests check what users get.
 install-python: setup
-	$(PY) -m pip install --no-build-isolation -q . 
+	rm -rf dist
+	$(PY) -m pip wheel --no-build-isolation --no-deps -q -w dist .
+	$(PY) -m pip install --force-reinstall --no-deps -q dist/zspeed-*.whl
 
 test-python: install-python
-	cd tests/python && ../../$(PY) -m pytest -q -p no:cacheprovider .
+	cd tests/python && ZSPEED_WHEEL="$$(ls $(CURDIR)/dist/zspeed-*.whl)" \
+	  ../../$(PY) -m pytest -q -p no:cacheprovider .
 
 test: test-c test-asan test-tsan test-windows test-python
 	@echo "make test: all suites passed"

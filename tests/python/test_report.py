@@ -54,3 +54,16 @@ def test_unknown_command_and_option(zs):
     assert res.returncode == 2 and "unknown command" in res.stderr
     res = zs("report", "--xml", check=False)
     assert res.returncode == 2
+
+
+def test_console_script_matches_module():
+    """`pip install` puts a `zspeed` console script next to the interpreter."""
+    import os
+    import subprocess
+    import sys
+    exe = os.path.join(os.path.dirname(sys.executable),
+                       "zspeed.exe" if os.name == "nt" else "zspeed")
+    assert os.path.exists(exe), exe
+    out = subprocess.run([exe, "report", "--json"], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert json.loads(out)["version"] == lib.zs_version_string().decode()
