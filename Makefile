@@ -4,9 +4,10 @@
 #
 #   make demo        set up, build, print the report, run the demo
 #   make test        every test: C (plain, ASan+UBSan, TSan), Windows cross
-#                    build under Wine, Python package + pytest
+#                    build under Wine, arm64 cross build under qemu, Python
+#                    package + pytest
 #   make build       the native library, command and C tests in build/
-#   make test-c | test-asan | test-tsan | test-windows | test-python
+#   make test-c | test-asan | test-tsan | test-windows | test-arm64 | test-python
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -18,7 +19,7 @@ CMAKE_GEN := -G Ninja
 SETUP_STAMP := $(VENV)/.zspeed-setup
 
 .PHONY: all setup build demo test test-c test-asan test-tsan test-windows \
-        test-python install-python clean
+        test-arm64 test-python install-python clean
 
 all: build
 
@@ -71,7 +72,15 @@ test-python: install-python
 	cd tests/python && ZSPEED_WHEEL="$$(ls $(CURDIR)/dist/zspeed-*.whl)" \
 	  ../../$(PY) -m pytest -q -p no:cacheprovider .
 
-test: test-c test-asan test-tsan test-windows test-python
+# Cross-build for 64-bit Arm and run the C tests under qemu-user: the NEON
+# paths get the same tests as the x86 ones.
+test-arm64: setup
+	cmake -S . -B build-arm64 $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
+	cmake --build build-arm64 -j $(JOBS)
+	cd build-arm64 && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+test: test-c test-asan test-tsan test-windows test-arm64 test-python
 	@echo "make test: all suites passed"
 
 demo: build install-python
@@ -79,4 +88,4 @@ demo: build install-python
 	bash scripts/demo.sh
 
 clean:
-	rm -rf build build-asan build-tsan build-mingw dist
+	rm -rf build build-asan build-tsan build-mingw build-arm64 dist

@@ -21,6 +21,8 @@ need gcc-mingw-w64-x86-64 have x86_64-w64-mingw32-gcc
 need wine64 bash -c 'command -v wine64 || test -x /usr/lib/wine/wine64'
 need python3-venv python3 -c 'import ensurepip, venv'
 need fio have fio
+need gcc-aarch64-linux-gnu have aarch64-linux-gnu-gcc
+need qemu-user have qemu-aarch64
 need util-linux have setarch
 
 if ((${#missing[@]})); then
