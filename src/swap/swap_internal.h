@@ -1,0 +1,55 @@
+/* swap_internal.h - the swapper's handle, shared by swap.c (creation,
+ * state access) and swap_step.c (the pipelined step). */
+#ifndef ZS_SWAP_INTERNAL_H
+#define ZS_SWAP_INTERNAL_H
+
+#include "zs_internal.h"
+#include "zspeed/aio.h"
+#include "zspeed/optim.h"
+#include "zspeed/swap.h"
+
+/* One partition: its size, where its two slots live, which one is valid. */
+typedef struct zs__swap_part {
+  uint64_t n;
+  int64_t off;     /* file offset of slot 0; slot 1 follows at off + slot */
+  int64_t slot;    /* bytes of one slot (image rounded up to the alignment) */
+  int64_t image;   /* bytes of the image proper */
+  int64_t param_off, m_off, v_off, ms_off, vs_off; /* -1 = absent */
+  int active;      /* slot holding the committed state */
+  int ready;       /* 1 once initialized / loaded */
+} zs__swap_part;
+
+struct zs_swap {
+  int nparts;
+  zs__swap_part *parts;
+  int optimizer, state_dtype;
+  double lr, beta1, beta2, eps, weight_decay;
+  int adamw_mode, bias_correction, num_threads;
+  zs_pool *pool;
+  int sync_each_step;
+  int64_t steps;
+  /* I/O */
+  zs_aio *aio;
+  zs_aio_file *file;
+  char *path;
+  int64_t file_bytes;
+  int bufcount;
+  size_t bufbytes;  /* bytes of each pinned buffer (largest slot) */
+  void **bufs;
+  int locked;
+  zs_swap_stats stats;
+};
+
+/* Size in bytes of one state element (1 for Q8). */
+size_t zs__swap_state_es(int state_dtype);
+/* Reads / writes one slot of one partition synchronously through the aio
+ * handle, applying the "swap.read" / "swap.write" fault sites. */
+int zs__swap_io(zs_swap *s, int part, int slot, void *buf, int write);
+/* Runs the configured optimizer on t (t->n == 0: only validates). */
+int zs__swap_kernel(const zs_swap *s, const zs_optim_tensors *t, double lr,
+                    double beta1, double beta2, double eps, double wd,
+                    double grad_scale, int64_t step);
+/* Checks the "swap.read"/"swap.write" sites for a completed request. */
+int zs__swap_fault(int write, int part);
+
+#endif /* ZS_SWAP_INTERNAL_H */

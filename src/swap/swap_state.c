@@ -1,0 +1,220 @@
+/* swap_state.c - reading and replacing one partition's state outside a
+ * step: initialization from fp32 params, fp32 views for checkpoints, and
+ * raw images for bit-exact checkpoints. Every write goes to the partition's
+ * inactive slot and flips it only after the write succeeded, so a failure
+ * keeps the old state. These calls use buffer 0 as scratch (no step runs
+ * at the same time: one call at a time per handle). */
+#include <string.h>
+
+#include "swap/swap_internal.h"
+
+static int check_part(const zs_swap *s, int part, const char *fn) {
+  if (!s) return zs__fail(ZS_EINVAL, "%s: s is NULL", fn);
+  if (part < 0 || part >= s->nparts)
+    return zs__fail(ZS_EINVAL, "%s: partition %d out of range [0, %d)", fn,
+                    part, s->nparts);
+  return 0;
+}
+
+int zs__swap_io(zs_swap *s, int part, int slot, void *buf, int write) {
+  zs__swap_part *p = &s->parts[part];
+  int64_t off = p->off + slot * p->slot;
+  int rc = write ? zs_aio_write(s->aio, s->file, buf, p->slot, off)
+                 : zs_aio_read(s->aio, s->file, buf, p->slot, off);
+  if (rc == 0) rc = zs__swap_fault(write, part);
+  if (rc < 0)
+    return zs__fail_prefix(rc, "%s partition %d (slot %d, %lld bytes at "
+                           "offset %lld of %s)", write ? "writing" : "reading",
+                           part, slot, (long long)p->slot, (long long)off,
+                           s->path);
+  if (write)
+    s->stats.bytes_written += (uint64_t)p->slot;
+  else
+    s->stats.bytes_read += (uint64_t)p->slot;
+  return 0;
+}
+
+/* Writes buffer 0 to part's inactive slot and makes it the active one. */
+static int commit_buf0(zs_swap *s, int part) {
+  zs__swap_part *p = &s->parts[part];
+  int rc = zs__swap_io(s, part, !p->active, s->bufs[0], 1);
+  if (rc < 0) return rc;
+  p->active = !p->active;
+  p->ready = 1;
+  return 0;
+}
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Stores n fp32 values (NULL = zeros) as the state dtype at dst. */
+static void put_state(int dt, void *dst, const float *src, size_t n) {
+  size_t i;
+  if (!src) {
+    memset(dst, 0, n * zs__swap_state_es(dt));
+  } else if (dt == ZS_DTYPE_F32) {
+    memcpy(dst, src, n * 4);
+  } else {
+    uint16_t *d = dst;
+    for (i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+  }
+}
+
+static void get_state(int dt, float *dst, const void *src, size_t n) {
+  size_t i;
+  if (dt == ZS_DTYPE_F32) {
+    memcpy(dst, src, n * 4);
+  } else {
+    const uint16_t *s = src;
+    for (i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+  }
+}
+
+static int check_state_ptrs(const zs_swap *s, const char *fn, const void *m,
+                            const void *v) {
+  if (m && s->optimizer == ZS_SWAP_ADAGRAD)
+    return zs__fail(ZS_EINVAL, "%s: Adagrad has no m (its sum is v); pass "
+                    "NULL", fn);
+  if (v && s->optimizer == ZS_SWAP_LION)
+    return zs__fail(ZS_EINVAL, "%s: Lion has no v (its state is m); pass "
+                    "NULL", fn);
+  return 0;
+}
+
+int zs_swap_set_state(zs_swap *s, int part, const float *param,
+                      const float *m, const float *v) {
+  const char *fn = "zs_swap_set_state";
+  zs__swap_part *p;
+  unsigned char *b;
+  int rc;
+  if ((rc = check_part(s, part, fn)) < 0) return rc;
+  if (!param) return zs__fail(ZS_EINVAL, "%s: param is NULL", fn);
+  if ((rc = check_state_ptrs(s, fn, m, v)) < 0) return rc;
+  p = &s->parts[part];
+  b = s->bufs[0];
+  memset(b, 0, (size_t)p->slot);
+  memcpy(b + p->param_off, param, p->n * 4);
+  if (s->state_dtype == ZS_DTYPE_Q8) {
+    /* Quantize both moments together; a missing one is zero. */
+    if (m || v) {
+      float *zero = NULL;
+      if (!m || !v) {
+        rc = zs_alloc_aligned((void **)&zero, p->n * 4, 64);
+        if (rc < 0) return rc;
+        memset(zero, 0, p->n * 4);
+      }
+      rc = zs_adam_q8_quantize(m ? m : zero, v ? v : zero, p->n,
+                               (int8_t *)(b + p->m_off),
+                               (float *)(b + p->ms_off),
+                               (uint8_t *)(b + p->v_off),
+                               (float *)(b + p->vs_off));
+      zs_free_aligned(zero);
+      if (rc < 0) return zs__fail_prefix(rc, "%s: partition %d", fn, part);
+    }
+  } else {
+    if (p->m_off >= 0) put_state(s->state_dtype, b + p->m_off, m, p->n);
+    if (p->v_off >= 0) put_state(s->state_dtype, b + p->v_off, v, p->n);
+  }
+  return commit_buf0(s, part);
+}
+
+int zs_swap_init_partition(zs_swap *s, int part, const float *params) {
+  return zs_swap_set_state(s, part, params, NULL, NULL);
+}
+
+static int check_ready(const zs_swap *s, int part, const char *fn) {
+  if (!s->parts[part].ready)
+    return zs__fail(ZS_ESTATE, "%s: partition %d holds no state yet; call "
+                    "zs_swap_init_partition, zs_swap_set_state or "
+                    "zs_swap_write_image first", fn, part);
+  return 0;
+}
+
+int zs_swap_get_state(zs_swap *s, int part, float *param, float *m, float *v) {
+  const char *fn = "zs_swap_get_state";
+  zs__swap_part *p;
+  unsigned char *b;
+  int rc;
+  if ((rc = check_part(s, part, fn)) < 0) return rc;
+  if ((rc = check_state_ptrs(s, fn, m, v)) < 0) return rc;
+  if ((rc = check_ready(s, part, fn)) < 0) return rc;
+  p = &s->parts[part];
+  b = s->bufs[0];
+  if ((rc = zs__swap_io(s, part, p->active, b, 0)) < 0) return rc;
+  if (param) memcpy(param, b + p->param_off, p->n * 4);
+  if (s->state_dtype == ZS_DTYPE_Q8) {
+    if (m || v)
+      return zs_adam_q8_dequantize(
+          m ? (const int8_t *)(b + p->m_off) : NULL,
+          m ? (const float *)(b + p->ms_off) : NULL,
+          v ? (const uint8_t *)(b + p->v_off) : NULL,
+          v ? (const float *)(b + p->vs_off) : NULL, p->n, m, v);
+    return 0;
+  }
+  if (m) get_state(s->state_dtype, m, b + p->m_off, p->n);
+  if (v) get_state(s->state_dtype, v, b + p->v_off, p->n);
+  return 0;
+}
+
+int64_t zs_swap_image_bytes(const zs_swap *s, int part) {
+  int rc = check_part(s, part, "zs_swap_image_bytes");
+  return rc < 0 ? rc : s->parts[part].image;
+}
+
+int zs_swap_layout(const zs_swap *s, int part, int64_t *param_off,
+                   int64_t *m_off, int64_t *v_off, int64_t *ms_off,
+                   int64_t *vs_off, int64_t *total) {
+  const zs__swap_part *p;
+  int rc = check_part(s, part, "zs_swap_layout");
+  if (rc < 0) return rc;
+  p = &s->parts[part];
+  if (param_off) *param_off = p->param_off;
+  if (m_off) *m_off = p->m_off;
+  if (v_off) *v_off = p->v_off;
+  if (ms_off) *ms_off = p->ms_off;
+  if (vs_off) *vs_off = p->vs_off;
+  if (total) *total = p->image;
+  return 0;
+}
+
+int zs_swap_read_image(zs_swap *s, int part, void *buf, int64_t len) {
+  const char *fn = "zs_swap_read_image";
+  int rc;
+  if ((rc = check_part(s, part, fn)) < 0) return rc;
+  if (!buf || len != s->parts[part].image)
+    return zs__fail(ZS_EINVAL, "%s: buf must hold exactly %lld bytes "
+                    "(zs_swap_image_bytes), got %lld", fn,
+                    (long long)s->parts[part].image, (long long)len);
+  if ((rc = check_ready(s, part, fn)) < 0) return rc;
+  if ((rc = zs__swap_io(s, part, s->parts[part].active, s->bufs[0], 0)) < 0)
+    return rc;
+  memcpy(buf, s->bufs[0], (size_t)len);
+  return 0;
+}
+
+int zs_swap_write_image(zs_swap *s, int part, const void *buf, int64_t len) {
+  const char *fn = "zs_swap_write_image";
+  zs__swap_part *p;
+  int rc;
+  if ((rc = check_part(s, part, fn)) < 0) return rc;
+  p = &s->parts[part];
+  if (!buf || len != p->image)
+    return zs__fail(ZS_EINVAL, "%s: buf must hold exactly %lld bytes "
+                    "(zs_swap_image_bytes), got %lld", fn,
+                    (long long)p->image, (long long)len);
+  memset(s->bufs[0], 0, (size_t)p->slot);
+  memcpy(s->bufs[0], buf, (size_t)len);
+  return commit_buf0(s, part);
+}

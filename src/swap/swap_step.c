@@ -1,0 +1,230 @@
+/* swap_step.c - one optimizer step over every partition, pipelined:
+ *
+ *   read(i+1..i+B-1)  ||  step(i) on the pool  ||  write(i-1, i-2, ...)
+ *
+ * Partition j uses pinned buffer j % B. Its read can be issued once the
+ * write of partition j - B (the buffer's previous user) has completed. The
+ * caller's thread drives everything: before stepping partition i it blocks
+ * only for what i strictly needs (its buffer free, its read done); all
+ * look-ahead reads are issued without blocking, also between slices of the
+ * compute, so a write that completes while partition i is being stepped
+ * frees its buffer for the next read at once. Writes go to each
+ * partition's inactive slot; the slots flip only after every write
+ * succeeded (see swap.h for the guarantee). */
+#include <stdio.h>
+#include <string.h>
+
+#include "swap/swap_internal.h"
+
+typedef struct swap_pipe {
+  zs_swap *s;
+  const zs_swap_step_args *a;
+  double lr;
+  int64_t step;
+  int64_t rid[64], wid[64]; /* pending request per buffer, 0 = none */
+  int wpart[64];
+  int next_read;
+  int err;
+  char msg[600];
+} swap_pipe;
+
+static void record(swap_pipe *p, int rc, const char *what, int part) {
+  if (p->err) return;
+  p->err = rc;
+  snprintf(p->msg, sizeof p->msg, "zs_swap_step: %s partition %d failed, "
+           "the step was abandoned and every partition keeps the state of "
+           "step %lld: %s", what, part, (long long)p->s->steps,
+           zs_last_error());
+}
+
+/* Collects the write pending on buffer b. Without `block` it only does so
+ * if the write has completed. Returns 1 if the buffer is free. */
+static int reap_write(swap_pipe *p, int b, int block) {
+  zs_swap *s = p->s;
+  uint64_t t0;
+  int rc;
+  if (!p->wid[b]) return 1;
+  if (!block && zs_aio_test(s->aio, p->wid[b]) == 0) return 0;
+  t0 = zs__now_ns();
+  rc = zs_aio_wait(s->aio, p->wid[b]);
+  if (block) s->stats.write_wait_ns += zs__now_ns() - t0;
+  if (rc == 0) rc = zs__swap_fault(1, p->wpart[b]);
+  p->wid[b] = 0;
+  if (rc < 0)
+    record(p, rc, "writing", p->wpart[b]);
+  else
+    s->stats.bytes_written += (uint64_t)s->parts[p->wpart[b]].slot;
+  return 1;
+}
+
+/* Issues reads in partition order up to partition last; the read of
+ * partition `must` (if not issued yet) may block for its buffer, the others
+ * are issued only if their buffer is already free. */
+static void issue_reads(swap_pipe *p, int must, int last) {
+  zs_swap *s = p->s;
+  while (!p->err && p->next_read < s->nparts && p->next_read <= last) {
+    int j = p->next_read, b = j % s->bufcount;
+    zs__swap_part *q = &s->parts[j];
+    int64_t id;
+    if (!reap_write(p, b, j == must) || p->err) return;
+    id = zs_aio_pread(s->aio, s->file, s->bufs[b], q->slot,
+                      q->off + q->active * q->slot);
+    if (id < 0) {
+      record(p, (int)id, "submitting the read of", j);
+      return;
+    }
+    p->rid[b] = id;
+    p->next_read++;
+  }
+}
+
+/* Elements per kernel call: between calls the driver issues the reads
+ * whose buffers were freed meanwhile. A multiple of ZS_OPTIM_CHUNK, so the
+ * 8-bit blocks and the kernels' chunking are the same as for one call. */
+static size_t slice_elems(const zs_swap *s) {
+  int th = s->num_threads;
+  if (th <= 0) th = zs_pool_size(s->pool ? s->pool : zs_pool_default()) + 1;
+  return (size_t)ZS_OPTIM_CHUNK * 8 * (size_t)ZS_MAX(th, 1);
+}
+
+static size_t dtype_bytes(int dt) { return dt == ZS_DTYPE_F32 ? 4 : 2; }
+
+/* Steps partition i, held in buffer b. */
+static int compute(swap_pipe *p, int i, int b) {
+  zs_swap *s = p->s;
+  const zs_swap_step_args *a = p->a;
+  zs__swap_part *q = &s->parts[i];
+  unsigned char *base = s->bufs[b];
+  size_t es = zs__swap_state_es(s->state_dtype), k, slice = slice_elems(s);
+  size_t gs = dtype_bytes(a->grad_dtype), os = dtype_bytes(a->out_dtype);
+  void *out = a->outs ? a->outs[i] : NULL;
+  int rc = 0;
+  for (k = 0; k < q->n && rc == 0; k += slice) {
+    zs_optim_tensors t;
+    uint64_t t0;
+    zs_optim_tensors_init(&t);
+    t.n = ZS_MIN(slice, q->n - k);
+    t.param = base + q->param_off + k * 4;
+    t.param_dtype = ZS_DTYPE_F32;
+    t.grad = (const unsigned char *)a->grads[i] + k * gs;
+    t.grad_dtype = a->grad_dtype;
+    t.state_dtype = s->state_dtype;
+    if (q->m_off >= 0) t.m = base + q->m_off + k * es;
+    if (q->v_off >= 0) t.v = base + q->v_off + k * es;
+    if (s->state_dtype == ZS_DTYPE_Q8) {
+      t.m_scale = (float *)(base + q->ms_off) + k / ZS_OPTIM_QBLOCK;
+      t.v_scale = (float *)(base + q->vs_off) + k / ZS_OPTIM_QBLOCK;
+    }
+    if (out) {
+      t.out = (unsigned char *)out + k * os;
+      t.out_dtype = a->out_dtype;
+    }
+    t0 = zs__now_ns();
+    rc = zs__swap_kernel(s, &t, p->lr, s->beta1, s->beta2, s->eps,
+                         s->weight_decay, a->grad_scale, p->step);
+    s->stats.compute_ns += zs__now_ns() - t0;
+    issue_reads(p, -1, i + s->bufcount - 1);
+  }
+  return rc;
+}
+
+/* Checks everything a step needs before any I/O starts. */
+static int check_args(swap_pipe *p) {
+  zs_swap *s = p->s;
+  const zs_swap_step_args *a = p->a;
+  zs_optim_tensors t;
+  int i, rc;
+  if (!a || !a->grads)
+    return zs__fail(ZS_EINVAL, "zs_swap_step: args and args->grads must not "
+                    "be NULL");
+  if (a->grad_dtype != ZS_DTYPE_F32 && a->grad_dtype != ZS_DTYPE_BF16 &&
+      a->grad_dtype != ZS_DTYPE_F16)
+    return zs__fail(ZS_EDTYPE, "zs_swap_step: grad_dtype %d must be "
+                    "ZS_DTYPE_F32, BF16 or F16", a->grad_dtype);
+  if (a->outs && a->out_dtype != ZS_DTYPE_BF16 && a->out_dtype != ZS_DTYPE_F16)
+    return zs__fail(ZS_EDTYPE, "zs_swap_step: out_dtype %d must be "
+                    "ZS_DTYPE_BF16 or F16", a->out_dtype);
+  if (a->step < 0)
+    return zs__fail(ZS_EINVAL, "zs_swap_step: step = %lld must be >= 0 "
+                    "(0 = count automatically)", (long long)a->step);
+  for (i = 0; i < s->nparts; i++) {
+    if (!a->grads[i])
+      return zs__fail(ZS_EINVAL, "zs_swap_step: grads[%d] is NULL", i);
+    if (!s->parts[i].ready)
+      return zs__fail(ZS_ESTATE, "zs_swap_step: partition %d holds no state "
+                      "yet; call zs_swap_init_partition for every partition "
+                      "first", i);
+  }
+  zs_optim_tensors_init(&t);
+  t.grad_dtype = a->grad_dtype;
+  t.state_dtype = s->state_dtype;
+  rc = zs__swap_kernel(s, &t, p->lr, s->beta1, s->beta2, s->eps,
+                       s->weight_decay, a->grad_scale, p->step);
+  return rc < 0 ? zs__fail_prefix(rc, "zs_swap_step") : 0;
+}
+
+int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
+  swap_pipe p;
+  uint64_t t_start = zs__now_ns(), t0;
+  int i, b, rc;
+  if (!s) return zs__fail(ZS_EINVAL, "zs_swap_step: s is NULL");
+  memset(&p, 0, sizeof p);
+  p.s = s, p.a = a;
+  if (a) {
+    p.lr = a->lr >= 0 ? a->lr : s->lr;
+    p.step = a->step > 0 ? a->step : s->steps + 1;
+  }
+  if ((rc = check_args(&p)) < 0) return rc;
+  for (i = 0; i < s->nparts && !p.err; i++) {
+    zs__swap_part *q = &s->parts[i];
+    b = i % s->bufcount;
+    issue_reads(&p, i, i + s->bufcount - 1);
+    if (p.err) break;
+    t0 = zs__now_ns();
+    rc = zs_aio_wait(s->aio, p.rid[b]);
+    s->stats.read_wait_ns += zs__now_ns() - t0;
+    p.rid[b] = 0;
+    if (rc == 0) rc = zs__swap_fault(0, i);
+    if (rc < 0) {
+      record(&p, rc, "reading", i);
+      break;
+    }
+    s->stats.bytes_read += (uint64_t)q->slot;
+    if ((rc = compute(&p, i, b)) < 0) {
+      record(&p, rc, "stepping", i);
+      break;
+    }
+    if (p.err) break;
+    p.wid[b] = zs_aio_pwrite(s->aio, s->file, s->bufs[b], q->slot,
+                             q->off + (!q->active) * q->slot);
+    p.wpart[b] = i;
+    if (p.wid[b] < 0) {
+      rc = (int)p.wid[b];
+      p.wid[b] = 0;
+      record(&p, rc, "submitting the write of", i);
+    }
+  }
+  /* Drain: every request must be collected before the buffers are reused,
+   * also after an error (then their results no longer matter). */
+  for (b = 0; b < s->bufcount; b++) {
+    if (p.rid[b]) zs_aio_wait(s->aio, p.rid[b]);
+    reap_write(&p, b, 1);
+  }
+  if (!p.err && s->sync_each_step) {
+    t0 = zs__now_ns();
+    rc = zs__fault_check("swap.sync");
+    if (rc == 0) rc = zs_aio_file_sync(s->file);
+    s->stats.sync_ns += zs__now_ns() - t0;
+    if (rc < 0) record(&p, rc, "syncing after writing", s->nparts - 1);
+  }
+  s->stats.last_step_ns = zs__now_ns() - t_start;
+  s->stats.step_ns += s->stats.last_step_ns;
+  if (p.err) {
+    s->stats.failed_steps++;
+    return zs__fail(p.err, "%s", p.msg);
+  }
+  for (i = 0; i < s->nparts; i++) s->parts[i].active = !s->parts[i].active;
+  s->steps = p.step;
+  s->stats.steps++;
+  return 0;
+}

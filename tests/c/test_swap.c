@@ -1,0 +1,538 @@
+/* The NVMe optimizer swapper. Every case runs under the aio backend the
+ * environment selects (ctest registers one variant per backend); a backend
+ * this machine lacks makes the cases SKIP with the reason.
+ *
+ * The reference is the same optimizer kernel called directly on in-RAM
+ * images laid out as zs_swap_layout says; the swapper must match it bit for
+ * bit (it calls the same kernels, sliced at ZS_OPTIM_CHUNK multiples, which
+ * optim.h guarantees changes no bits), so every comparison is memcmp. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zs_internal.h"
+#include "zspeed/aio.h"
+#include "zspeed/optim.h"
+#include "swap/swap_internal.h"
+#include "zt.h"
+
+#define MAXP 8
+
+typedef struct setup {
+  int opt, sd, gd, od, bufs, nparts;
+  uint64_t sizes[MAXP];
+} setup;
+
+typedef struct harness {
+  setup su;
+  zs_swap *s;
+  char dir[512];
+  unsigned char *ref[MAXP];
+  int64_t img[MAXP], po[MAXP], mo[MAXP], vo[MAXP], mso[MAXP], vso[MAXP];
+  void *grads[MAXP], *outs[MAXP], *routs[MAXP];
+} harness;
+
+
+/* Random finite values of each dtype, built from bit fields so no
+ * conversion routine is involved. */
+static void fill_random(void *p, int dt, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    uint64_t r = zt_rand();
+    if (dt == ZS_DTYPE_F32) {
+      ((float *)p)[i] = (float)(zt_randf() * 2 - 1);
+    } else if (dt == ZS_DTYPE_BF16) {
+      ((uint16_t *)p)[i] = (uint16_t)((r & 0x807F) | ((100 + (r >> 20) % 30) << 7));
+    } else {
+      ((uint16_t *)p)[i] = (uint16_t)((r & 0x83FF) | ((1 + (r >> 20) % 29) << 10));
+    }
+  }
+}
+
+static void h_free(harness *h) {
+  int i;
+  if (h->s) zs_swap_destroy(h->s);
+  for (i = 0; i < MAXP; i++) {
+    free(h->ref[i]);
+    free(h->grads[i]);
+    free(h->outs[i]);
+    free(h->routs[i]);
+  }
+  if (h->dir[0]) zt_rmtree(h->dir);
+  memset(h, 0, sizeof *h);
+}
+
+static void base_config(zs_swap_config *c, const harness *h) {
+  zs_swap_config_init(c);
+  c->path = h->dir;
+  c->partitions = h->su.nparts;
+  c->sizes = h->su.sizes;
+  c->buffer_count = h->su.bufs;
+  c->optimizer = h->su.opt;
+  c->state_dtype = h->su.sd;
+  c->weight_decay = 0.01;
+  c->num_threads = 1; /* smaller compute slices: more pipeline rounds */
+}
+
+/* Creates a swapper for su with random initial weights and the matching
+ * reference images. Returns 1, or 0 after recording a skip or failure. */
+static int h_open(harness *h, const setup *su) {
+  zs_swap_config c;
+  int i, rc;
+  memset(h, 0, sizeof *h);
+  h->su = *su;
+  snprintf(h->dir, sizeof h->dir, "%s", zt_tmpdir());
+  base_config(&c, h);
+  rc = zs_swap_create(&h->s, &c);
+  if (rc == ZS_ENOTSUP) {
+    zt__skip("aio backend not usable here: %s", zs_last_error());
+    h_free(h);
+    return 0;
+  }
+  if (rc) {
+    zt__fail(__FILE__, __LINE__, "zs_swap_create: %s", zs_last_error());
+    h_free(h);
+    return 0;
+  }
+  for (i = 0; i < su->nparts; i++) {
+    size_t n = (size_t)su->sizes[i];
+    zs_swap_layout(h->s, i, &h->po[i], &h->mo[i], &h->vo[i], &h->mso[i],
+                   &h->vso[i], &h->img[i]);
+    h->ref[i] = calloc(1, (size_t)h->img[i]);
+    h->grads[i] = malloc(n * 4);
+    h->outs[i] = malloc(n * 2);
+    h->routs[i] = malloc(n * 2);
+    if (!h->ref[i] || !h->grads[i] || !h->outs[i] || !h->routs[i]) {
+      zt__fail(__FILE__, __LINE__, "out of memory");
+      h_free(h);
+      return 0;
+    }
+    fill_random(h->ref[i] + h->po[i], ZS_DTYPE_F32, n);
+    rc = zs_swap_init_partition(h->s, i, (const float *)(h->ref[i] + h->po[i]));
+    if (rc) {
+      zt__fail(__FILE__, __LINE__, "init_partition: %s", zs_last_error());
+      h_free(h);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static void h_new_grads(harness *h) {
+  int i;
+  for (i = 0; i < h->su.nparts; i++)
+    fill_random(h->grads[i], h->su.gd, (size_t)h->su.sizes[i]);
+}
+
+/* One reference step on the in-RAM images, with the swapper's current
+ * hyperparameters. */
+static int h_ref_step(harness *h, double lr, double scale, int64_t step) {
+  double b1, b2, eps, wd;
+  int i, rc = 0;
+  zs_swap_get_hparams(h->s, NULL, &b1, &b2, &eps, &wd);
+  for (i = 0; i < h->su.nparts && rc == 0; i++) {
+    zs_optim_tensors t;
+    unsigned char *b = h->ref[i];
+    zs_optim_tensors_init(&t);
+    t.n = (size_t)h->su.sizes[i];
+    t.param = b + h->po[i];
+    t.grad = h->grads[i];
+    t.grad_dtype = h->su.gd;
+    t.state_dtype = h->su.sd;
+    if (h->mo[i] >= 0) t.m = b + h->mo[i];
+    if (h->vo[i] >= 0) t.v = b + h->vo[i];
+    if (h->su.sd == ZS_DTYPE_Q8) {
+      t.m_scale = (float *)(b + h->mso[i]);
+      t.v_scale = (float *)(b + h->vso[i]);
+    }
+    if (h->su.od != ZS_DTYPE_NONE) {
+      t.out = h->routs[i];
+      t.out_dtype = h->su.od;
+    }
+    if (h->su.opt == ZS_SWAP_ADAM) {
+      zs_adam_config c;
+      zs_adam_config_init(&c);
+      c.lr = lr, c.beta1 = b1, c.beta2 = b2, c.eps = eps, c.weight_decay = wd;
+      c.grad_scale = scale, c.step = step;
+      rc = zs_adam_step(&c, &t);
+    } else if (h->su.opt == ZS_SWAP_ADAGRAD) {
+      zs_adagrad_config c;
+      zs_adagrad_config_init(&c);
+      c.lr = lr, c.eps = eps, c.weight_decay = wd, c.grad_scale = scale;
+      rc = zs_adagrad_step(&c, &t);
+    } else {
+      zs_lion_config c;
+      zs_lion_config_init(&c);
+      c.lr = lr, c.beta1 = b1, c.beta2 = b2, c.weight_decay = wd;
+      c.grad_scale = scale;
+      rc = zs_lion_step(&c, &t);
+    }
+  }
+  return rc;
+}
+
+static int h_step(harness *h, double lr, double scale) {
+  zs_swap_step_args a;
+  zs_swap_step_args_init(&a);
+  a.grads = (const void *const *)h->grads;
+  a.grad_dtype = h->su.gd;
+  if (h->su.od != ZS_DTYPE_NONE) {
+    a.outs = h->outs;
+    a.out_dtype = h->su.od;
+  }
+  a.grad_scale = scale;
+  a.lr = lr;
+  return zs_swap_step(h->s, &a);
+}
+
+/* 1 if every partition's image equals the reference (and the out copies
+ * when check_outs), else records a failure. */
+static int h_same(harness *h, int check_outs, int line) {
+  int i;
+  for (i = 0; i < h->su.nparts; i++) {
+    unsigned char *img = malloc((size_t)h->img[i]);
+    int rc = zs_swap_read_image(h->s, i, img, h->img[i]);
+    int same = rc == 0 && memcmp(img, h->ref[i], (size_t)h->img[i]) == 0;
+    free(img);
+    if (rc) {
+      zt__fail(__FILE__, line, "read_image %d: %s", i, zs_last_error());
+      return 0;
+    }
+    if (!same) {
+      zt__fail(__FILE__, line, "partition %d (n = %llu) differs from the "
+               "in-RAM reference", i, (unsigned long long)h->su.sizes[i]);
+      return 0;
+    }
+    if (check_outs && h->su.od != ZS_DTYPE_NONE &&
+        memcmp(h->outs[i], h->routs[i], (size_t)h->su.sizes[i] * 2) != 0) {
+      zt__fail(__FILE__, line, "out copy of partition %d differs", i);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Many steps, odd sizes (1, 3, not multiples of the alignment, one larger
+ * than a compute slice), every optimizer and state dtype, every buffer
+ * count from 1 to 5, changing lr and grad_scale: bit-exact. */
+static void equal_in_ram(void) {
+  static const int combos[7][2] = {
+      {ZS_SWAP_ADAM, ZS_DTYPE_F32},    {ZS_SWAP_ADAM, ZS_DTYPE_BF16},
+      {ZS_SWAP_ADAM, ZS_DTYPE_Q8},     {ZS_SWAP_ADAGRAD, ZS_DTYPE_F32},
+      {ZS_SWAP_ADAGRAD, ZS_DTYPE_BF16}, {ZS_SWAP_LION, ZS_DTYPE_F32},
+      {ZS_SWAP_LION, ZS_DTYPE_BF16}};
+  static const int gds[3] = {ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_F16};
+  static const int ods[3] = {ZS_DTYPE_BF16, ZS_DTYPE_NONE, ZS_DTYPE_F16};
+  int c, t;
+  for (c = 0; c < 7; c++) {
+    setup su = {0, 0, 0, 0, 0, 6, {140001, 1, 3, 16391, 70001, 1000}};
+    harness h;
+    zs_swap_stats st;
+    su.opt = combos[c][0], su.sd = combos[c][1];
+    su.gd = gds[c % 3], su.od = ods[c % 3], su.bufs = 1 + c % 5;
+    if (!h_open(&h, &su)) return;
+    if (!h_same(&h, 0, __LINE__)) goto out;
+    for (t = 1; t <= 6; t++) {
+      double lr, scale = t % 3 == 0 ? 0.5 : 1.0 + t % 2;
+      zs_swap_get_hparams(h.s, &lr, NULL, NULL, NULL, NULL);
+      lr *= 1.0 + 0.1 * t;
+      h_new_grads(&h);
+      ZT_OK(h_step(&h, lr, scale));
+      ZT_OK(h_ref_step(&h, lr, scale, t));
+      ZT_CHECK(zs_swap_steps(h.s) == t);
+      if (!h_same(&h, 1, __LINE__)) goto out;
+    }
+    zs_swap_stats_get(h.s, &st);
+    ZT_CHECK(st.steps == 6 && st.failed_steps == 0);
+    ZT_CHECK(st.compute_ns > 0 && st.step_ns >= st.compute_ns);
+  out:
+    h_free(&h);
+    if (zt__failed()) return;
+  }
+}
+
+/* A fault on the nth read / write / aio piece / submit: the step fails with
+ * the injected error and a message naming the partition, every partition
+ * keeps its old state bit for bit, the step counter does not move, and
+ * retrying the step (fault gone) matches the reference. */
+static void faults_keep_state(void) {
+  static const struct {
+    const char *site;
+    int n, err;
+  } f[] = {{"swap.read", 1, ZS_EIO},    {"swap.read", 3, ZS_EIO},
+           {"swap.write", 1, ZS_ENOSPC}, {"swap.write", 4, ZS_EIO},
+           {"aio.submit", 2, ZS_ENOSPC}, {"aio.io", 1, ZS_EIO},
+           {"aio.io", 4, ZS_ENOSPC},     {"aio.io", 6, ZS_EIO},
+           {"aio.io", 8, ZS_ENOSPC},     {"swap.sync", 1, ZS_EIO},
+           {"file.write", 2, ZS_ENOSPC}};
+  setup su = {ZS_SWAP_ADAM, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, 3, 4,
+              {5000, 70001, 3, 16391}};
+  harness h;
+  int64_t step = 0;
+  size_t k;
+  if (!h_open(&h, &su)) return;
+  for (k = 0; k < ZS_ARRAY_SIZE(f); k++) {
+    int rc, sync = strcmp(f[k].site, "swap.sync") == 0;
+    double lr;
+    zs_swap_get_hparams(h.s, &lr, NULL, NULL, NULL, NULL);
+    h.s->sync_each_step = sync; /* the internal flag; tested sites only */
+    h_new_grads(&h);
+    ZT_OK(zs_fault_set(f[k].site, f[k].n, 1, f[k].err));
+    rc = h_step(&h, lr, 1.0);
+    if (rc == 0 && strcmp(f[k].site, "file.write") == 0 &&
+        strcmp(zs_swap_backend(h.s), "threads") != 0) {
+      /* Only the threads backend writes through the file layer. */
+      zs_fault_clear();
+      ZT_OK(h_ref_step(&h, lr, 1.0, ++step));
+      if (!h_same(&h, 1, __LINE__)) break;
+      continue;
+    }
+    zs_fault_clear();
+    ZT_CHECKF(rc == f[k].err, "fault %s #%d: step returned %s (%s)",
+              f[k].site, f[k].n, zs_err_name(rc), zs_last_error());
+    ZT_CHECKF(strstr(zs_last_error(), "partition") &&
+                  strstr(zs_last_error(), "keeps the state of step"),
+              "unclear message: %s", zs_last_error());
+    ZT_CHECK(zs_swap_steps(h.s) == step);
+    if (!h_same(&h, 0, __LINE__)) break;
+    /* The retry succeeds and lands on the reference's next step. */
+    ZT_OK(h_step(&h, lr, 1.0));
+    ZT_OK(h_ref_step(&h, lr, 1.0, ++step));
+    ZT_CHECK(zs_swap_steps(h.s) == step);
+    if (!h_same(&h, 1, __LINE__)) break;
+  }
+  /* Short transfers are continued by the engine: no error at all. */
+  if (!zt__failed()) {
+    double lr;
+    zs_swap_get_hparams(h.s, &lr, NULL, NULL, NULL, NULL);
+    h_new_grads(&h);
+    ZT_OK(zs_fault_set("aio.short", 2, 3, ZS_EIO));
+    ZT_OK(h_step(&h, lr, 1.0));
+    zs_fault_clear();
+    ZT_OK(h_ref_step(&h, lr, 1.0, ++step));
+    h_same(&h, 1, __LINE__);
+  }
+  zs_fault_clear();
+  h_free(&h);
+}
+
+/* A swap file truncated behind the swapper's back: the step fails with
+ * ZS_EOF naming the partition, and the step counter does not move. */
+static void short_file(void) {
+  setup su = {ZS_SWAP_ADAM, ZS_DTYPE_BF16, ZS_DTYPE_F32, ZS_DTYPE_NONE, 2, 3,
+              {9000, 20000, 7}};
+  harness h;
+  zs__file f = ZS__FILE_INIT;
+  float *p = NULL;
+  int rc;
+  if (!h_open(&h, &su)) return;
+  h_new_grads(&h);
+  ZT_OK(zs__file_open(&f, zs_swap_file_path(h.s), ZS__O_RDWR));
+  ZT_OK(zs__file_truncate(&f, (uint64_t)zs_swap_file_bytes(h.s) / 3));
+  zs__file_close(&f);
+  rc = h_step(&h, 1e-3, 1.0);
+  ZT_CHECKF(rc == ZS_EOF, "step on a truncated file returned %s: %s",
+            zs_err_name(rc), zs_last_error());
+  ZT_CHECKF(strstr(zs_last_error(), "reading partition"), "message: %s",
+            zs_last_error());
+  ZT_CHECK(zs_swap_steps(h.s) == 0);
+  p = malloc(20000 * 4);
+  ZT_CHECK(p);
+  ZT_ERR(zs_swap_get_state(h.s, 2, p, NULL, NULL), ZS_EOF);
+  free(p);
+  h_free(&h);
+}
+
+/* fp32 state views and raw images round-trip into a second swapper, which
+ * then steps identically. */
+static void checkpoint_roundtrip(void) {
+  static const int sds[3] = {ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_Q8};
+  int d, i;
+  for (d = 0; d < 3; d++) {
+    setup su = {ZS_SWAP_ADAM, 0, ZS_DTYPE_BF16, ZS_DTYPE_BF16, 3, 3,
+                {33333, 5, 4097}};
+    harness h, h2;
+    zs_swap_config c;
+    float *p = malloc(33333 * 4), *m = malloc(33333 * 4), *v = malloc(33333 * 4);
+    float *rm = malloc(33333 * 4), *rv = malloc(33333 * 4);
+    unsigned char *img = malloc(33333 * 8);
+    ZT_CHECK(p && m && v && rm && rv && img);
+    su.sd = sds[d];
+    if (!h_open(&h, &su)) goto out_mem;
+    memset(&h2, 0, sizeof h2);
+    for (i = 1; i <= 3; i++) {
+      h_new_grads(&h);
+      ZT_OK(h_step(&h, 1e-3, 1.0));
+      ZT_OK(h_ref_step(&h, 1e-3, 1.0, i));
+    }
+    base_config(&c, &h);
+    c.name = "second";
+    ZT_OK(zs_swap_create(&h2.s, &c));
+    for (i = 0; i < su.nparts; i++) {
+      size_t n = (size_t)su.sizes[i];
+      unsigned char *r = h.ref[i];
+      ZT_OK(zs_swap_get_state(h.s, i, p, m, v));
+      ZT_CHECK(memcmp(p, r + h.po[i], n * 4) == 0);
+      /* The fp32 view is the reference's states converted exactly. */
+      if (su.sd == ZS_DTYPE_Q8) {
+        ZT_OK(zs_adam_q8_dequantize((int8_t *)(r + h.mo[i]),
+                                    (float *)(r + h.mso[i]),
+                                    (uint8_t *)(r + h.vo[i]),
+                                    (float *)(r + h.vso[i]), n, rm, rv));
+        ZT_CHECK(memcmp(m, rm, n * 4) == 0 && memcmp(v, rv, n * 4) == 0);
+        ZT_OK(zs_swap_read_image(h.s, i, img, h.img[i]));
+        ZT_OK(zs_swap_write_image(h2.s, i, img, h.img[i]));
+      } else {
+        size_t k;
+        for (k = 0; k < n; k++) {
+          uint32_t u;
+          float x;
+          if (su.sd == ZS_DTYPE_F32) {
+            x = ((float *)(r + h.mo[i]))[k];
+          } else {
+            u = (uint32_t)((uint16_t *)(r + h.mo[i]))[k] << 16;
+            memcpy(&x, &u, 4);
+          }
+          ZT_CHECKF(memcmp(&x, &m[k], 4) == 0, "m[%zu] of partition %d", k, i);
+        }
+        ZT_OK(zs_swap_set_state(h2.s, i, p, m, v));
+      }
+    }
+    ZT_OK(zs_swap_set_steps(h2.s, 3));
+    /* Both swappers step on: identical images, equal to the reference. */
+    h_new_grads(&h);
+    ZT_OK(h_step(&h, 1e-3, 1.0));
+    ZT_OK(h_ref_step(&h, 1e-3, 1.0, 4));
+    {
+      zs_swap *first = h.s;
+      if (!h_same(&h, 1, __LINE__)) goto out;
+      h.s = h2.s;
+      ZT_OK(h_step(&h, 1e-3, 1.0));
+      ZT_CHECK(zs_swap_steps(h.s) == 4);
+      i = h_same(&h, 1, __LINE__);
+      h.s = first;
+      if (!i) goto out;
+    }
+  out:
+    zs_swap_destroy(h2.s);
+    h_free(&h);
+  out_mem:
+    free(p), free(m), free(v), free(rm), free(rv), free(img);
+    if (zt__failed()) return;
+  }
+}
+
+/* Bad input is refused with a clear error and changes nothing. */
+static void bad_input(void) {
+  setup su = {ZS_SWAP_ADAGRAD, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE, 2, 2,
+              {100, 200}};
+  harness h;
+  zs_swap_config c;
+  zs_swap_step_args a;
+  zs_swap *s2 = NULL;
+  uint64_t zero[2] = {100, 0};
+  float buf[200];
+  double lr;
+  if (!h_open(&h, &su)) return;
+  base_config(&c, &h);
+  c.name = "other";
+  c.path = NULL;
+  ZT_ERR(zs_swap_create(&s2, &c), ZS_EINVAL);
+  c.path = h.dir;
+  c.sizes = zero;
+  ZT_ERR(zs_swap_create(&s2, &c), ZS_EINVAL);
+  ZT_CHECK(strstr(zs_last_error(), "partition 1") != NULL);
+  c.sizes = su.sizes;
+  c.buffer_count = 0;
+  ZT_ERR(zs_swap_create(&s2, &c), ZS_EINVAL);
+  c.buffer_count = 2;
+  c.state_dtype = ZS_DTYPE_Q8; /* 8-bit states are Adam only */
+  ZT_ERR(zs_swap_create(&s2, &c), ZS_EDTYPE);
+  c.state_dtype = ZS_DTYPE_F32;
+  c.lr = nan("");
+  ZT_ERR(zs_swap_create(&s2, &c), ZS_EINVAL);
+  c.lr = -1;
+  /* The same file name again: refused, and the live file is untouched. */
+  c.name = "zspeed_swap";
+  ZT_ERR(zs_swap_create(&s2, &c), ZS_EEXIST);
+  ZT_CHECK(strstr(zs_last_error(), "overwrite") != NULL);
+  ZT_CHECK(h_same(&h, 0, __LINE__));
+  /* Step arguments. */
+  h_new_grads(&h);
+  zs_swap_step_args_init(&a);
+  ZT_ERR(zs_swap_step(h.s, &a), ZS_EINVAL); /* grads NULL */
+  a.grads = (const void *const *)h.grads;
+  a.grad_dtype = ZS_DTYPE_Q8;
+  ZT_ERR(zs_swap_step(h.s, &a), ZS_EDTYPE);
+  a.grad_dtype = ZS_DTYPE_F32;
+  a.outs = h.outs;
+  a.out_dtype = ZS_DTYPE_F32;
+  ZT_ERR(zs_swap_step(h.s, &a), ZS_EDTYPE);
+  a.outs = NULL;
+  a.grad_scale = INFINITY;
+  ZT_ERR(zs_swap_step(h.s, &a), ZS_EINVAL);
+  ZT_CHECK(zs_swap_steps(h.s) == 0 && h_same(&h, 0, __LINE__));
+  /* Hyperparameters: a bad one changes nothing. */
+  zs_swap_get_hparams(h.s, &lr, NULL, NULL, NULL, NULL);
+  ZT_CHECK(lr == 1e-2); /* Adagrad's default */
+  ZT_ERR(zs_swap_set_hparams(h.s, 0.5, -1, -1, INFINITY, -1), ZS_EINVAL);
+  zs_swap_get_hparams(h.s, &lr, NULL, NULL, NULL, NULL);
+  ZT_CHECK(lr == 1e-2);
+  /* State access. */
+  ZT_ERR(zs_swap_get_state(h.s, 0, buf, buf, NULL), ZS_EINVAL); /* no m */
+  ZT_ERR(zs_swap_get_state(h.s, 2, buf, NULL, NULL), ZS_EINVAL);
+  ZT_ERR(zs_swap_read_image(h.s, 0, buf, 3), ZS_EINVAL);
+  h_free(&h);
+  /* A partition never initialized: the step refuses, naming it. */
+  {
+    setup s1 = {ZS_SWAP_LION, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE, 2, 2,
+                {10, 20}};
+    if (!h_open(&h, &s1)) return;
+    base_config(&c, &h);
+    c.name = "fresh";
+    ZT_OK(zs_swap_create(&s2, &c));
+    h_new_grads(&h);
+    ZT_OK(zs_swap_init_partition(s2, 0, buf));
+    zs_swap_step_args_init(&a);
+    a.grads = (const void *const *)h.grads;
+    ZT_ERR(zs_swap_step(s2, &a), ZS_ESTATE);
+    ZT_CHECK(strstr(zs_last_error(), "partition 1") != NULL);
+    zs_swap_destroy(s2);
+    h_free(&h);
+  }
+}
+
+/* Statistics add up, and destroy removes the file. */
+static void stats_and_cleanup(void) {
+  setup su = {ZS_SWAP_ADAM, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, 4, 5,
+              {30000, 30001, 29999, 5, 12345}};
+  harness h;
+  zs_swap_stats st;
+  char path[700];
+  FILE *fp;
+  if (!h_open(&h, &su)) return;
+  zs_swap_stats_reset(h.s);
+  h_new_grads(&h);
+  ZT_OK(h_step(&h, 1e-3, 1.0));
+  zs_swap_stats_get(h.s, &st);
+  ZT_CHECK(st.steps == 1 && st.failed_steps == 0);
+  ZT_CHECK(st.bytes_read == (uint64_t)zs_swap_file_bytes(h.s) / 2);
+  ZT_CHECK(st.bytes_written == st.bytes_read);
+  ZT_CHECK(st.last_step_ns == st.step_ns && st.compute_ns > 0);
+  ZT_CHECK(st.compute_ns + st.read_wait_ns + st.write_wait_ns <= st.step_ns);
+  ZT_CHECK(strlen(zs_swap_direct_why(h.s)) > 0);
+  snprintf(path, sizeof path, "%s", zs_swap_file_path(h.s));
+  fp = fopen(path, "rb");
+  ZT_CHECK(fp != NULL);
+  fclose(fp);
+  ZT_OK(zs_swap_destroy(h.s));
+  h.s = NULL;
+  fp = fopen(path, "rb");
+  ZT_CHECKF(fp == NULL, "%s still exists after zs_swap_destroy", path);
+  h_free(&h);
+}
+
+ZT_MAIN(ZT_CASE(equal_in_ram), ZT_CASE(faults_keep_state),
+        ZT_CASE(short_file), ZT_CASE(checkpoint_roundtrip),
+        ZT_CASE(bad_input), ZT_CASE(stats_and_cleanup))
