@@ -1,0 +1,430 @@
+"""ZeRO-Infinity optimizer offload to NVMe, on libzspeed's C swapper.
+
+:class:`NVMeOptimizerSwapper` keeps the fp32 master weights and optimizer
+state of N parameter partitions in one file under ``nvme_path`` and runs a
+whole optimizer step over them as a C pipeline (read partition i+1 while
+stepping partition i while writing back i-1, through ``buffer_count``
+page-locked buffers). Gradients and the optional low-precision copies of the
+updated weights are the caller's buffers: numpy arrays or torch CPU tensors
+(pinned or not). The numerics are exactly those of the in-RAM kernels
+(``zs_adam_step`` / ``zs_adagrad_step`` / ``zs_lion_step``), bit for bit.
+
+Error guarantee (see include/zspeed/swap.h): when :meth:`step` raises
+(ENOSPC, EIO, a truncated file, ...), every partition is still exactly at
+the previous step, :attr:`steps` has not moved, and calling :meth:`step`
+again with the same gradients is safe. The ``out`` buffers of a failed step
+must be ignored.
+
+Only numpy is needed; torch is used only when tensors are passed in.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._native import ZSpeedError, check, lib
+from .._signatures.aio import AioConfig
+from .._signatures.swap import SwapConfig, SwapStats, SwapStepArgs
+
+__all__ = ["NVMeOptimizerSwapper", "OPTIMIZERS", "STATE_DTYPES"]
+
+# zspeed/optim.h dtypes.
+_F32, _BF16, _F16, _Q8 = 0, 1, 2, 3
+_DT_NAMES = {"fp32": _F32, "float32": _F32, "bf16": _BF16, "bfloat16": _BF16,
+             "fp16": _F16, "float16": _F16}
+# name -> (zs_swap_optimizer, adamw_mode)
+OPTIMIZERS = {"adamw": (0, 1), "adam": (0, 0), "adagrad": (1, 1), "lion": (2, 1)}
+STATE_DTYPES = {"fp32": _F32, "bf16": _BF16, "int8": _Q8}
+# torch's state key names per optimizer: (key of m, key of v).
+_STATE_KEYS = {0: ("exp_avg", "exp_avg_sq"), 1: (None, "sum"), 2: ("exp_avg", None)}
+_BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2, "iocp": 3}
+_DIRECT = {"auto": 0, "on": 1, "off": 2}
+_names = itertools.count()
+
+
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__.split(".")[0] == "torch"
+
+
+def _view(obj: Any, what: str, n: int, dtype: str | None = None) -> tuple[int, int]:
+    """(address, zspeed dtype) of a contiguous CPU buffer of n elements.
+
+    numpy float32/float16 arrays and torch float32/float16/bfloat16 CPU
+    tensors carry their dtype; a numpy uint16 array holds bf16 bits and needs
+    ``dtype="bf16"``."""
+    if _is_tensor(obj):
+        if obj.device.type != "cpu":
+            raise ValueError(f"{what} must be a CPU tensor, got device {obj.device}")
+        if not obj.is_contiguous():
+            raise ValueError(f"{what} must be contiguous (call .contiguous())")
+        name = str(obj.dtype).replace("torch.", "")
+        addr, numel = obj.data_ptr(), obj.numel()
+    elif isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise ValueError(f"{what} must be C-contiguous (np.ascontiguousarray)")
+        name, addr, numel = obj.dtype.name, obj.ctypes.data, obj.size
+        if name == "uint16":
+            if dtype not in ("bf16", "bfloat16"):
+                raise ValueError(f"{what} is a uint16 array: pass dtype='bf16' if it "
+                                 "holds bfloat16 bits")
+            name = "bfloat16"
+    else:
+        raise TypeError(f"{what} must be a numpy array or torch CPU tensor, "
+                        f"got {type(obj).__name__}")
+    if name not in _DT_NAMES:
+        raise ValueError(f"{what} has dtype {name}; use float32, bfloat16 or float16")
+    if dtype is not None and _DT_NAMES.get(dtype) != _DT_NAMES[name]:
+        raise ValueError(f"{what} has dtype {name}, but dtype={dtype!r} was given")
+    if numel != n:
+        raise ValueError(f"{what} has {numel} elements, the partition has {n}")
+    return addr, _DT_NAMES[name]
+
+
+def _f32(obj: Any, what: str, n: int, writable: bool = False) -> tuple[int, Any]:
+    """Address of an fp32 buffer (converted to a numpy copy if needed for
+    reading; writable buffers must already be float32)."""
+    if _is_tensor(obj) or isinstance(obj, np.ndarray):
+        try:
+            addr, dt = _view(obj, what, n)
+            if dt == _F32:
+                return addr, obj
+        except ValueError:
+            if writable:
+                raise
+        if writable:
+            raise ValueError(f"{what} must be float32")
+    arr = np.ascontiguousarray(
+        obj.detach().float().cpu().numpy() if _is_tensor(obj) else np.asarray(obj), dtype=np.float32)
+    if arr.size != n:
+        raise ValueError(f"{what} has {arr.size} elements, the partition has {n}")
+    return arr.ctypes.data, arr
+
+
+class NVMeOptimizerSwapper:
+    """Optimizer state of ``len(sizes)`` partitions on NVMe, stepped in C.
+
+    Arguments:
+      sizes: elements of each partition (ints >= 1).
+      nvme_path: directory for the swap file (DeepSpeed's
+        ``offload_optimizer.nvme_path``); it must exist.
+      optimizer: "adamw" (default), "adam" (L2 weight decay), "adagrad",
+        "lion".
+      lr, betas, eps, weight_decay: hyperparameters; None = the optimizer's
+        default (optim.h). bias_correction: Adam only.
+      state_dtype: "fp32" (default), "bf16", or "int8" (Adam only).
+      buffer_count: pinned buffers (DeepSpeed's ``buffer_count``; >= 3
+        overlaps read, compute and write).
+      name: file stem (default unique per process and object); the file is
+        ``<nvme_path>/<name>.swap`` and is deleted by :meth:`close`.
+      overwrite: replace an existing file of that name (default False).
+      num_threads: compute threads incl. the caller (0 = all).
+      block_size, queue_depth, intra_op_parallelism, backend: the aio
+        engine's settings (DeepSpeed's ``aio`` section; backend auto |
+        io_uring | threads | iocp). direct: auto | on | off.
+      sync_each_step: fsync the file before committing each step.
+    """
+
+    def __init__(self, sizes: Sequence[int], nvme_path: str | os.PathLike, *,
+                 optimizer: str = "adamw", lr: float | None = None,
+                 betas: tuple[float, float] | None = None, eps: float | None = None,
+                 weight_decay: float | None = None, bias_correction: bool = True,
+                 state_dtype: str = "fp32", buffer_count: int = 4,
+                 name: str | None = None, overwrite: bool = False,
+                 num_threads: int = 0, block_size: int = 4 << 20,
+                 queue_depth: int = 32, intra_op_parallelism: int = 1,
+                 backend: str = "auto", direct: str = "auto",
+                 sync_each_step: bool = False):
+        self._h = None
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype must be one of {sorted(STATE_DTYPES)}, "
+                             f"got {state_dtype!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
+        if direct not in _DIRECT:
+            raise ValueError(f"direct must be one of {sorted(_DIRECT)}, got {direct!r}")
+        self.sizes = [int(s) for s in sizes]
+        if not self.sizes:
+            raise ValueError("sizes must name at least one partition")
+        self.optimizer, self.state_dtype = optimizer, state_dtype
+        kind, adamw = OPTIMIZERS[optimizer]
+        self._kind = kind
+        cfg = SwapConfig()
+        lib.zs_swap_config_init(ctypes.byref(cfg))
+        self._sizes_c = (ctypes.c_uint64 * len(self.sizes))(*self.sizes)
+        self._path_b = os.fsencode(os.fspath(nvme_path))
+        if name is None:
+            name = f"zspeed_swap_{os.getpid()}_{next(_names)}"
+        self._name_b = os.fsencode(name)
+        cfg.path, cfg.name, cfg.overwrite = self._path_b, self._name_b, int(overwrite)
+        cfg.partitions, cfg.sizes = len(self.sizes), self._sizes_c
+        cfg.buffer_count, cfg.optimizer = int(buffer_count), kind
+        cfg.state_dtype = STATE_DTYPES[state_dtype]
+        if lr is not None:
+            cfg.lr = float(lr)
+        if betas is not None:
+            cfg.beta1, cfg.beta2 = float(betas[0]), float(betas[1])
+        if eps is not None:
+            cfg.eps = float(eps)
+        if weight_decay is not None:
+            cfg.weight_decay = float(weight_decay)
+        cfg.adamw_mode, cfg.bias_correction = adamw, int(bool(bias_correction))
+        cfg.num_threads, cfg.direct = int(num_threads), _DIRECT[direct]
+        cfg.sync_each_step = int(bool(sync_each_step))
+        self._aio = AioConfig()
+        lib.zs_aio_config_init(ctypes.byref(self._aio))
+        self._aio.block_size, self._aio.queue_depth = int(block_size), int(queue_depth)
+        self._aio.intra_op_parallelism = int(intra_op_parallelism)
+        self._aio.backend = _BACKENDS[backend]
+        cfg.aio = ctypes.cast(ctypes.byref(self._aio), ctypes.c_void_p)
+        h = ctypes.c_void_p()
+        check(lib.zs_swap_create(ctypes.byref(h), ctypes.byref(cfg)), "zs_swap_create")
+        self._h = h
+
+    # ------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Frees the buffers and deletes the swap file (idempotent)."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            check(lib.zs_swap_destroy(h), "zs_swap_destroy")
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from __del__
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def _handle(self):
+        if self._h is None:
+            raise ZSpeedError("this NVMeOptimizerSwapper is closed")
+        return self._h
+
+    def _part(self, i: int) -> int:
+        if not 0 <= i < len(self.sizes):
+            raise IndexError(f"partition {i} out of range [0, {len(self.sizes)})")
+        return i
+
+    # ---------------------------------------------------------------- step
+    def init_partition(self, i: int, params: Any) -> None:
+        """Sets partition i's fp32 master weights (any float array/tensor of
+        its size, converted to fp32) and zeroes its optimizer state."""
+        addr, _keep = _f32(params, "params", self.sizes[self._part(i)])
+        check(lib.zs_swap_init_partition(self._handle, i, ctypes.c_void_p(addr)),
+              "zs_swap_init_partition")
+
+    def step(self, grads: Sequence[Any], grad_scale: float = 1.0,
+             out: Sequence[Any] | None = None, *, lr: float | None = None,
+             step: int | None = None, grad_dtype: str | None = None,
+             out_dtype: str | None = None) -> None:
+        """One optimizer step over every partition.
+
+        grads: one buffer per partition (all float32, all bfloat16 or all
+          float16; numpy uint16 arrays count as bf16 with grad_dtype="bf16").
+          Each gradient is multiplied by grad_scale (e.g. clip coefficient /
+          loss scale) inside the kernel.
+        out: None, or one buffer per partition (an entry may be None)
+          receiving the updated weights in bf16 or fp16 (all the same dtype).
+        lr: this step's learning rate (None = the current one, see
+          :meth:`set_hparams`). step: Adam's step number for bias correction
+          (None = :attr:`steps` + 1).
+        Raises NativeError on failure; see the module docstring for the
+        guarantee."""
+        n = len(self.sizes)
+        if len(grads) != n:
+            raise ValueError(f"grads has {len(grads)} entries, there are {n} partitions")
+        gptr = (ctypes.c_void_p * n)()
+        gdt = None
+        for i, g in enumerate(grads):
+            addr, dt = _view(g, f"grads[{i}]", self.sizes[i], grad_dtype)
+            if gdt is not None and dt != gdt:
+                raise ValueError("every gradient must have the same dtype")
+            gptr[i], gdt = addr, dt
+        args = SwapStepArgs()
+        lib.zs_swap_step_args_init(ctypes.byref(args))
+        args.grads = ctypes.cast(gptr, ctypes.POINTER(ctypes.c_void_p))
+        args.grad_dtype = gdt
+        if out is not None:
+            if len(out) != n:
+                raise ValueError(f"out has {len(out)} entries, there are {n} partitions")
+            optr = (ctypes.c_void_p * n)()
+            odt = None
+            for i, o in enumerate(out):
+                if o is None:
+                    continue
+                addr, dt = _view(o, f"out[{i}]", self.sizes[i], out_dtype)
+                if dt == _F32:
+                    raise ValueError(f"out[{i}] must be bfloat16 or float16")
+                if odt is not None and dt != odt:
+                    raise ValueError("every out buffer must have the same dtype")
+                optr[i], odt = addr, dt
+            if odt is not None:
+                args.outs = ctypes.cast(optr, ctypes.POINTER(ctypes.c_void_p))
+                args.out_dtype = odt
+        args.grad_scale = float(grad_scale)
+        if lr is not None:
+            args.lr = float(lr)
+        if step is not None:
+            args.step = int(step)
+        check(lib.zs_swap_step(self._handle, ctypes.byref(args)), "zs_swap_step")
+
+    # ------------------------------------------------------ hyperparameters
+    def set_hparams(self, lr: float | None = None, betas: tuple[float, float] | None = None,
+                    eps: float | None = None, weight_decay: float | None = None) -> None:
+        """Changes hyperparameters for later steps (None keeps a value)."""
+        b1, b2 = betas if betas is not None else (-1.0, -1.0)
+        check(lib.zs_swap_set_hparams(
+            self._handle, -1.0 if lr is None else float(lr), float(b1), float(b2),
+            -1.0 if eps is None else float(eps),
+            -1.0 if weight_decay is None else float(weight_decay)), "zs_swap_set_hparams")
+
+    @property
+    def hparams(self) -> dict[str, float]:
+        v = [ctypes.c_double() for _ in range(5)]
+        lib.zs_swap_get_hparams(self._handle, *[ctypes.byref(x) for x in v])
+        return {"lr": v[0].value, "betas": (v[1].value, v[2].value), "eps": v[3].value,
+                "weight_decay": v[4].value}
+
+    @property
+    def lr(self) -> float:
+        return self.hparams["lr"]
+
+    @property
+    def steps(self) -> int:
+        """Committed steps (the step number of the state on disk)."""
+        return int(lib.zs_swap_steps(self._handle))
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        check(lib.zs_swap_set_steps(self._handle, int(value)), "zs_swap_set_steps")
+
+    # ------------------------------------------------------- state access
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """Names of the optimizer states (torch's: exp_avg, exp_avg_sq, sum)."""
+        return tuple(k for k in _STATE_KEYS[self._kind] if k)
+
+    def get_state(self, i: int) -> dict[str, np.ndarray]:
+        """Partition i as fp32 numpy arrays: {"param": ..., <state_keys>...}
+        (bf16 / int8 states converted exactly as the kernel sees them)."""
+        n = self.sizes[self._part(i)]
+        km, kv = _STATE_KEYS[self._kind]
+        res = {"param": np.empty(n, np.float32)}
+        if km:
+            res[km] = np.empty(n, np.float32)
+        if kv:
+            res[kv] = np.empty(n, np.float32)
+        ptr = [ctypes.c_void_p(res[k].ctypes.data) if k else None
+               for k in ("param", km, kv)]
+        check(lib.zs_swap_get_state(self._handle, i, *ptr), "zs_swap_get_state")
+        return res
+
+    def set_state(self, i: int, param: Any, **states: Any) -> None:
+        """Replaces partition i's weights and states from fp32-convertible
+        buffers; a state not given is zero (keys: :attr:`state_keys`)."""
+        n = self.sizes[self._part(i)]
+        km, kv = _STATE_KEYS[self._kind]
+        unknown = set(states) - {km, kv} - {None}
+        if unknown:
+            raise ValueError(f"unknown state {sorted(unknown)}; {self.optimizer} keeps "
+                             f"{list(self.state_keys)}")
+        keep = []
+        ptr = []
+        for key, obj in (("param", param), (km, states.get(km) if km else None),
+                         (kv, states.get(kv) if kv else None)):
+            if obj is None:
+                ptr.append(None)
+                continue
+            addr, k = _f32(obj, key, n)
+            keep.append(k)
+            ptr.append(ctypes.c_void_p(addr))
+        check(lib.zs_swap_set_state(self._handle, i, *ptr), "zs_swap_set_state")
+
+    def read_image(self, i: int) -> np.ndarray:
+        """Partition i's raw state image (uint8), for bit-exact checkpoints
+        of any state dtype."""
+        nb = check(lib.zs_swap_image_bytes(self._handle, self._part(i)), "zs_swap_image_bytes")
+        buf = np.empty(nb, np.uint8)
+        check(lib.zs_swap_read_image(self._handle, i, ctypes.c_void_p(buf.ctypes.data), nb),
+              "zs_swap_read_image")
+        return buf
+
+    def write_image(self, i: int, image: np.ndarray) -> None:
+        img = np.ascontiguousarray(image, dtype=np.uint8)
+        check(lib.zs_swap_write_image(self._handle, self._part(i),
+                                      ctypes.c_void_p(img.ctypes.data), img.size),
+              "zs_swap_write_image")
+
+    def state_dict(self, raw: bool = False) -> dict[str, Any]:
+        """Everything needed to resume: step count, hyperparameters and each
+        partition's state, as fp32 arrays (portable across state dtypes) or,
+        with raw=True, as raw images (bit-exact, same state_dtype only)."""
+        parts = [{"image": self.read_image(i)} if raw else self.get_state(i)
+                 for i in range(len(self.sizes))]
+        return {"optimizer": self.optimizer, "state_dtype": self.state_dtype,
+                "sizes": list(self.sizes), "steps": self.steps,
+                "hparams": self.hparams, "partitions": parts}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict` (hyperparameters included)."""
+        if list(sd["sizes"]) != self.sizes:
+            raise ValueError(f"checkpoint partition sizes {list(sd['sizes'])[:4]}... do not "
+                             f"match this swapper's {self.sizes[:4]}...")
+        if OPTIMIZERS[sd["optimizer"]][0] != self._kind:
+            raise ValueError(f"checkpoint is for {sd['optimizer']}, this swapper runs "
+                             f"{self.optimizer}")
+        for i, p in enumerate(sd["partitions"]):
+            if "image" in p:
+                if sd["state_dtype"] != self.state_dtype:
+                    raise ValueError("raw images need the same state_dtype; save "
+                                     "with raw=False to convert")
+                self.write_image(i, p["image"])
+            else:
+                self.set_state(i, p["param"], **{k: p[k] for k in self.state_keys if k in p})
+        hp = sd.get("hparams")
+        if hp:
+            self.set_hparams(hp["lr"], tuple(hp["betas"]), hp["eps"], hp["weight_decay"])
+        self.steps = int(sd["steps"])
+
+    # -------------------------------------------------------- information
+    @property
+    def file_path(self) -> str:
+        return os.fsdecode(lib.zs_swap_file_path(self._handle))
+
+    @property
+    def file_bytes(self) -> int:
+        return int(lib.zs_swap_file_bytes(self._handle))
+
+    @property
+    def direct(self) -> tuple[bool, str]:
+        """(direct I/O in use, why)."""
+        return (bool(lib.zs_swap_direct(self._handle)),
+                lib.zs_swap_direct_why(self._handle).decode())
+
+    @property
+    def backend(self) -> str:
+        return lib.zs_swap_backend(self._handle).decode()
+
+    @property
+    def buffers_locked(self) -> bool:
+        return bool(lib.zs_swap_buffers_locked(self._handle))
+
+    def stats(self, reset: bool = False) -> dict[str, int]:
+        """Cumulative statistics (see zs_swap_stats): bytes moved and where
+        the step's time went (compute_ns vs read_wait_ns + write_wait_ns)."""
+        st = SwapStats()
+        lib.zs_swap_stats_get(self._handle, ctypes.byref(st))
+        if reset:
+            lib.zs_swap_stats_reset(self._handle)
+        return {name: int(getattr(st, name)) for name, _ in SwapStats._fields_}
