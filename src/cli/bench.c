@@ -14,6 +14,8 @@ typedef struct {
 static const zs_cli_bench_entry benches[] = {
     {"io", "file read/write throughput of the aio engine (like fio, ds_io)",
      zs_cli_bench_io},
+    {"swap", "NVMe optimizer step (zs_swap) vs max(disk, in-RAM step)",
+     zs_cli_bench_swap},
 };
 
 static void bench_usage(FILE *out) {

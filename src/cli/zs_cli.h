@@ -15,6 +15,7 @@ typedef struct {
 /* `zspeed bench <name> ...` (bench.c); one entry per benchmark there. */
 int zs_cli_bench(int argc, char **argv);
 int zs_cli_bench_io(int argc, char **argv);
+int zs_cli_bench_swap(int argc, char **argv);
 
 #define ZS_CLI_EXTRA_COMMANDS \
   {"bench", "run a benchmark: bench io ... (see bench --help)", zs_cli_bench}
