@@ -39,7 +39,9 @@
  * Test-only fault sites (zs_fault_set): "aio.submit" fails the nth piece
  * handed to a backend (as if the submit call failed), "aio.io" fails the nth
  * completed piece (as if the device returned the error), "aio.short" makes
- * the nth piece transfer only part of its bytes (the engine continues it).
+ * the nth piece transfer only part of its bytes (the engine continues it),
+ * "aio.bounce" fails the nth bounce-buffer allocation, "aio.ring" makes the
+ * nth io_uring ring creation fail as if the kernel refused it (ENOMEM).
  */
 #ifndef ZSPEED_AIO_H
 #define ZSPEED_AIO_H
@@ -133,7 +135,8 @@ ZS_EXTERN int zs_aio_backend_resolve(int backend, char *why, size_t cap);
  * backend is not usable. */
 ZS_EXTERN int zs_aio_create(zs_aio **out, const zs_aio_config *cfg);
 /* Waits for every outstanding request, then stops the threads and frees
- * the handle. NULL is ignored. */
+ * the handle. No other call on h may be in progress or follow. NULL is
+ * ignored. */
 ZS_EXTERN void zs_aio_destroy(zs_aio *h);
 /* The configuration in effect (backend resolved to a concrete value). */
 ZS_EXTERN void zs_aio_get_config(const zs_aio *h, zs_aio_config *out);

@@ -510,6 +510,7 @@ size_t zs__aio_take(zs_aio *h, zs__aio_op **out, size_t n, int block) {
 
 static void *zs__aio_bounce_get(zs_aio *h) {
   void *p = NULL;
+  if (zs__fault_check("aio.bounce") != 0) return NULL;
   zs__mutex_lock(&h->mu);
   if (h->nbounce_free) p = h->bounce_free[--h->nbounce_free];
   zs__mutex_unlock(&h->mu);

@@ -77,6 +77,20 @@ static void backend_choice(void) {
   ZT_CHECK(b == ZS_ENOTSUP && strstr(zs_last_error(), "Windows only") != NULL);
 #endif
   ZT_ERR(zs_aio_backend_resolve(42, why, sizeof why), ZS_EINVAL);
+  /* A ring the kernel refuses fails creation cleanly (io_uring only). */
+  if (make_handle(&h, NULL)) {
+    int uring = strcmp(zs_aio_backend(h), "io_uring") == 0, rc;
+    zs_aio_destroy(h);
+    ZT_OK(zs_fault_set("aio.ring", 1, 1, ZS_ENOMEM));
+    rc = zs_aio_create(&h, NULL);
+    zs_fault_clear();
+    if (uring) {
+      ZT_CHECK(rc == ZS_ENOMEM && strstr(zs_last_error(), "ring") != NULL);
+    } else {
+      ZT_OK(rc);
+      zs_aio_destroy(h);
+    }
+  }
   cfg.queue_depth = 0;
   ZT_ERR(zs_aio_create(&h, &cfg), ZS_EINVAL);
   zs_aio_config_init(&cfg);
@@ -379,6 +393,13 @@ static void errors_per_request(void) {
   ZT_CHECK(zs_aio_wait_all(h) == ZS_EIO);
   ZT_CHECK(zs_aio_pending(h) == 0);
   zs_fault_clear();
+  /* No memory for a bounce buffer (misaligned memory on a direct file). */
+  if (zs_aio_file_direct(f)) {
+    ZT_OK(zs_fault_set("aio.bounce", 1, 1, ZS_ENOMEM));
+    ZT_ERR(zs_aio_read(h, f, back + 1, 64 * KiB, 0), ZS_ENOMEM);
+    ZT_CHECK(strstr(zs_last_error(), "bounce") != NULL);
+    zs_fault_clear();
+  }
   /* Short transfers are continued until complete. */
   zs_aio_stats_reset(h);
   ZT_OK(zs_fault_set("aio.short", 1, 40, ZS_EIO));
