@@ -41,7 +41,9 @@
  * completed piece (as if the device returned the error), "aio.short" makes
  * the nth piece transfer only part of its bytes (the engine continues it),
  * "aio.bounce" fails the nth bounce-buffer allocation, "aio.ring" makes the
- * nth io_uring ring creation fail as if the kernel refused it (ENOMEM).
+ * nth io_uring ring creation fail as if the kernel refused it (ENOMEM),
+ * "aio.nodirect" makes the nth zs_aio_file_open behave as on a file system
+ * that refuses direct I/O.
  */
 #ifndef ZSPEED_AIO_H
 #define ZSPEED_AIO_H
