@@ -277,6 +277,12 @@ static int64_t zs__aio_submit(zs_aio *h, zs_aio_file *f, int own, void *buf,
   n = len ? zs__aio_split(NULL, buf, (uint64_t)off, (uint64_t)len, bs, align,
                           f->mem_align, NULL)
           : 0;
+  if (n > (size_t)INT32_MAX) {
+    rc = zs__fail(ZS_EINVAL, "%s: %lld bytes in blocks of %lld make too many "
+                  "pieces; raise block_size", what, (long long)len,
+                  (long long)bs);
+    goto fail_early;
+  }
   r = calloc(1, sizeof *r);
   if (!r || (n && !(r->ops = calloc(n, sizeof *r->ops)))) {
     free(r);

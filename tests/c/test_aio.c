@@ -371,16 +371,24 @@ static void errors_per_request(void) {
   ZT_OK(zs_aio_file_close(ro));
   /* Opening a missing file by path fails at once. */
   ZT_ERR((int)zs_aio_pread_path(h, missing, back, 10, 0), ZS_ENOENT);
-  /* The third piece submitted fails; only its request reports it. */
-  ZT_OK(zs_fault_set("aio.submit", 3, 1, ZS_EIO));
-  a = zs_aio_pwrite(h, f, buf, 128 * KiB, 0); /* pieces 1, 2 */
-  b = zs_aio_pwrite(h, f, buf + 128 * KiB, 128 * KiB, 128 * KiB); /* 3, 4 */
-  c = zs_aio_pwrite(h, f, buf + 256 * KiB, 64 * KiB, 256 * KiB);
-  ZT_CHECK(a > 0 && b > 0 && c > 0);
-  ZT_OK(zs_aio_wait(h, a));
-  ZT_ERR(zs_aio_wait(h, b), ZS_EIO);
-  ZT_CHECKF(strstr(zs_last_error(), "aio.submit") != NULL, "%s", zs_last_error());
-  ZT_OK(zs_aio_wait(h, c));
+  /* The third piece submitted fails; only its request reports it. One
+   * piece in flight keeps the submission order deterministic. */
+  {
+    zs_aio *h1;
+    cfg.queue_depth = 1;
+    ZT_OK(zs_aio_create(&h1, &cfg));
+    ZT_OK(zs_fault_set("aio.submit", 3, 1, ZS_EIO));
+    a = zs_aio_pwrite(h1, f, buf, 128 * KiB, 0); /* pieces 1, 2 */
+    b = zs_aio_pwrite(h1, f, buf + 128 * KiB, 128 * KiB, 128 * KiB); /* 3, 4 */
+    c = zs_aio_pwrite(h1, f, buf + 256 * KiB, 64 * KiB, 256 * KiB);
+    ZT_CHECK(a > 0 && b > 0 && c > 0);
+    ZT_OK(zs_aio_wait(h1, a));
+    ZT_ERR(zs_aio_wait(h1, b), ZS_EIO);
+    ZT_CHECKF(strstr(zs_last_error(), "aio.submit") != NULL, "%s",
+              zs_last_error());
+    ZT_OK(zs_aio_wait(h1, c));
+    zs_aio_destroy(h1);
+  }
   /* A device error on completion, with the fix in the message. */
   ZT_OK(zs_fault_set("aio.io", 1, 1, ZS_ENOSPC));
   ZT_ERR(zs_aio_write(h, f, buf, 64 * KiB, 0), ZS_ENOSPC);
