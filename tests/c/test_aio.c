@@ -374,13 +374,16 @@ static void errors_per_request(void) {
   /* The third piece submitted fails; only its request reports it. One
    * piece in flight keeps the submission order deterministic. */
   {
+    /* Its own file object: with IOCP a file serves one handle. */
     zs_aio *h1;
+    zs_aio_file *f1;
     cfg.queue_depth = 1;
     ZT_OK(zs_aio_create(&h1, &cfg));
+    ZT_OK(zs_aio_file_open(&f1, path, ZS_AIO_RDWR));
     ZT_OK(zs_fault_set("aio.submit", 3, 1, ZS_EIO));
-    a = zs_aio_pwrite(h1, f, buf, 128 * KiB, 0); /* pieces 1, 2 */
-    b = zs_aio_pwrite(h1, f, buf + 128 * KiB, 128 * KiB, 128 * KiB); /* 3, 4 */
-    c = zs_aio_pwrite(h1, f, buf + 256 * KiB, 64 * KiB, 256 * KiB);
+    a = zs_aio_pwrite(h1, f1, buf, 128 * KiB, 0); /* pieces 1, 2 */
+    b = zs_aio_pwrite(h1, f1, buf + 128 * KiB, 128 * KiB, 128 * KiB); /* 3, 4 */
+    c = zs_aio_pwrite(h1, f1, buf + 256 * KiB, 64 * KiB, 256 * KiB);
     ZT_CHECK(a > 0 && b > 0 && c > 0);
     ZT_OK(zs_aio_wait(h1, a));
     ZT_ERR(zs_aio_wait(h1, b), ZS_EIO);
@@ -388,6 +391,7 @@ static void errors_per_request(void) {
               zs_last_error());
     ZT_OK(zs_aio_wait(h1, c));
     zs_aio_destroy(h1);
+    ZT_OK(zs_aio_file_close(f1));
   }
   /* A device error on completion, with the fix in the message. */
   ZT_OK(zs_fault_set("aio.io", 1, 1, ZS_ENOSPC));
@@ -439,7 +443,7 @@ static void by_path(void) {
   char dir[512], path[600];
   unsigned char *buf = malloc(300 * KiB), *back = malloc(300 * KiB);
   zs_aio *h;
-  int64_t id;
+  int64_t id, n;
   ZT_CHECK(buf && back);
   if (!make_handle(&h, NULL)) goto out;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
@@ -453,7 +457,8 @@ static void by_path(void) {
   ZT_OK(zs_aio_wait(h, id));
   id = zs_aio_pread_path(h, path, back, 300 * KiB, 0);
   ZT_CHECK(id > 0);
-  ZT_CHECK(zs_aio_wait_all(h) == 1);
+  n = zs_aio_wait_all(h);
+  ZT_CHECKF(n == 1, "wait_all: %lld: %s", (long long)n, zs_last_error());
   ZT_CHECK(memcmp(back, buf, 300 * KiB) == 0);
   ZT_CHECK(zs_aio_pwrite_path(h, path, buf, 0, 0) > 0); /* empty request */
   ZT_CHECK(zs_aio_wait_all(h) == 1);
