@@ -163,7 +163,10 @@ enum zs_aio_open_flags {
 
 /* Opens a file for use with any handle; keep it open across many requests
  * (the NVMe swapper does). Closing is the caller's job, after every request
- * on it was waited for. */
+ * on it was waited for. With the iocp backend, the first handle that uses
+ * a file binds it to its completion port (Windows allows one): requests of
+ * any other handle on that file object then fail with ZS_EBUSY, so open the
+ * file once per handle. */
 ZS_EXTERN int zs_aio_file_open(zs_aio_file **out, const char *path,
                                unsigned flags);
 /* Closes the file; returns the close error, if any. NULL is ignored. */
