@@ -429,6 +429,18 @@ static void errors_per_request(void) {
   ZT_ERR((int)zs_aio_pread(h, f, NULL, 10, 0), ZS_EINVAL);
   ZT_ERR((int)zs_aio_pread(h, f, back, -1, 0), ZS_EINVAL);
   ZT_ERR(zs_aio_wait(h, 999999), ZS_EINVAL);
+  if (strcmp(zs_aio_backend(h), "iocp") == 0) {
+    /* f is bound to h's completion port: other handles must refuse it. */
+    zs_aio *h2;
+    ZT_OK(zs_aio_create(&h2, &cfg));
+    ZT_ERR((int)zs_aio_pread(h2, f, back, 4096, 0), ZS_EBUSY);
+    zs_aio_destroy(h2);
+    cfg.backend = ZS_AIO_BACKEND_THREADS;
+    ZT_OK(zs_aio_create(&h2, &cfg));
+    ZT_ERR((int)zs_aio_pread(h2, f, back, 4096, 0), ZS_EBUSY);
+    ZT_CHECK(strstr(zs_last_error(), "open the file again") != NULL);
+    zs_aio_destroy(h2);
+  }
   ZT_OK(zs_aio_file_close(f));
   zs_aio_destroy(h);
   zt_rmtree(dir);
