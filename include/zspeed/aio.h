@@ -39,7 +39,11 @@
  * Test-only fault sites (zs_fault_set): "aio.submit" fails the nth piece
  * handed to a backend (as if the submit call failed), "aio.io" fails the nth
  * completed piece (as if the device returned the error), "aio.short" makes
- * the nth piece transfer only part of its bytes (the engine continues it).
+ * the nth piece transfer only part of its bytes (the engine continues it),
+ * "aio.bounce" fails the nth bounce-buffer allocation, "aio.ring" makes the
+ * nth io_uring ring creation fail as if the kernel refused it (ENOMEM),
+ * "aio.nodirect" makes the nth zs_aio_file_open behave as on a file system
+ * that refuses direct I/O.
  */
 #ifndef ZSPEED_AIO_H
 #define ZSPEED_AIO_H
@@ -133,7 +137,8 @@ ZS_EXTERN int zs_aio_backend_resolve(int backend, char *why, size_t cap);
  * backend is not usable. */
 ZS_EXTERN int zs_aio_create(zs_aio **out, const zs_aio_config *cfg);
 /* Waits for every outstanding request, then stops the threads and frees
- * the handle. NULL is ignored. */
+ * the handle. No other call on h may be in progress or follow. NULL is
+ * ignored. */
 ZS_EXTERN void zs_aio_destroy(zs_aio *h);
 /* The configuration in effect (backend resolved to a concrete value). */
 ZS_EXTERN void zs_aio_get_config(const zs_aio *h, zs_aio_config *out);
@@ -158,7 +163,10 @@ enum zs_aio_open_flags {
 
 /* Opens a file for use with any handle; keep it open across many requests
  * (the NVMe swapper does). Closing is the caller's job, after every request
- * on it was waited for. */
+ * on it was waited for. With the iocp backend, the first handle that uses
+ * a file binds it to its completion port (Windows allows one): requests of
+ * any other handle on that file object then fail with ZS_EBUSY, so open the
+ * file once per handle. */
 ZS_EXTERN int zs_aio_file_open(zs_aio_file **out, const char *path,
                                unsigned flags);
 /* Closes the file; returns the close error, if any. NULL is ignored. */

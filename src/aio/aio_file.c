@@ -18,7 +18,7 @@ int zs_aio_file_open(zs_aio_file **out, const char *path, unsigned flags) {
   const unsigned known = 3u | ZS_AIO_CREATE | ZS_AIO_TRUNCATE |
                          ZS_AIO_DIRECT_REQUIRE | ZS_AIO_BUFFERED;
   unsigned acc = flags & 3u;
-  int zflags, rc, extra = 0;
+  int zflags, rc, extra = 0, refused = 0;
   zs_aio_file *f;
   if (!out || !path)
     return zs__fail(ZS_EINVAL, "zs_aio_file_open: out and path must not be NULL");
@@ -43,8 +43,18 @@ int zs_aio_file_open(zs_aio_file **out, const char *path, unsigned flags) {
    * work on one too. */
   extra |= ZS__O_OVERLAPPED;
 #endif
-  if (!(flags & ZS_AIO_BUFFERED))
-    extra |= (flags & ZS_AIO_DIRECT_REQUIRE) ? ZS__O_DIRECT : ZS__O_DIRECT_TRY;
+  if (!(flags & ZS_AIO_BUFFERED)) {
+    /* Test hook: behave as on a file system that refuses O_DIRECT. */
+    refused = zs__fault_check("aio.nodirect") != 0;
+    if (refused && (flags & ZS_AIO_DIRECT_REQUIRE)) {
+      rc = zs__fail(ZS_ENOTSUP, "cannot open %s for direct I/O: the file "
+                    "system does not support it (injected); use a directory "
+                    "on a disk or turn direct I/O off", path);
+      goto fail;
+    }
+    if (!refused)
+      extra |= (flags & ZS_AIO_DIRECT_REQUIRE) ? ZS__O_DIRECT : ZS__O_DIRECT_TRY;
+  }
   rc = zs__file_open(&f->fd, path, zflags | extra);
   if (rc) goto fail;
   f->mem_align = f->off_align = 1;

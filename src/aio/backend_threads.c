@@ -54,7 +54,16 @@ static void zs__aio_threads_kick(zs_aio *h) { (void)h; }
 
 static int zs__aio_threads_prepare(zs_aio *h, zs_aio_file *f) {
   (void)h;
+#ifdef _WIN32
+  /* Synchronous I/O on a handle bound to a completion port would post its
+   * completion to that port, where an IOCP lane would take it for one of
+   * its own pieces. */
+  if (f->port)
+    return zs__fail(ZS_EBUSY, "%s is bound to an iocp aio handle's completion "
+                    "port; open the file again for this handle", f->path);
+#else
   (void)f;
+#endif
   return 0;
 }
 

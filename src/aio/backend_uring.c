@@ -136,7 +136,9 @@ static int zs__uring_start(zs_aio *h) {
       rc = zs__fail(ZS_ENOMEM, "aio io_uring backend: out of memory");
       break;
     }
-    rc = io_uring_queue_init((unsigned)h->cfg.queue_depth, &l->ring, 0);
+    rc = zs__fault_check("aio.ring");
+    if (rc == 0) rc = io_uring_queue_init((unsigned)h->cfg.queue_depth, &l->ring, 0);
+    else rc = -ENOMEM; /* injected: behave as a refused ring */
     if (rc < 0) {
       int e = -rc;
       rc = zs__fail(zs__translate_errno(e), "aio io_uring backend: creating a "

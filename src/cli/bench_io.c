@@ -32,7 +32,8 @@ static void bio_usage(FILE *out) {
           "  --backend auto|io_uring|threads|iocp (default auto)\n"
           "  --loops N            timed loops per direction (default 5)\n"
           "  --single-submit      io_uring: one system call per block\n"
-          "  --overlap-events     io_uring: submit while reaping\n"
+          "  --no-overlap-events  io_uring: reap each batch before the next\n"
+          "                       (default: overlap, DeepSpeed's config default)\n"
           "  --json               one JSON object per direction\n");
 }
 
@@ -178,6 +179,7 @@ int zs_cli_bench_io(int argc, char **argv) {
   o.qd = 32;
   o.threads = 1;
   o.loops = 5;
+  o.overlap = 1;
   o.rw = "both";
   o.direct = "auto";
   for (i = 0; i < argc; i++) {
@@ -192,8 +194,8 @@ int zs_cli_bench_io(int argc, char **argv) {
     } else if (strcmp(a, "--single-submit") == 0) {
       o.single_submit = 1;
       continue;
-    } else if (strcmp(a, "--overlap-events") == 0) {
-      o.overlap = 1;
+    } else if (strcmp(a, "--no-overlap-events") == 0) {
+      o.overlap = 0;
       continue;
     }
     if (!v) {

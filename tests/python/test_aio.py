@@ -167,3 +167,18 @@ def test_imports_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "ok"
+
+
+def test_cuda_tensor_staged(tmp_path):
+    # Runs on the GPU host: a CUDA tensor goes through a pinned host buffer.
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    h = AsyncIOHandle()
+    path = str(tmp_path / "c.bin")
+    x = torch.randn(1 << 20, device="cuda")
+    assert h.sync_pwrite(x, path) == 1
+    y = torch.zeros_like(x)
+    assert h.async_pread(y, path) == 0 and h.wait() == 1
+    assert torch.equal(x, y)
+    h.close()

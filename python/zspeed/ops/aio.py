@@ -23,7 +23,7 @@ from typing import Any
 from .._native import NativeError, ZSpeedError, check, lib
 from .._signatures.aio import AioConfig, AioStats
 
-__all__ = ["AsyncIOHandle", "aio_backend", "BACKENDS"]
+__all__ = ["AsyncIOHandle", "aio_handle", "aio_backend", "BACKENDS"]
 
 BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2, "iocp": 3}
 _DIRECT = {"auto": 0, "on": 1, "off": 2}
@@ -338,3 +338,7 @@ def _validate(buffer: Any, filename: Any, file_offset: int) -> None:
     if disk != data:
         raise ZSpeedError(f"validation failed: {filename} at offset {file_offset} "
                           f"differs from the buffer ({buf.nbytes} bytes)")
+
+
+# DeepSpeed's name (AsyncIOBuilder().load().aio_handle): a drop-in alias.
+aio_handle = AsyncIOHandle
