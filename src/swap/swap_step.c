@@ -99,7 +99,7 @@ static int compute(swap_pipe *p, int i, int b) {
   size_t gs = dtype_bytes(a->grad_dtype), os = dtype_bytes(a->out_dtype);
   void *out = a->outs ? a->outs[i] : NULL;
   int rc = 0;
-  for (k = 0; k < q->n && rc == 0; k += slice) {
+  for (k = 0; k < q->n && rc == 0 && !p->err; k += slice) {
     zs_optim_tensors t;
     uint64_t t0;
     zs_optim_tensors_init(&t);
