@@ -352,7 +352,7 @@ int zs_cli_bench_swap(int argc, char **argv) {
     if (!strcmp(k, "--json")) { o.json = 1; continue; }
     if (!strcmp(k, "--no-out")) { o.out = 0; continue; }
     if (!v) {
-      fprintf(stderr, "zspeed bench swap: %s needs a value\n", k);
+      fprintf(stderr, "zspeed bench swap: %s is unknown or needs a value (see --help)\n", k);
       return 2;
     }
     i++;
