@@ -44,6 +44,13 @@
  * partition only after the write succeeded, so a failure leaves its old
  * state. The cost of this guarantee is twice the disk space of the state.
  *
+ * Sizing. Pinned memory is buffer_count x the largest slot. Partitions of
+ * 2^21 to 2^23 elements (24 to 96 MiB of fp32 Adam state) keep enough bytes
+ * in flight for an NVMe drive with the default 4 buffers; much smaller ones
+ * leave the device idle between requests, and few huge ones make the
+ * unoverlapped first read and last write (about 1/partitions of the step
+ * each) large. `zspeed bench swap` measures the step against its bound.
+ *
  * Threads. A swapper is used by one thread at a time (no two calls on the
  * same handle concurrently). The step computes on cfg.pool (with the calling
  * thread) and moves data on the swapper's own aio handle.

@@ -505,13 +505,20 @@ static void bad_input(void) {
 
 /* Statistics add up, and destroy removes the file. */
 static void stats_and_cleanup(void) {
-  setup su = {ZS_SWAP_ADAM, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, 4, 5,
+  /* More buffers than partitions: the pipeline must not look past the
+   * last partition. */
+  setup su = {ZS_SWAP_ADAM, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, 8, 5,
               {30000, 30001, 29999, 5, 12345}};
   harness h;
   zs_swap_stats st;
   char path[700];
   FILE *fp;
   if (!h_open(&h, &su)) return;
+  zs_swap_stats_reset(h.s);
+  h_new_grads(&h);
+  ZT_OK(h_step(&h, 1e-3, 1.0));
+  ZT_OK(h_ref_step(&h, 1e-3, 1.0, 1));
+  if (!h_same(&h, 1, __LINE__)) goto out;
   zs_swap_stats_reset(h.s);
   h_new_grads(&h);
   ZT_OK(h_step(&h, 1e-3, 1.0));
@@ -530,6 +537,7 @@ static void stats_and_cleanup(void) {
   h.s = NULL;
   fp = fopen(path, "rb");
   ZT_CHECKF(fp == NULL, "%s still exists after zs_swap_destroy", path);
+out:
   h_free(&h);
 }
 
