@@ -1,4 +1,5 @@
-"""zspeed.ops: the CPU optimizers and their statistics pass.
+"""zspeed.ops: the CPU optimizers, their statistics pass, and the async I/O
+handle (``zspeed.ops.aio``).
 
 Imports without torch. ``zspeed.ops.adam.CPUAdam``,
 ``zspeed.ops.adagrad.CPUAdagrad`` and ``zspeed.ops.lion.CPULion`` are
