@@ -1,17 +1,13 @@
-/* bench.c - `zspeed bench <name> [options]`: the first argument picks the
- * benchmark from this table. */
+/* bench.c - `zspeed bench <name> [options]`: one command whose first
+ * argument picks the benchmark from the table below; each area appends its
+ * entry. */
 #include <stdio.h>
 #include <string.h>
 
 #include "zs_cli.h"
 
-typedef struct {
-  const char *name;
-  const char *help;
-  int (*run)(int argc, char **argv);
-} zs_cli_bench_entry;
-
-static const zs_cli_bench_entry benches[] = {
+static const zs_cli_command benches[] = {
+    {"adam", "optimizer step throughput vs a STREAM-like copy", zs_bench_adam},
     {"io", "file read/write throughput of the aio engine (like fio, ds_io)",
      zs_cli_bench_io},
     {"swap", "NVMe optimizer step (zs_swap) vs max(disk, in-RAM step)",
@@ -22,7 +18,7 @@ static void bench_usage(FILE *out) {
   size_t i;
   fprintf(out, "usage: zspeed bench <benchmark> [options]\n\nbenchmarks:\n");
   for (i = 0; i < sizeof benches / sizeof benches[0]; i++)
-    fprintf(out, "  %-8s %s\n", benches[i].name, benches[i].help);
+    fprintf(out, "  %-10s %s\n", benches[i].name, benches[i].help);
   fprintf(out, "\n'zspeed bench <benchmark> --help' for its options.\n");
 }
 

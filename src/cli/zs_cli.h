@@ -14,10 +14,13 @@ typedef struct {
 
 /* `zspeed bench <name> ...` (bench.c); one entry per benchmark there. */
 int zs_cli_bench(int argc, char **argv);
-int zs_cli_bench_io(int argc, char **argv);
-int zs_cli_bench_swap(int argc, char **argv);
+int zs_bench_adam(int argc, char **argv);   /* bench_adam.c */
+int zs_cli_bench_io(int argc, char **argv); /* bench_io.c */
+int zs_cli_bench_swap(int argc, char **argv); /* bench_swap.c */
 
 #define ZS_CLI_EXTRA_COMMANDS \
-  {"bench", "run a benchmark: bench io ... (see bench --help)", zs_cli_bench}
+  {"bench", "run a benchmark: bench adam | io | swap ... (bench --help " \
+            "lists them)", \
+   zs_cli_bench}
 
 #endif

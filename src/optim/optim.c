@@ -401,6 +401,7 @@ void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
     s.m = (char *)mt;
     s.v = (char *)vt;
     s.sd = ZS_DTYPE_F32;
+    s.store_s = 1;
     ops->span(&s, len);
     ops->quant(mt, vt, mq, &a->m_scale[blk], vq, &a->v_scale[blk]);
     memcpy((int8_t *)a->m + b, mq, len);
@@ -454,7 +455,7 @@ int zs_adam_q8_quantize(const float *m, const float *v, size_t n, int8_t *m_q,
     memset(mt, 0, sizeof mt);
     memset(vt, 0, sizeof vt);
     memcpy(mt, m + b, len * sizeof(float));
-    memcpy(vt, v + b, len * sizeof(float));
+    for (i = 0; i < len; i++) vt[i] = sqrtf(v[b + i]);
     zs__q8_quant_scalar(mt, vt, mq, &m_scale[blk], vq, &v_scale[blk]);
     memcpy(m_q + b, mq, len);
     memcpy(v_q + b, vq, len);

@@ -10,7 +10,7 @@
 
 #define W 8
 
-static inline __m256 ld(const void *base, int dt, size_t i) {
+ZS__FORCE_INLINE __m256 ld(const void *base, int dt, size_t i) {
   __m128i h;
   if (dt == ZS_DTYPE_F32) return _mm256_loadu_ps((const float *)base + i);
   h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
@@ -19,7 +19,7 @@ static inline __m256 ld(const void *base, int dt, size_t i) {
   return _mm256_cvtph_ps(h);
 }
 
-static inline void st(void *base, int dt, size_t i, __m256 x) {
+ZS__FORCE_INLINE void st(void *base, int dt, size_t i, __m256 x) {
   __m128i o;
   if (dt == ZS_DTYPE_F32) {
     _mm256_storeu_ps((float *)base + i, x);
@@ -50,7 +50,7 @@ static inline __m256 vabs(__m256 x) {
 
 /* ------------------------------------------------------------------ Adam */
 
-static void adam_body(const zs__optim_args *a, size_t i) {
+ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
   __m256 g = _mm256_mul_ps(ld(a->grad, a->gd, i), _mm256_set1_ps(a->gs));
   __m256 p = ld(a->param, a->pd, i);
   __m256 m = ld(a->m, a->sd, i);
@@ -72,13 +72,18 @@ static void adam_body(const zs__optim_args *a, size_t i) {
   p = _mm256_fmadd_ps(_mm256_set1_ps(a->neg_step), _mm256_div_ps(m, den), p);
   st(a->param, a->pd, i, p);
   st(a->m, a->sd, i, m);
-  st(a->v, a->sd, i, v);
+  st(a->v, a->sd, i, a->store_s ? s : v);
   if (a->out) st(a->out, a->od, i, p);
 }
 
 static void adam_span(const zs__optim_args *a, size_t n) {
   size_t i = 0;
-  for (; i + W <= n; i += W) adam_body(a, i);
+  {
+    /* A private copy that never escapes: stores through the buffer
+     * pointers cannot alias it, so the constants stay in registers. */
+    zs__optim_args s = *a;
+    for (; i + W <= n; i += W) adam_body(&s, i);
+  }
   if (i < n) zs__optim_tail(a, i, n - i, adam_body);
 }
 
@@ -107,7 +112,7 @@ static float hmax(__m256 x) {
   return r;
 }
 
-static void quant(const float *m, const float *v, int8_t *mq, float *ms,
+static void quant(const float *m, const float *v_sqrt, int8_t *mq, float *ms,
                   uint8_t *vq, float *vs) {
   __m256 mx = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
   __m256 minv, sinv;
@@ -116,7 +121,7 @@ static void quant(const float *m, const float *v, int8_t *mq, float *ms,
   int j;
   for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
     mx = _mm256_max_ps(vabs(_mm256_loadu_ps(m + j)), mx);
-    sx = _mm256_max_ps(_mm256_sqrt_ps(_mm256_loadu_ps(v + j)), sx);
+    sx = _mm256_max_ps(_mm256_loadu_ps(v_sqrt + j), sx);
   }
   mmax = hmax(mx);
   smax = hmax(sx);
@@ -124,10 +129,10 @@ static void quant(const float *m, const float *v, int8_t *mq, float *ms,
   sinv = _mm256_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
   for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
     __m256 x = _mm256_loadu_ps(m + j);
-    __m256 y = _mm256_loadu_ps(v + j);
+    __m256 y = _mm256_loadu_ps(v_sqrt + j);
     __m256 qm = _mm256_mul_ps(_mm256_sqrt_ps(_mm256_mul_ps(vabs(x), minv)), c127);
     __m256 qv = _mm256_mul_ps(
-        _mm256_sqrt_ps(_mm256_mul_ps(_mm256_sqrt_ps(y), sinv)), c255);
+        _mm256_sqrt_ps(_mm256_mul_ps(y, sinv)), c255);
     __m256i im, iv;
     __m128i w;
     qm = _mm256_min_ps(_mm256_round_ps(qm, _MM_FROUND_TO_NEAREST_INT |
@@ -162,7 +167,7 @@ static void adam(const zs__optim_args *a, size_t begin, size_t end) {
 
 /* --------------------------------------------------------------- Adagrad */
 
-static void adagrad_body(const zs__optim_args *a, size_t i) {
+ZS__FORCE_INLINE void adagrad_body(const zs__optim_args *a, size_t i) {
   __m256 g = _mm256_mul_ps(ld(a->grad, a->gd, i), _mm256_set1_ps(a->gs));
   __m256 p = ld(a->param, a->pd, i);
   __m256 v = ld(a->v, a->sd, i);
@@ -177,15 +182,18 @@ static void adagrad_body(const zs__optim_args *a, size_t i) {
 }
 
 static void adagrad(const zs__optim_args *a0, size_t begin, size_t end) {
-  zs__optim_args s = zs__optim_offset(a0, begin);
+  const zs__optim_args t = zs__optim_offset(a0, begin);
   size_t i = 0, n = end - begin;
-  for (; i + W <= n; i += W) adagrad_body(&s, i);
-  if (i < n) zs__optim_tail(&s, i, n - i, adagrad_body);
+  {
+    zs__optim_args s = t; /* private, never escapes (see adam_span) */
+    for (; i + W <= n; i += W) adagrad_body(&s, i);
+  }
+  if (i < n) zs__optim_tail(&t, i, n - i, adagrad_body);
 }
 
 /* ------------------------------------------------------------------ Lion */
 
-static void lion_body(const zs__optim_args *a, size_t i) {
+ZS__FORCE_INLINE void lion_body(const zs__optim_args *a, size_t i) {
   __m256 g = _mm256_mul_ps(ld(a->grad, a->gd, i), _mm256_set1_ps(a->gs));
   __m256 p = ld(a->param, a->pd, i);
   __m256 m = ld(a->m, a->sd, i);
@@ -205,10 +213,13 @@ static void lion_body(const zs__optim_args *a, size_t i) {
 }
 
 static void lion(const zs__optim_args *a0, size_t begin, size_t end) {
-  zs__optim_args s = zs__optim_offset(a0, begin);
+  const zs__optim_args t = zs__optim_offset(a0, begin);
   size_t i = 0, n = end - begin;
-  for (; i + W <= n; i += W) lion_body(&s, i);
-  if (i < n) zs__optim_tail(&s, i, n - i, lion_body);
+  {
+    zs__optim_args s = t; /* private, never escapes (see adam_span) */
+    for (; i + W <= n; i += W) lion_body(&s, i);
+  }
+  if (i < n) zs__optim_tail(&t, i, n - i, lion_body);
 }
 
 /* ------------------------------------------------------------ grad stats */

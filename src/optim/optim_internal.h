@@ -13,6 +13,16 @@
 
 #include "zspeed/optim.h"
 
+/* Vector bodies must be inlined into their loops for the constants to stay
+ * in registers (they are also called through pointers for the tails). */
+#if defined(__GNUC__) || defined(__clang__)
+#  define ZS__FORCE_INLINE static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#  define ZS__FORCE_INLINE static __forceinline
+#else
+#  define ZS__FORCE_INLINE static inline
+#endif
+
 /* Everything a kernel needs; all arithmetic constants are fp32 so that every
  * ISA computes with the same operands. */
 typedef struct zs__optim_args {
@@ -26,6 +36,8 @@ typedef struct zs__optim_args {
   int pd, gd, sd, od; /* dtypes; od = ZS_DTYPE_NONE without out */
   int l2;             /* add weight_decay * p to the gradient */
   int clamp;          /* 8-bit Adam: clamp |m| <= clampc * sqrt(v) */
+  int store_s;        /* 8-bit Adam: store sqrt(v) (not v) into the v scratch,
+                         which is what quantization needs */
   float gs;           /* gradient multiplier */
   float b1, omb1, b2, omb2; /* beta1, 1 - beta1, beta2, 1 - beta2 */
   float eps, wd;
@@ -167,10 +179,11 @@ static inline zs__optim_args zs__optim_offset(const zs__optim_args *a,
 typedef struct zs__q8_ops {
   /* fp32 update of n elements with states in fp32 scratch. */
   void (*span)(const zs__optim_args *a, size_t n);
-  /* Dequantize / quantize exactly ZS_OPTIM_QBLOCK elements. */
+  /* Dequantize / quantize exactly ZS_OPTIM_QBLOCK elements; quant takes
+   * s = sqrt(v), as the fp32 body leaves it with store_s set. */
   void (*dequant)(const int8_t *mq, float ms, const uint8_t *vq, float vs,
                   float *m, float *v);
-  void (*quant)(const float *m, const float *v, int8_t *mq, float *ms,
+  void (*quant)(const float *m, const float *s, int8_t *mq, float *ms,
                 uint8_t *vq, float *vs);
 } zs__q8_ops;
 
@@ -188,7 +201,7 @@ void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
 /* Scalar block helpers (also used by zs_adam_q8_* conversions). */
 void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
                            float vs, float *m, float *v);
-void zs__q8_quant_scalar(const float *m, const float *v, int8_t *mq,
+void zs__q8_quant_scalar(const float *m, const float *s, int8_t *mq,
                          float *ms, uint8_t *vq, float *vs);
 
 #endif

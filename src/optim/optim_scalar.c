@@ -34,7 +34,7 @@ static void adam_span(const zs__optim_args *a, size_t n) {
     p = fmaf(a->neg_step, m / den, p);
     zs__store(a->param, a->pd, i, p);
     zs__store(a->m, a->sd, i, m);
-    zs__store(a->v, a->sd, i, v);
+    zs__store(a->v, a->sd, i, a->store_s ? s : v);
     if (a->out) zs__store(a->out, a->od, i, p);
   }
 }
@@ -51,13 +51,13 @@ void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
   }
 }
 
-void zs__q8_quant_scalar(const float *m, const float *v, int8_t *mq,
+void zs__q8_quant_scalar(const float *m, const float *s, int8_t *mq,
                          float *ms, uint8_t *vq, float *vs) {
   float mmax = 0.0f, smax = 0.0f, minv, sinv;
   int i;
   for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
     mmax = zs__maxps(fabsf(m[i]), mmax);
-    smax = zs__maxps(sqrtf(v[i]), smax);
+    smax = zs__maxps(s[i], smax);
   }
   minv = mmax > 0.0f ? 1.0f / mmax : 0.0f;
   sinv = smax > 0.0f ? 1.0f / smax : 0.0f;
@@ -66,7 +66,7 @@ void zs__q8_quant_scalar(const float *m, const float *v, int8_t *mq,
      * the min keeps a ratio rounded just above 1 in range. */
     float qm = zs__minps(nearbyintf(sqrtf(fabsf(m[i]) * minv) * 127.0f),
                          127.0f);
-    float qv = zs__minps(nearbyintf(sqrtf(sqrtf(v[i]) * sinv) * 255.0f),
+    float qv = zs__minps(nearbyintf(sqrtf(s[i] * sinv) * 255.0f),
                          255.0f);
     mq[i] = (int8_t)(m[i] < 0.0f ? -(int)qm : (int)qm);
     vq[i] = (uint8_t)(int)qv;
@@ -80,9 +80,9 @@ static void dequant(const int8_t *mq, float ms, const uint8_t *vq, float vs,
   zs__q8_dequant_scalar(mq, ms, vq, vs, m, v);
 }
 
-static void quant(const float *m, const float *v, int8_t *mq, float *ms,
+static void quant(const float *m, const float *s, int8_t *mq, float *ms,
                   uint8_t *vq, float *vs) {
-  zs__q8_quant_scalar(m, v, mq, ms, vq, vs);
+  zs__q8_quant_scalar(m, s, mq, ms, vq, vs);
 }
 
 static const zs__q8_ops q8_ops = {adam_span, dequant, quant};
