@@ -170,7 +170,7 @@ def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
                 f"offload_optimizer.device 'cpu': configure the optimizer in the config's 'optimizer' "
                 f"section so zspeed can run its CPU kernel, or set \"zero_force_ds_cpu_optimizer\": false "
                 f"to run your optimizer's class on the CPU.")
-        return HostOptimizer(rebuild_like(client, master_groups), native=False)
+        return HostOptimizer(rebuild_like(client, [g["params"] for g in master_groups]), native=False)
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"]} for g in master_groups]
     if params.get("torch_adam"):
         fused = params.get("fused")
