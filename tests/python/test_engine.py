@@ -94,9 +94,9 @@ def test_matches_pytorch_adamw_60_steps(mode):
         # mildly. 2e-4 relative on weights of magnitude ~0.1-1 is far below one step's update (lr 2e-2).
         tol = dict(rtol=2e-4, atol=2e-5)
     else:
-        # Same torch AdamW kernel on the same fp32 values: identical up to summation order of the
-        # (identical) gradients, so agreement is essentially exact.
-        tol = dict(rtol=1e-6, atol=1e-7)
+        # torch AdamW on the same fp32 values (offloaded: its fused CPU kernel, which rounds a few
+        # operations differently, ~1 ulp per step): agreement to ~1e-6 after 60 steps.
+        tol = dict(rtol=1e-5, atol=1e-6)
     for a, b in zip(ref.parameters(), engine.module.parameters()):
         torch.testing.assert_close(b, a, **tol)
     assert losses[-1] < losses[0] * 0.8  # it actually trained
@@ -254,10 +254,16 @@ def test_bf16_keeps_fp32_masters(offload):
             for m, p in zip(masters, ref.parameters()):
                 p.copy_(m)
     train_engine(e, data, 20, dtype=torch.bfloat16)
+    if offload:
+        # Offloaded, torch's fused CPU AdamW kernel runs instead of the for-loop one: fp32 results
+        # may differ in the last bit or two per step, and a bf16 weight by at most one bf16 ulp.
+        wtol, mtol = dict(rtol=2 ** -7, atol=1e-6), dict(rtol=1e-5, atol=1e-7)
+    else:  # identical arithmetic on identical values
+        wtol, mtol = dict(rtol=0, atol=0), dict(rtol=0, atol=0)
     for a, b in zip(ref.parameters(), e.module.parameters()):
-        assert torch.equal(a, b)  # identical arithmetic on identical values
+        torch.testing.assert_close(b, a, **wtol)
     for m, b in zip(masters, [p for g in opt.param_groups for p in g["params"]]):
-        torch.testing.assert_close(b.view(m.shape), m, rtol=0, atol=0)
+        torch.testing.assert_close(b.view(m.shape), m, **mtol)
 
 
 def test_initialize_api_and_dataloader(tmp_path):
