@@ -12,6 +12,13 @@ typedef struct {
   int (*run)(int argc, char **argv); /* argv after the command name */
 } zs_cli_command;
 
-#define ZS_CLI_EXTRA_COMMANDS {NULL, NULL, NULL}
+/* `zspeed bench <name> ...` (bench.c); one entry per benchmark there. */
+int zs_cli_bench(int argc, char **argv);
+int zs_bench_adam(int argc, char **argv);   /* bench_adam.c */
+int zs_cli_bench_io(int argc, char **argv); /* bench_io.c */
+
+#define ZS_CLI_EXTRA_COMMANDS \
+  {"bench", "run a benchmark: bench adam | io ... (bench --help lists them)", \
+   zs_cli_bench}
 
 #endif

@@ -196,7 +196,11 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
   if (level < 0) snprintf(simd_err, sizeof simd_err, "%s", zs_last_error());
   zs__bytes_str(ram, sizeof ram, ramb);
   if (lim == UINT64_MAX) {
-    snprintf(lock, sizeof lock, "unlimited");
+#ifdef _WIN32
+    snprintf(lock, sizeof lock, "no fixed limit (working set grows on demand)");
+#else
+    snprintf(lock, sizeof lock, geteuid() == 0 ? "unlimited (root)" : "unlimited");
+#endif
   } else {
     zs__bytes_str(lock, sizeof lock, lim);
     if (lim < ZS__MEMLOCK_WARN)

@@ -1,7 +1,13 @@
 /* Aligned and page-locked allocation, including the refused-lock path. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "zs_internal.h"
+#if defined(__linux__)
+#  include <sys/resource.h>
+#  include <sys/wait.h>
+#  include <unistd.h>
+#endif
 #include "zt.h"
 
 static void aligned_alloc_alignments(void) {
@@ -75,6 +81,59 @@ static void memlock_limit_is_reported(void) {
   ZT_CHECK(zs_memlock_limit() > 0);
 }
 
-ZT_MAIN(ZT_CASE(aligned_alloc_alignments), ZT_CASE(aligned_alloc_errors),
+#if defined(__linux__)
+/* A real refused lock, not an injected one: in a child that drops root (so
+ * CAP_IPC_LOCK no longer bypasses the limit) and lowers RLIMIT_MEMLOCK to
+ * 64 KiB, a 1 MiB pinned allocation must fail with ZS_EMLOCK, name the limit,
+ * fall back cleanly with ZS_PIN_FALLBACK, and the report must warn. */
+static void real_memlock_limit(void) {
+  int status = 0;
+  pid_t pid;
+  if (ZT_SANITIZED) ZT_SKIP("sanitizer runtimes make mlock a no-op");
+  pid = fork();
+  ZT_CHECK(pid >= 0);
+  if (pid == 0) {
+    struct rlimit rl;
+    void *p = NULL;
+    int locked = -1;
+    char *buf;
+    int64_t need;
+    rl.rlim_cur = rl.rlim_max = 64 * 1024;
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) _exit(10);
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(11);
+    if (zs_memlock_limit() != 64 * 1024) _exit(12);
+    if (zs_alloc_pinned(&p, 1 << 20, 0, &locked) != ZS_EMLOCK) _exit(13);
+    if (!strstr(zs_last_error(), "RLIMIT_MEMLOCK") ||
+        !strstr(zs_last_error(), "65536"))
+      _exit(14);
+    if (zs_alloc_pinned(&p, 1 << 20, ZS_PIN_FALLBACK, &locked) != 0 ||
+        locked != 0)
+      _exit(15);
+    memset(p, 3, 1 << 20);
+    zs_free_pinned(p, 1 << 20);
+    if (zs_alloc_pinned(&p, 4096, 0, &locked) != 0 || locked != 1) _exit(16);
+    zs_free_pinned(p, 4096);
+    need = zs_report(NULL, 0, 0);
+    buf = malloc((size_t)need + 1);
+    if (!buf) _exit(17);
+    zs_report(buf, (size_t)need + 1, 0);
+    if (!strstr(buf, "page-lock limit ..... 64 KiB") ||
+        !strstr(buf, "WARNING: page-lock limit is below 1 GiB"))
+      _exit(18);
+    free(buf);
+    _exit(0);
+  }
+  ZT_CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+  if (WEXITSTATUS(status) == 11) ZT_SKIP("cannot drop root privileges here");
+  ZT_CHECKF(WEXITSTATUS(status) == 0, "child check %d failed",
+            WEXITSTATUS(status));
+}
+#else
+static void real_memlock_limit(void) {
+  ZT_SKIP("RLIMIT_MEMLOCK is Linux-specific; Windows grows the working set");
+}
+#endif
+
+ZT_MAIN(ZT_CASE(real_memlock_limit), ZT_CASE(aligned_alloc_alignments), ZT_CASE(aligned_alloc_errors),
         ZT_CASE(pinned_alloc_locks_or_reports),
         ZT_CASE(pinned_alloc_refused_lock), ZT_CASE(memlock_limit_is_reported))

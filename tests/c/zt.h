@@ -87,4 +87,17 @@ void zt_rmtree(const char *dir);
 
 #define ZT_CASE(fn) {#fn, fn}
 
+/* 1 in sanitizer builds, whose runtimes replace some system calls (ASan and
+ * TSan turn mlock into a no-op). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#  define ZT_SANITIZED 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#    define ZT_SANITIZED 1
+#  endif
+#endif
+#ifndef ZT_SANITIZED
+#  define ZT_SANITIZED 0
+#endif
+
 #endif

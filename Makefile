@@ -1,0 +1,91 @@
+# zspeed's two front doors: `make demo` and `make test`. Both set up what they
+# need (Debian/Ubuntu packages when run as root or with sudo, a Python venv in
+# .venv) and build everything with CMake + Ninja.
+#
+#   make demo        set up, build, print the report, run the demo
+#   make test        every test: C (plain, ASan+UBSan, TSan), Windows cross
+#                    build under Wine, arm64 cross build under qemu, Python
+#                    package + pytest
+#   make build       the native library, command and C tests in build/
+#   make test-c | test-asan | test-tsan | test-windows | test-arm64 | test-python
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CMAKE_GEN := -G Ninja
+# Set FORCE_SETUP=1 to re-run the package set-up even if the stamp exists.
+SETUP_STAMP := $(VENV)/.zspeed-setup
+
+.PHONY: all setup build demo test test-c test-asan test-tsan test-windows \
+        test-arm64 test-python install-python clean
+
+all: build
+
+$(SETUP_STAMP): scripts/setup.sh pyproject.toml
+	bash scripts/setup.sh $(VENV)
+	touch $@
+
+setup: $(SETUP_STAMP)
+
+build: setup
+	cmake -S . -B build $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
+	cmake --build build -j $(JOBS)
+
+test-c: build
+	cd build && ctest --output-on-failure -j $(JOBS)
+
+test-asan: setup
+	cmake -S . -B build-asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug \
+	  -DZSPEED_SANITIZE='address;undefined' -DCMAKE_C_COMPILER=clang
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+# TSan needs a fixed address-space layout on kernels with many ASLR bits;
+# setarch -R runs ctest (and the tests it starts) without randomization.
+test-tsan: setup
+	cmake -S . -B build-tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug \
+	  -DZSPEED_SANITIZE=thread -DCMAKE_C_COMPILER=clang
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  setarch "$$(uname -m)" -R ctest --output-on-failure -j $(JOBS)
+
+# Cross-build for Windows with MinGW-w64 and run the C tests under Wine.
+# Wine's helper processes (wineserver, services) must be started before
+# ctest with their output detached, or ctest waits for them forever.
+test-windows: setup
+	cmake -S . -B build-mingw $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64-x86_64.cmake
+	cmake --build build-mingw -j $(JOBS)
+	bash scripts/wine-ctest.sh build-mingw
+
+# Build the wheel, then install that wheel: the tests check what users get.
+install-python: setup
+	rm -rf dist
+	$(PY) -m pip wheel --no-build-isolation --no-deps -q -w dist .
+	$(PY) -m pip install --force-reinstall --no-deps -q dist/zspeed-*.whl
+
+test-python: install-python
+	cd tests/python && ZSPEED_WHEEL="$$(ls $(CURDIR)/dist/zspeed-*.whl)" \
+	  ../../$(PY) -m pytest -q -p no:cacheprovider .
+
+# Cross-build for 64-bit Arm and run the C tests under qemu-user: the NEON
+# paths get the same tests as the x86 ones.
+test-arm64: setup
+	cmake -S . -B build-arm64 $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
+	cmake --build build-arm64 -j $(JOBS)
+	cd build-arm64 && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+test: test-c test-asan test-tsan test-windows test-arm64 test-python
+	@echo "make test: all suites passed"
+
+demo: build install-python
+	$(PY) -m zspeed report
+	bash scripts/demo.sh
+
+clean:
+	rm -rf build build-asan build-tsan build-mingw build-arm64 dist

@@ -1,0 +1,51 @@
+"""Signatures of include/zspeed/aio.h (and the structs it passes)."""
+from ctypes import (POINTER, Structure, c_char_p, c_int, c_int64, c_size_t,
+                    c_uint, c_uint32, c_uint64, c_void_p)
+
+
+class AioConfig(Structure):
+    """struct zs_aio_config; fill with zs_aio_config_init first."""
+    _fields_ = [("block_size", c_int64), ("queue_depth", c_int),
+                ("single_submit", c_int), ("overlap_events", c_int),
+                ("intra_op_parallelism", c_int), ("backend", c_int),
+                ("direct", c_int)]
+
+
+class AioStats(Structure):
+    """struct zs_aio_stats."""
+    _fields_ = [(n, c_uint64) for n in (
+        "bytes_read", "bytes_written", "requests", "requests_failed", "pieces",
+        "pieces_bounced", "pieces_buffered", "short_continued", "request_ns",
+        "busy_ns")]
+
+
+SIGNATURES = {
+    "zs_aio_config_init": (None, [POINTER(AioConfig)]),
+    "zs_aio_backend_name": (c_char_p, [c_int]),
+    "zs_aio_backend_resolve": (c_int, [c_int, c_char_p, c_size_t]),
+    "zs_aio_create": (c_int, [POINTER(c_void_p), POINTER(AioConfig)]),
+    "zs_aio_destroy": (None, [c_void_p]),
+    "zs_aio_get_config": (None, [c_void_p, POINTER(AioConfig)]),
+    "zs_aio_backend": (c_char_p, [c_void_p]),
+    "zs_aio_backend_why": (c_char_p, [c_void_p]),
+    "zs_aio_file_open": (c_int, [POINTER(c_void_p), c_char_p, c_uint]),
+    "zs_aio_file_close": (c_int, [c_void_p]),
+    "zs_aio_file_direct": (c_int, [c_void_p]),
+    "zs_aio_file_why": (c_char_p, [c_void_p]),
+    "zs_aio_file_alignment": (c_uint32, [c_void_p]),
+    "zs_aio_file_size": (c_int64, [c_void_p]),
+    "zs_aio_file_preallocate": (c_int, [c_void_p, c_int64]),
+    "zs_aio_file_sync": (c_int, [c_void_p]),
+    "zs_aio_pread": (c_int64, [c_void_p, c_void_p, c_void_p, c_int64, c_int64]),
+    "zs_aio_pwrite": (c_int64, [c_void_p, c_void_p, c_void_p, c_int64, c_int64]),
+    "zs_aio_pread_path": (c_int64, [c_void_p, c_char_p, c_void_p, c_int64, c_int64]),
+    "zs_aio_pwrite_path": (c_int64, [c_void_p, c_char_p, c_void_p, c_int64, c_int64]),
+    "zs_aio_wait": (c_int, [c_void_p, c_int64]),
+    "zs_aio_test": (c_int, [c_void_p, c_int64]),
+    "zs_aio_wait_all": (c_int64, [c_void_p]),
+    "zs_aio_pending": (c_int64, [c_void_p]),
+    "zs_aio_read": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64]),
+    "zs_aio_write": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64]),
+    "zs_aio_stats_get": (None, [c_void_p, POINTER(AioStats)]),
+    "zs_aio_stats_reset": (None, [c_void_p]),
+}

@@ -1,0 +1,57 @@
+"""The ``zspeed`` command (``python -m zspeed``).
+
+Subcommands: ``report`` (environment report, ``--json``). Other areas add
+theirs to ``COMMANDS``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Dict, List, Optional
+
+from ._native import ZSpeedError
+
+
+def _cmd_report(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="zspeed report",
+        description="What zspeed sees on this machine: build, OS, CPU and SIMD "
+                    "level, memory and page-lock limit, I/O backends, CUDA "
+                    "driver, and the Python side (numpy, torch, GPUs).")
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    args = ap.parse_args(argv)
+    from .report import report
+    sys.stdout.write(report(as_json=args.json))
+    return 0
+
+
+COMMANDS: Dict[str, tuple] = {
+    "report": (_cmd_report, "print the environment report (--json for JSON)"),
+}
+
+
+def _usage() -> str:
+    rows = "\n".join(f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items())
+    return f"usage: zspeed <command> [options]\n\ncommands:\n{rows}\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        out = sys.stdout if argv else sys.stderr
+        out.write(_usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from ._version import __version__
+        print(f"zspeed {__version__}")
+        return 0
+    entry = COMMANDS.get(argv[0])
+    if entry is None:
+        sys.stderr.write(f"zspeed: unknown command '{argv[0]}'\n\n{_usage()}")
+        return 2
+    fn: Callable[[List[str]], int] = entry[0]
+    try:
+        return fn(argv[1:])
+    except ZSpeedError as e:
+        sys.stderr.write(f"zspeed {argv[0]}: {e}\n")
+        return 1

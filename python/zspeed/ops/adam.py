@@ -1,0 +1,44 @@
+"""AdamW / Adam on the CPU: :class:`CPUAdam` (a torch.optim.Optimizer, built
+on first access; needs torch) and :func:`adam_step` (numpy, no torch).
+
+Semantics are torch.optim.AdamW (``adamw_mode=True``) / torch.optim.Adam
+(``adamw_mode=False``), amsgrad off, with DeepSpeed's ``bias_correction``
+switch. Arithmetic is fp32; see include/zspeed/optim.h for the formulas,
+rounding (nearest even) and the 8-bit state format.
+"""
+from __future__ import annotations
+
+from . import _kernels
+
+__all__ = ["CPUAdam", "adam_step"]
+
+
+def adam_step(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3,
+              betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, adamw_mode=True,
+              bias_correction=True, grad_scale=1.0, out=None,
+              exp_avg_scale=None, exp_avg_sq_scale=None, num_threads=None):
+    """One AdamW/Adam step, in place, over 1-element-per-param buffers.
+
+    param: float32 (master weights), float16 or bf16 (uint16 bits) array,
+      updated in place. grad: float32/float16/bf16, same length; multiplied by
+      ``grad_scale`` first. exp_avg / exp_avg_sq: float32 or bf16 states, or
+      8-bit states (int8 exp_avg, uint8 exp_avg_sq, plus ``exp_avg_scale`` and
+      ``exp_avg_sq_scale``: float32 arrays of ``qblocks(n)``; all zeros is the
+      initial state). ``step``: this update's number, from 1. ``out``:
+      optional float16/bf16 array receiving the updated weights in the same
+      pass. ``num_threads``: None = the default pool (all cores).
+    Raises NativeError (nothing modified) for bad input; amsgrad is not
+    offered."""
+    _kernels.adam(param, grad, exp_avg, exp_avg_sq, step=step, lr=lr,
+                  beta1=betas[0], beta2=betas[1], eps=eps,
+                  weight_decay=weight_decay, adamw_mode=adamw_mode,
+                  bias_correction=bias_correction, grad_scale=grad_scale,
+                  out=out, exp_avg_scale=exp_avg_scale,
+                  exp_avg_sq_scale=exp_avg_sq_scale, num_threads=num_threads)
+
+
+def __getattr__(name):
+    if name == "CPUAdam":
+        from ._torch_optim import CPUAdam
+        return CPUAdam
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,344 @@
+"""DeepSpeed-compatible asynchronous file I/O on libzspeed's aio engine.
+
+:class:`AsyncIOHandle` has the method names, arguments, defaults and return
+values of DeepSpeed's ``async_io`` ``aio_handle`` (``sync_pread``,
+``async_pwrite``, ``wait``, ``new_cpu_locked_tensor``, ...), but runs on
+Linux (io_uring or threads), Windows (IOCP) and macOS (threads) without a
+compiled torch extension. Buffers may be torch CPU tensors, numpy arrays, or
+CUDA tensors (staged through a page-locked host buffer). torch is imported
+only when a tensor is passed, so this module imports without it.
+
+Differences from DeepSpeed, all deliberate: failures raise
+:class:`zspeed.NativeError` (with the C error name and a message saying what
+failed and how to fix it) instead of asserting or printing; a read past the
+end of a file is an error (``ZS_EOF``); buffers need no alignment.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any
+
+from .._native import NativeError, ZSpeedError, check, lib
+from .._signatures.aio import AioConfig, AioStats
+
+__all__ = ["AsyncIOHandle", "aio_handle", "aio_backend", "BACKENDS"]
+
+BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2, "iocp": 3}
+_DIRECT = {"auto": 0, "on": 1, "off": 2}
+# DeepSpeed's get_alignment(): intra_op_parallelism * this.
+_DS_O_DIRECT_ALIGNMENT = 512
+
+
+def aio_backend(backend: str = "auto") -> tuple[str, str]:
+    """(chosen backend, why) for a backend request, without a handle.
+
+    Raises NativeError (ZS_ENOTSUP) if the backend is forced but unusable."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+    buf = ctypes.create_string_buffer(512)
+    rc = check(lib.zs_aio_backend_resolve(BACKENDS[backend], buf, len(buf)),
+               "zs_aio_backend_resolve")
+    return lib.zs_aio_backend_name(rc).decode(), buf.value.decode()
+
+
+def _torch():
+    import torch  # noqa: PLC0415 - imported lazily on purpose
+    return torch
+
+
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__.split(".")[0] == "torch"
+
+
+class _Buffer:
+    """Host memory of a user buffer: address, size, and what keeps it alive.
+
+    A CUDA tensor is staged: ``host`` is a pinned CPU tensor of the same
+    bytes; ``finish()`` copies a read back to the device."""
+
+    def __init__(self, obj: Any, for_read: bool):
+        self.obj, self.host, self.device = obj, None, None
+        if _is_tensor(obj):
+            if not obj.is_contiguous():
+                raise ValueError("the tensor must be contiguous (call .contiguous())")
+            if obj.device.type != "cpu":
+                torch = _torch()
+                pin = torch.cuda.is_available()
+                self.host = torch.empty(obj.shape, dtype=obj.dtype, device="cpu",
+                                        pin_memory=pin)
+                if not for_read:
+                    self.host.copy_(obj)
+                self.device, src = obj, self.host
+            else:
+                src = obj
+            self.addr = src.data_ptr()
+            self.nbytes = src.numel() * src.element_size()
+            return
+        try:
+            import numpy as np  # noqa: PLC0415
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            np = None
+        if np is not None and isinstance(obj, np.ndarray):
+            if not obj.flags.c_contiguous:
+                raise ValueError("the array must be C-contiguous (np.ascontiguousarray)")
+            if for_read and not obj.flags.writeable:
+                raise ValueError("cannot read into a read-only array")
+            self.addr, self.nbytes = obj.ctypes.data, obj.nbytes
+            return
+        raise TypeError(f"buffer must be a torch tensor or numpy array, got {type(obj).__name__}")
+
+    def finish(self) -> None:
+        if self.device is not None and self.host is not None:
+            self.device.copy_(self.host)
+
+
+class AsyncIOHandle:
+    """DeepSpeed's ``aio_handle`` on zspeed.
+
+    Arguments and defaults are DeepSpeed's (``block_size=1 MiB``,
+    ``queue_depth=128``, ``single_submit=False``, ``overlap_events=False``,
+    ``intra_op_parallelism=1``); ``backend`` (auto | io_uring | threads |
+    iocp) and ``direct`` (auto | on | off) are zspeed's additions. The
+    environment variable ZSPEED_AIO_BACKEND overrides backend="auto".
+    """
+
+    def __init__(self, block_size: int = 1048576, queue_depth: int = 128,
+                 single_submit: bool = False, overlap_events: bool = False,
+                 intra_op_parallelism: int = 1, *, backend: str = "auto",
+                 direct: str = "auto"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+        if direct not in _DIRECT:
+            raise ValueError(f"direct must be one of {sorted(_DIRECT)}, got {direct!r}")
+        cfg = AioConfig()
+        lib.zs_aio_config_init(ctypes.byref(cfg))
+        cfg.block_size, cfg.queue_depth = int(block_size), int(queue_depth)
+        cfg.single_submit, cfg.overlap_events = int(bool(single_submit)), int(bool(overlap_events))
+        cfg.intra_op_parallelism = int(intra_op_parallelism)
+        cfg.backend, cfg.direct = BACKENDS[backend], _DIRECT[direct]
+        h = ctypes.c_void_p()
+        check(lib.zs_aio_create(ctypes.byref(h), ctypes.byref(cfg)), "zs_aio_create")
+        self._h = h
+        self._cfg = cfg
+        self._lock = threading.Lock()
+        self._inflight: dict[int, _Buffer] = {}
+        self._locked: dict[int, tuple[int, int, Any]] = {}
+
+    # ------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Waits for outstanding requests and frees the handle."""
+        if getattr(self, "_h", None):
+            lib.zs_aio_destroy(self._h)
+            self._h = None
+            self._inflight.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from __del__
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise ZSpeedError("this AsyncIOHandle is closed")
+        return self._h
+
+    # -------------------------------------------------------------- knobs
+    def get_block_size(self) -> int:
+        return self._cfg.block_size
+
+    def get_queue_depth(self) -> int:
+        return self._cfg.queue_depth
+
+    def get_single_submit(self) -> bool:
+        return bool(self._cfg.single_submit)
+
+    def get_overlap_events(self) -> bool:
+        return bool(self._cfg.overlap_events)
+
+    def get_intra_op_parallelism(self) -> int:
+        return self._cfg.intra_op_parallelism
+
+    get_thread_count = get_intra_op_parallelism  # DeepSpeed before 0.15
+
+    def get_alignment(self) -> int:
+        """DeepSpeed's value (intra_op_parallelism * 512), for callers that pad
+        tensors with it; zspeed itself accepts any size and offset."""
+        return self._cfg.intra_op_parallelism * _DS_O_DIRECT_ALIGNMENT
+
+    @property
+    def backend(self) -> str:
+        return lib.zs_aio_backend(self._handle()).decode()
+
+    @property
+    def backend_why(self) -> str:
+        return lib.zs_aio_backend_why(self._handle()).decode()
+
+    def stats(self) -> dict[str, int]:
+        st = AioStats()
+        lib.zs_aio_stats_get(self._handle(), ctypes.byref(st))
+        return {name: getattr(st, name) for name, _ in AioStats._fields_}
+
+    # ----------------------------------------------------------- requests
+    def _submit(self, buffer: Any, filename: Any, file_offset: int, write: bool) -> int:
+        buf = _Buffer(buffer, for_read=not write)
+        h = self._handle()
+        if isinstance(filename, int):
+            filename = _fd_path(filename)
+        path = os.fsencode(filename)
+        fn = lib.zs_aio_pwrite_path if write else lib.zs_aio_pread_path
+        rid = fn(h, path, ctypes.c_void_p(buf.addr), buf.nbytes, int(file_offset))
+        check(rid, "zs_aio_pwrite_path" if write else "zs_aio_pread_path")
+        with self._lock:
+            self._inflight[rid] = buf
+        return rid
+
+    def _wait_ids(self, ids: list[int]) -> int:
+        first: NativeError | None = None
+        for rid in ids:
+            rc = lib.zs_aio_wait(self._handle(), rid)
+            with self._lock:
+                buf = self._inflight.pop(rid, None)
+            if rc < 0:
+                try:
+                    check(rc, "wait")
+                except NativeError as e:
+                    first = first or e
+            elif buf is not None:
+                buf.finish()
+        if first is not None:
+            raise first
+        return len(ids)
+
+    def wait(self) -> int:
+        """Waits for every asynchronous request; returns how many completed.
+
+        Raises NativeError for the first failed one (all are collected)."""
+        with self._lock:
+            ids = sorted(self._inflight)
+        return self._wait_ids(ids)
+
+    def sync_pread(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
+        """Reads buffer.nbytes from filename at file_offset; returns 1 (ops)."""
+        return self._wait_ids([self._submit(buffer, filename, file_offset, False)])
+
+    def sync_pwrite(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
+        """Writes the buffer to filename at file_offset (file created if
+        missing, never truncated); returns 1 (ops)."""
+        return self._wait_ids([self._submit(buffer, filename, file_offset, True)])
+
+    def async_pread(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
+        """Starts a read; returns 0. wait() completes it."""
+        self._submit(buffer, filename, file_offset, False)
+        return 0
+
+    def async_pwrite(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
+        """Starts a write (filename may also be an open file descriptor, as in
+        DeepSpeed's overload); returns 0. wait() completes it."""
+        self._submit(buffer, filename, file_offset, True)
+        return 0
+
+    def pread(self, buffer: Any, filename: Any, validate: bool, async_op: bool,
+              file_offset: int = 0) -> int:
+        """DeepSpeed's pread(buffer, filename, validate, async, file_offset)."""
+        if async_op:
+            self._submit(buffer, filename, file_offset, False)
+            return 0
+        n = self.sync_pread(buffer, filename, file_offset)
+        if validate:
+            _validate(buffer, filename, file_offset)
+        return n
+
+    def pwrite(self, buffer: Any, filename: Any, validate: bool, async_op: bool,
+               file_offset: int = 0) -> int:
+        """DeepSpeed's pwrite(buffer, filename, validate, async, file_offset)."""
+        if async_op:
+            self._submit(buffer, filename, file_offset, True)
+            return 0
+        n = self.sync_pwrite(buffer, filename, file_offset)
+        if validate:
+            _validate(buffer, filename, file_offset)
+        return n
+
+    def read(self, buffer: Any, filename: Any, validate: bool = False,
+             file_offset: int = 0) -> int:
+        """Synchronous read of the buffer's size; returns 0 like DeepSpeed."""
+        self.pread(buffer, filename, validate, False, file_offset)
+        return 0
+
+    def write(self, buffer: Any, filename: Any, validate: bool = False,
+              file_offset: int = 0) -> int:
+        """Synchronous write of the buffer; returns 0 like DeepSpeed."""
+        self.pwrite(buffer, filename, validate, False, file_offset)
+        return 0
+
+    # ------------------------------------------------------ locked memory
+    def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any):
+        """A CPU tensor (or numpy array, if example_tensor is one) of num_elem
+        elements of example_tensor's dtype in page-locked, page-aligned memory.
+        If the OS refuses to lock (RLIMIT_MEMLOCK), the memory is unlocked but
+        still aligned. Free it with free_cpu_locked_tensor."""
+        if _is_tensor(example_tensor):
+            torch = _torch()
+            itemsize = torch.empty((), dtype=example_tensor.dtype).element_size()
+        else:
+            import numpy as np  # noqa: PLC0415
+            itemsize = np.dtype(example_tensor.dtype).itemsize
+        nbytes = int(num_elem) * itemsize
+        ptr = ctypes.c_void_p()
+        locked = ctypes.c_int()
+        check(lib.zs_alloc_pinned(ctypes.byref(ptr), max(nbytes, 1), 1,
+                                  ctypes.byref(locked)), "zs_alloc_pinned")
+        raw = (ctypes.c_ubyte * max(nbytes, 1)).from_address(ptr.value)
+        if _is_tensor(example_tensor):
+            t = torch.frombuffer(raw, dtype=example_tensor.dtype, count=int(num_elem))
+            key = t.data_ptr()
+        else:
+            import numpy as np  # noqa: PLC0415
+            t = np.frombuffer(raw, dtype=example_tensor.dtype, count=int(num_elem))
+            key = t.ctypes.data
+        self._locked[key] = (ptr.value, max(nbytes, 1), raw)
+        return t
+
+    def free_cpu_locked_tensor(self, tensor: Any) -> bool:
+        """Frees a buffer from new_cpu_locked_tensor; False if it is not one.
+        The tensor must not be used afterwards."""
+        key = tensor.data_ptr() if _is_tensor(tensor) else tensor.ctypes.data
+        entry = self._locked.pop(key, None)
+        if entry is None:
+            return False
+        lib.zs_free_pinned(ctypes.c_void_p(entry[0]), entry[1])
+        return True
+
+
+def _fd_path(fd: int) -> str:
+    """A path naming an open descriptor, for DeepSpeed's async_pwrite(fd)."""
+    for cand in (f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
+        if os.path.exists(cand):
+            return cand
+    raise ZSpeedError(f"cannot use file descriptor {fd} on this platform; pass "
+                      f"the file name instead")
+
+
+def _validate(buffer: Any, filename: Any, file_offset: int) -> None:
+    """DeepSpeed's validate=True: the file range must equal the buffer."""
+    buf = _Buffer(buffer, for_read=False)
+    data = ctypes.string_at(buf.addr, buf.nbytes)
+    with open(filename, "rb") as f:
+        f.seek(file_offset)
+        disk = f.read(buf.nbytes)
+    if disk != data:
+        raise ZSpeedError(f"validation failed: {filename} at offset {file_offset} "
+                          f"differs from the buffer ({buf.nbytes} bytes)")
+
+
+# DeepSpeed's name (AsyncIOBuilder().load().aio_handle): a drop-in alias.
+aio_handle = AsyncIOHandle

@@ -1,0 +1,262 @@
+/* optim_avx2.c - AVX2 + FMA + F16C kernels, 8 floats per vector. Each
+ * body performs exactly the operations of optim_scalar.c in the same order
+ * (one _mm256_fmadd_ps per fmaf), so results match the scalar reference bit
+ * for bit; tails run the same body on zero-padded copies. Compiled with
+ * -mavx2 -mfma -mf16c by the build; called only when zs_simd_level() says
+ * the CPU has them. */
+#include <immintrin.h>
+
+#include "optim/optim_internal.h"
+
+#define W 8
+
+ZS__FORCE_INLINE __m256 ld(const void *base, int dt, size_t i) {
+  __m128i h;
+  if (dt == ZS_DTYPE_F32) return _mm256_loadu_ps((const float *)base + i);
+  h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
+  if (dt == ZS_DTYPE_BF16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+ZS__FORCE_INLINE void st(void *base, int dt, size_t i, __m256 x) {
+  __m128i o;
+  if (dt == ZS_DTYPE_F32) {
+    _mm256_storeu_ps((float *)base + i, x);
+    return;
+  }
+  if (dt == ZS_DTYPE_BF16) {
+    /* Round to nearest even on the bits; NaN becomes a quiet NaN. */
+    __m256i b = _mm256_castps_si256(x);
+    __m256i hi = _mm256_srli_epi32(b, 16);
+    __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb),
+        16);
+    __m256i q = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    r = _mm256_blendv_epi8(r, q, _mm256_castps_si256(nan));
+    o = _mm_packus_epi32(_mm256_castsi256_si128(r),
+                         _mm256_extracti128_si256(r, 1));
+  } else {
+    o = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+  }
+  _mm_storeu_si128((__m128i *)((uint16_t *)base + i), o);
+}
+
+static inline __m256 vabs(__m256 x) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+}
+
+/* ------------------------------------------------------------------ Adam */
+
+ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
+  __m256 g = _mm256_mul_ps(ld(a->grad, a->gd, i), _mm256_set1_ps(a->gs));
+  __m256 p = ld(a->param, a->pd, i);
+  __m256 m = ld(a->m, a->sd, i);
+  __m256 v = ld(a->v, a->sd, i);
+  __m256 s, den;
+  if (a->l2) g = _mm256_fmadd_ps(_mm256_set1_ps(a->wd), p, g);
+  m = _mm256_fmadd_ps(_mm256_set1_ps(a->b1), m,
+                      _mm256_mul_ps(_mm256_set1_ps(a->omb1), g));
+  v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(a->omb2), g), g,
+                      _mm256_mul_ps(_mm256_set1_ps(a->b2), v));
+  s = _mm256_sqrt_ps(v);
+  if (a->clamp) {
+    __m256 lim = _mm256_mul_ps(_mm256_set1_ps(a->clampc), s);
+    m = _mm256_max_ps(m, _mm256_xor_ps(lim, _mm256_set1_ps(-0.0f)));
+    m = _mm256_min_ps(m, lim);
+  }
+  den = _mm256_fmadd_ps(s, _mm256_set1_ps(a->rbc2), _mm256_set1_ps(a->eps));
+  p = _mm256_mul_ps(p, _mm256_set1_ps(a->decay));
+  p = _mm256_fmadd_ps(_mm256_set1_ps(a->neg_step), _mm256_div_ps(m, den), p);
+  st(a->param, a->pd, i, p);
+  st(a->m, a->sd, i, m);
+  st(a->v, a->sd, i, a->store_s ? s : v);
+  if (a->out) st(a->out, a->od, i, p);
+}
+
+static void adam_span(const zs__optim_args *a, size_t n) {
+  size_t i = 0;
+  {
+    /* A private copy that never escapes: stores through the buffer
+     * pointers cannot alias it, so the constants stay in registers. */
+    zs__optim_args s = *a;
+    for (; i + W <= n; i += W) adam_body(&s, i);
+  }
+  if (i < n) zs__optim_tail(a, i, n - i, adam_body);
+}
+
+static void dequant(const int8_t *mq, float ms, const uint8_t *vq, float vs,
+                    float *m, float *v) {
+  const __m256 i127 = _mm256_set1_ps(ZS__Q_INV127);
+  const __m256 i255 = _mm256_set1_ps(ZS__Q_INV255);
+  const __m256 vms = _mm256_set1_ps(ms), vvs = _mm256_set1_ps(vs);
+  int j;
+  for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
+    __m128i cm = _mm_loadl_epi64((const __m128i *)(mq + j));
+    __m128i cv = _mm_loadl_epi64((const __m128i *)(vq + j));
+    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(cm)), i127);
+    __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(cv)), i255);
+    __m256 s = _mm256_mul_ps(_mm256_mul_ps(u, u), vvs);
+    _mm256_storeu_ps(m + j, _mm256_mul_ps(_mm256_mul_ps(t, vabs(t)), vms));
+    _mm256_storeu_ps(v + j, _mm256_mul_ps(s, s));
+  }
+}
+
+static float hmax(__m256 x) {
+  float l[W], r = 0.0f;
+  int k;
+  _mm256_storeu_ps(l, x);
+  for (k = 0; k < W; k++) r = zs__maxps(l[k], r);
+  return r;
+}
+
+static void quant(const float *m, const float *v_sqrt, int8_t *mq, float *ms,
+                  uint8_t *vq, float *vs) {
+  __m256 mx = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
+  __m256 minv, sinv;
+  const __m256 c127 = _mm256_set1_ps(127.0f), c255 = _mm256_set1_ps(255.0f);
+  float mmax, smax;
+  int j;
+  for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
+    mx = _mm256_max_ps(vabs(_mm256_loadu_ps(m + j)), mx);
+    sx = _mm256_max_ps(_mm256_loadu_ps(v_sqrt + j), sx);
+  }
+  mmax = hmax(mx);
+  smax = hmax(sx);
+  minv = _mm256_set1_ps(mmax > 0.0f ? 1.0f / mmax : 0.0f);
+  sinv = _mm256_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
+  for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
+    __m256 x = _mm256_loadu_ps(m + j);
+    __m256 y = _mm256_loadu_ps(v_sqrt + j);
+    __m256 qm = _mm256_mul_ps(_mm256_sqrt_ps(_mm256_mul_ps(vabs(x), minv)), c127);
+    __m256 qv = _mm256_mul_ps(
+        _mm256_sqrt_ps(_mm256_mul_ps(y, sinv)), c255);
+    __m256i im, iv;
+    __m128i w;
+    qm = _mm256_min_ps(_mm256_round_ps(qm, _MM_FROUND_TO_NEAREST_INT |
+                                               _MM_FROUND_NO_EXC), c127);
+    qv = _mm256_min_ps(_mm256_round_ps(qv, _MM_FROUND_TO_NEAREST_INT |
+                                               _MM_FROUND_NO_EXC), c255);
+    im = _mm256_cvttps_epi32(qm);
+    im = _mm256_blendv_epi8(
+        im, _mm256_sub_epi32(_mm256_setzero_si256(), im),
+        _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ)));
+    iv = _mm256_cvttps_epi32(qv);
+    w = _mm_packs_epi32(_mm256_castsi256_si128(im), _mm256_extracti128_si256(im, 1));
+    _mm_storel_epi64((__m128i *)(mq + j), _mm_packs_epi16(w, w));
+    w = _mm_packus_epi32(_mm256_castsi256_si128(iv), _mm256_extracti128_si256(iv, 1));
+    _mm_storel_epi64((__m128i *)(vq + j), _mm_packus_epi16(w, w));
+  }
+  *ms = mmax;
+  *vs = smax;
+}
+
+static const zs__q8_ops q8_ops = {adam_span, dequant, quant};
+
+static void adam(const zs__optim_args *a, size_t begin, size_t end) {
+  zs__optim_args s;
+  if (a->sd == ZS_DTYPE_Q8) {
+    zs__adam_q8_run(&q8_ops, a, begin, end);
+    return;
+  }
+  s = zs__optim_offset(a, begin);
+  adam_span(&s, end - begin);
+}
+
+/* --------------------------------------------------------------- Adagrad */
+
+ZS__FORCE_INLINE void adagrad_body(const zs__optim_args *a, size_t i) {
+  __m256 g = _mm256_mul_ps(ld(a->grad, a->gd, i), _mm256_set1_ps(a->gs));
+  __m256 p = ld(a->param, a->pd, i);
+  __m256 v = ld(a->v, a->sd, i);
+  __m256 den;
+  if (a->l2) g = _mm256_fmadd_ps(_mm256_set1_ps(a->wd), p, g);
+  v = _mm256_fmadd_ps(g, g, v);
+  den = _mm256_add_ps(_mm256_sqrt_ps(v), _mm256_set1_ps(a->eps));
+  p = _mm256_fmadd_ps(_mm256_set1_ps(a->neg_step), _mm256_div_ps(g, den), p);
+  st(a->param, a->pd, i, p);
+  st(a->v, a->sd, i, v);
+  if (a->out) st(a->out, a->od, i, p);
+}
+
+static void adagrad(const zs__optim_args *a0, size_t begin, size_t end) {
+  const zs__optim_args t = zs__optim_offset(a0, begin);
+  size_t i = 0, n = end - begin;
+  {
+    zs__optim_args s = t; /* private, never escapes (see adam_span) */
+    for (; i + W <= n; i += W) adagrad_body(&s, i);
+  }
+  if (i < n) zs__optim_tail(&t, i, n - i, adagrad_body);
+}
+
+/* ------------------------------------------------------------------ Lion */
+
+ZS__FORCE_INLINE void lion_body(const zs__optim_args *a, size_t i) {
+  __m256 g = _mm256_mul_ps(ld(a->grad, a->gd, i), _mm256_set1_ps(a->gs));
+  __m256 p = ld(a->param, a->pd, i);
+  __m256 m = ld(a->m, a->sd, i);
+  __m256 zero = _mm256_setzero_ps();
+  __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(a->b1), m,
+                             _mm256_mul_ps(_mm256_set1_ps(a->omb1), g));
+  __m256 sg = _mm256_or_ps(
+      _mm256_and_ps(_mm256_cmp_ps(c, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f)),
+      _mm256_and_ps(_mm256_cmp_ps(c, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.0f)));
+  p = _mm256_mul_ps(p, _mm256_set1_ps(a->decay));
+  p = _mm256_fmadd_ps(_mm256_set1_ps(a->neg_step), sg, p);
+  m = _mm256_fmadd_ps(_mm256_set1_ps(a->b2), m,
+                      _mm256_mul_ps(_mm256_set1_ps(a->omb2), g));
+  st(a->param, a->pd, i, p);
+  st(a->m, a->sd, i, m);
+  if (a->out) st(a->out, a->od, i, p);
+}
+
+static void lion(const zs__optim_args *a0, size_t begin, size_t end) {
+  const zs__optim_args t = zs__optim_offset(a0, begin);
+  size_t i = 0, n = end - begin;
+  {
+    zs__optim_args s = t; /* private, never escapes (see adam_span) */
+    for (; i + W <= n; i += W) lion_body(&s, i);
+  }
+  if (i < n) zs__optim_tail(&t, i, n - i, lion_body);
+}
+
+/* ------------------------------------------------------------ grad stats */
+
+static inline void sq16(const void *g, int dt, size_t i, __m256 sc,
+                        __m256d acc[4]) {
+  __m256 x0 = _mm256_mul_ps(ld(g, dt, i), sc);
+  __m256 x1 = _mm256_mul_ps(ld(g, dt, i + 8), sc);
+  __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0));
+  __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1));
+  __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(x1));
+  __m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1));
+  /* The products are exact, so FMA equals the scalar x*x + lane. */
+  acc[0] = _mm256_fmadd_pd(d0, d0, acc[0]);
+  acc[1] = _mm256_fmadd_pd(d1, d1, acc[1]);
+  acc[2] = _mm256_fmadd_pd(d2, d2, acc[2]);
+  acc[3] = _mm256_fmadd_pd(d3, d3, acc[3]);
+}
+
+static double sumsq(const void *g, int dt, float scale, size_t begin,
+                    size_t end) {
+  __m256d acc[4];
+  __m256 sc = _mm256_set1_ps(scale);
+  double lane[16], total = 0.0;
+  size_t i = begin, es = zs__dtype_size(dt);
+  int k;
+  for (k = 0; k < 4; k++) acc[k] = _mm256_setzero_pd();
+  for (; i + 16 <= end; i += 16) sq16(g, dt, i, sc, acc);
+  if (i < end) {
+    float pad[16];
+    memset(pad, 0, sizeof pad);
+    memcpy(pad, (const char *)g + i * es, (end - i) * es);
+    sq16(pad, dt, 0, sc, acc);
+  }
+  for (k = 0; k < 4; k++) _mm256_storeu_pd(lane + 4 * k, acc[k]);
+  for (k = 0; k < 16; k++) total += lane[k];
+  return total;
+}
+
+const zs__optim_kernels zs__optim_avx2 = {"avx2", adam, adagrad, lion, sumsq};

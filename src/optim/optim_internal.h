@@ -1,0 +1,207 @@
+/* optim_internal.h - what the optimizer driver (optim.c) shares with the
+ * per-ISA kernel files. The driver validates, derives the fp32 constants
+ * below once per call, and runs one kernel per ZS_OPTIM_CHUNK chunk on the
+ * thread pool. Kernels see pointers already offset to nothing: they index
+ * from 0 with the absolute element index. */
+#ifndef ZS_OPTIM_INTERNAL_H
+#define ZS_OPTIM_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "zspeed/optim.h"
+
+/* Vector bodies must be inlined into their loops for the constants to stay
+ * in registers (they are also called through pointers for the tails). */
+#if defined(__GNUC__) || defined(__clang__)
+#  define ZS__FORCE_INLINE static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#  define ZS__FORCE_INLINE static __forceinline
+#else
+#  define ZS__FORCE_INLINE static inline
+#endif
+
+/* Everything a kernel needs; all arithmetic constants are fp32 so that every
+ * ISA computes with the same operands. */
+typedef struct zs__optim_args {
+  char *param;
+  const char *grad;
+  char *m;
+  char *v;
+  float *m_scale;
+  float *v_scale;
+  char *out;
+  int pd, gd, sd, od; /* dtypes; od = ZS_DTYPE_NONE without out */
+  int l2;             /* add weight_decay * p to the gradient */
+  int clamp;          /* 8-bit Adam: clamp |m| <= clampc * sqrt(v) */
+  int store_s;        /* 8-bit Adam: store sqrt(v) (not v) into the v scratch,
+                         which is what quantization needs */
+  float gs;           /* gradient multiplier */
+  float b1, omb1, b2, omb2; /* beta1, 1 - beta1, beta2, 1 - beta2 */
+  float eps, wd;
+  float decay;        /* multiplier of p before the update (1 if none) */
+  float neg_step;     /* -lr / bc1 (Adam), -lr (Adagrad, Lion) */
+  float rbc2;         /* 1 / sqrt(bc2) (Adam) */
+  float clampc;
+} zs__optim_args;
+
+/* A kernel updates elements [begin, end); begin is a multiple of
+ * ZS_OPTIM_CHUNK (hence of ZS_OPTIM_QBLOCK and of every vector width). */
+typedef void (*zs__optim_fn)(const zs__optim_args *a, size_t begin,
+                             size_t end);
+/* Sum of squares of (float)(g[i] * scale) over [begin, end) as documented
+ * for zs_grad_stats: 16 float64 lanes, element i in lane (i - begin) % 16,
+ * lanes added 0..15. */
+typedef double (*zs__sumsq_fn)(const void *g, int dtype, float scale,
+                               size_t begin, size_t end);
+
+typedef struct zs__optim_kernels {
+  const char *name;
+  zs__optim_fn adam;
+  zs__optim_fn adagrad;
+  zs__optim_fn lion;
+  zs__sumsq_fn sumsq;
+} zs__optim_kernels;
+
+extern const zs__optim_kernels zs__optim_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+#  define ZS__OPTIM_X86 1
+extern const zs__optim_kernels zs__optim_avx2;
+extern const zs__optim_kernels zs__optim_avx512;
+#endif
+
+/* Bytes per element of a (non-Q8) dtype. */
+static inline size_t zs__dtype_size(int dt) {
+  return dt == ZS_DTYPE_F32 ? 4 : 2;
+}
+
+/* ------------------------------------------------ scalar conversions.
+ * Round-to-nearest-even, identical to what F16C and the AVX2/AVX-512 integer
+ * sequences produce, so the ISAs agree bit for bit. */
+
+static inline float zs__bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint32_t zs__f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static inline float zs__bf16_to_f32(uint16_t h) {
+  return zs__bits_f32((uint32_t)h << 16);
+}
+
+static inline uint16_t zs__f32_to_bf16(float f) {
+  uint32_t x = zs__f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static inline float zs__f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    /* Zero or subnormal: m * 2^-24 is exact in fp32. */
+    float f = (float)m * 5.9604644775390625e-8f;
+    return zs__bits_f32(zs__f32_bits(f) | sign);
+  }
+  if (e == 31) return zs__bits_f32(sign | 0x7f800000u | (m << 13));
+  return zs__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+static inline uint16_t zs__f32_to_f16(float f) {
+  uint32_t x = zs__f32_bits(f);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) /* NaN: quiet, keep the top payload bits */
+    return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+  if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 */
+  if (x < 0x38800000u) {
+    /* Below the smallest normal half: adding 0.5 puts the value in units of
+     * 2^-24 into the low mantissa bits, rounded to nearest even by the FPU
+     * (a carry into 0x400 is the correct smallest normal). */
+    float a = zs__bits_f32(x) + 0.5f;
+    return (uint16_t)(sign | (zs__f32_bits(a) - 0x3f000000u));
+  }
+  x += 0xc8000fffu + ((x >> 13) & 1u); /* rebias exponent, round */
+  return (uint16_t)(sign | (x >> 13));
+}
+
+static inline float zs__load(const void *base, int dt, size_t i) {
+  if (dt == ZS_DTYPE_F32) return ((const float *)base)[i];
+  if (dt == ZS_DTYPE_BF16) return zs__bf16_to_f32(((const uint16_t *)base)[i]);
+  return zs__f16_to_f32(((const uint16_t *)base)[i]);
+}
+
+static inline void zs__store(void *base, int dt, size_t i, float x) {
+  if (dt == ZS_DTYPE_F32)
+    ((float *)base)[i] = x;
+  else if (dt == ZS_DTYPE_BF16)
+    ((uint16_t *)base)[i] = zs__f32_to_bf16(x);
+  else
+    ((uint16_t *)base)[i] = zs__f32_to_f16(x);
+}
+
+/* max/min with the x86 MAXPS/MINPS rule (second operand if unordered), so
+ * the scalar reference matches the vector code even for NaN. */
+static inline float zs__maxps(float a, float b) { return a > b ? a : b; }
+static inline float zs__minps(float a, float b) { return a < b ? a : b; }
+
+/* A copy of a with every per-element pointer advanced to element `begin`
+ * (states too, unless they are 8-bit codes, which the Q8 path offsets). */
+static inline zs__optim_args zs__optim_offset(const zs__optim_args *a,
+                                              size_t begin) {
+  zs__optim_args s = *a;
+  s.param = a->param + begin * zs__dtype_size(a->pd);
+  s.grad = a->grad + begin * zs__dtype_size(a->gd);
+  if (a->out) s.out = a->out + begin * zs__dtype_size(a->od);
+  if (a->sd != ZS_DTYPE_Q8) {
+    if (a->m) s.m = a->m + begin * zs__dtype_size(a->sd);
+    if (a->v) s.v = a->v + begin * zs__dtype_size(a->sd);
+  }
+  return s;
+}
+
+/* ------------------------------------------------- 8-bit state helpers */
+
+#define ZS__Q_INV127 (1.0f / 127.0f)
+#define ZS__Q_INV255 (1.0f / 255.0f)
+
+/* Shared by every ISA for the 8-bit path: the block structure is the same,
+ * only the inner vector loops differ. A block is dequantized into fp32
+ * scratch of ZS_OPTIM_QBLOCK floats (zero beyond its length), updated by the
+ * ISA's fp32 body, and quantized back. */
+typedef struct zs__q8_ops {
+  /* fp32 update of n elements with states in fp32 scratch. */
+  void (*span)(const zs__optim_args *a, size_t n);
+  /* Dequantize / quantize exactly ZS_OPTIM_QBLOCK elements; quant takes
+   * s = sqrt(v), as the fp32 body leaves it with store_s set. */
+  void (*dequant)(const int8_t *mq, float ms, const uint8_t *vq, float vs,
+                  float *m, float *v);
+  void (*quant)(const float *m, const float *s, int8_t *mq, float *ms,
+                uint8_t *vq, float *vs);
+} zs__q8_ops;
+
+/* A vector body: updates the W elements starting at i (W <= 16). */
+typedef void (*zs__optim_body)(const zs__optim_args *a, size_t i);
+/* Runs body once on zero-padded copies of the rem (< W) elements at i and
+ * copies the results back, so a tail gets exactly the body's arithmetic. */
+void zs__optim_tail(const zs__optim_args *a, size_t i, size_t rem,
+                    zs__optim_body body);
+
+/* The 8-bit Adam kernel over [begin, end), shared by all ISAs (optim.c). */
+void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
+                     size_t begin, size_t end);
+
+/* Scalar block helpers (also used by zs_adam_q8_* conversions). */
+void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
+                           float vs, float *m, float *v);
+void zs__q8_quant_scalar(const float *m, const float *s, int8_t *mq,
+                         float *ms, uint8_t *vq, float *vs);
+
+#endif

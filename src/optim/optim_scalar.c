@@ -1,0 +1,153 @@
+/* optim_scalar.c - the scalar reference kernels. Every operation here is
+ * mirrored one for one by the vector files: fmaf exactly where they use a
+ * fused multiply-add, plain multiplies, divides and square roots elsewhere,
+ * so all ISAs produce the same bits. Written element by element for
+ * clarity; speed comes from the vector files. */
+#include "optim/optim_internal.h"
+
+/* fmaf must stay fmaf and a*b+c must stay two roundings: forbid contraction
+ * where the compiler supports the standard pragma (GCC ignores it, but GCC
+ * does not contract in ISO C mode). */
+#if defined(__clang__)
+#  pragma STDC FP_CONTRACT OFF
+#endif
+
+static void adam_span(const zs__optim_args *a, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    float g = zs__load(a->grad, a->gd, i) * a->gs;
+    float p = zs__load(a->param, a->pd, i);
+    float m = zs__load(a->m, a->sd, i);
+    float v = zs__load(a->v, a->sd, i);
+    float s, den;
+    if (a->l2) g = fmaf(a->wd, p, g);
+    m = fmaf(a->b1, m, a->omb1 * g);
+    v = fmaf(a->omb2 * g, g, a->b2 * v);
+    s = sqrtf(v);
+    if (a->clamp) {
+      float lim = a->clampc * s;
+      m = zs__maxps(m, -lim);
+      m = zs__minps(m, lim);
+    }
+    den = fmaf(s, a->rbc2, a->eps);
+    p = p * a->decay;
+    p = fmaf(a->neg_step, m / den, p);
+    zs__store(a->param, a->pd, i, p);
+    zs__store(a->m, a->sd, i, m);
+    zs__store(a->v, a->sd, i, a->store_s ? s : v);
+    if (a->out) zs__store(a->out, a->od, i, p);
+  }
+}
+
+void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
+                           float vs, float *m, float *v) {
+  int i;
+  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
+    float t = (float)mq[i] * ZS__Q_INV127;
+    float u = (float)vq[i] * ZS__Q_INV255;
+    float s = (u * u) * vs;
+    m[i] = (t * fabsf(t)) * ms;
+    v[i] = s * s;
+  }
+}
+
+void zs__q8_quant_scalar(const float *m, const float *s, int8_t *mq,
+                         float *ms, uint8_t *vq, float *vs) {
+  float mmax = 0.0f, smax = 0.0f, minv, sinv;
+  int i;
+  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
+    mmax = zs__maxps(fabsf(m[i]), mmax);
+    smax = zs__maxps(s[i], smax);
+  }
+  minv = mmax > 0.0f ? 1.0f / mmax : 0.0f;
+  sinv = smax > 0.0f ? 1.0f / smax : 0.0f;
+  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
+    /* nearbyintf rounds to nearest even in the default mode, like CVTPS2DQ;
+     * the min keeps a ratio rounded just above 1 in range. */
+    float qm = zs__minps(nearbyintf(sqrtf(fabsf(m[i]) * minv) * 127.0f),
+                         127.0f);
+    float qv = zs__minps(nearbyintf(sqrtf(s[i] * sinv) * 255.0f),
+                         255.0f);
+    mq[i] = (int8_t)(m[i] < 0.0f ? -(int)qm : (int)qm);
+    vq[i] = (uint8_t)(int)qv;
+  }
+  *ms = mmax;
+  *vs = smax;
+}
+
+static void dequant(const int8_t *mq, float ms, const uint8_t *vq, float vs,
+                    float *m, float *v) {
+  zs__q8_dequant_scalar(mq, ms, vq, vs, m, v);
+}
+
+static void quant(const float *m, const float *s, int8_t *mq, float *ms,
+                  uint8_t *vq, float *vs) {
+  zs__q8_quant_scalar(m, s, mq, ms, vq, vs);
+}
+
+static const zs__q8_ops q8_ops = {adam_span, dequant, quant};
+
+static void adam(const zs__optim_args *a, size_t begin, size_t end) {
+  zs__optim_args s;
+  if (a->sd == ZS_DTYPE_Q8) {
+    zs__adam_q8_run(&q8_ops, a, begin, end);
+    return;
+  }
+  s = zs__optim_offset(a, begin);
+  adam_span(&s, end - begin);
+}
+
+static void adagrad(const zs__optim_args *a0, size_t begin, size_t end) {
+  zs__optim_args s = zs__optim_offset(a0, begin);
+  const zs__optim_args *a = &s;
+  size_t i, n = end - begin;
+  for (i = 0; i < n; i++) {
+    float g = zs__load(a->grad, a->gd, i) * a->gs;
+    float p = zs__load(a->param, a->pd, i);
+    float v = zs__load(a->v, a->sd, i);
+    float den;
+    if (a->l2) g = fmaf(a->wd, p, g);
+    v = fmaf(g, g, v);
+    den = sqrtf(v) + a->eps;
+    p = fmaf(a->neg_step, g / den, p);
+    zs__store(a->param, a->pd, i, p);
+    zs__store(a->v, a->sd, i, v);
+    if (a->out) zs__store(a->out, a->od, i, p);
+  }
+}
+
+static void lion(const zs__optim_args *a0, size_t begin, size_t end) {
+  zs__optim_args s = zs__optim_offset(a0, begin);
+  const zs__optim_args *a = &s;
+  size_t i, n = end - begin;
+  for (i = 0; i < n; i++) {
+    float g = zs__load(a->grad, a->gd, i) * a->gs;
+    float p = zs__load(a->param, a->pd, i);
+    float m = zs__load(a->m, a->sd, i);
+    float c = fmaf(a->b1, m, a->omb1 * g);
+    /* sign(c), 0 for 0 and NaN (as the vector compare-and-mask gives). */
+    float sg = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
+    p = p * a->decay;
+    p = fmaf(a->neg_step, sg, p);
+    m = fmaf(a->b2, m, a->omb2 * g);
+    zs__store(a->param, a->pd, i, p);
+    zs__store(a->m, a->sd, i, m);
+    if (a->out) zs__store(a->out, a->od, i, p);
+  }
+}
+
+static double sumsq(const void *g, int dt, float scale, size_t begin,
+                    size_t end) {
+  double lane[16] = {0}, total = 0.0;
+  size_t i;
+  int l;
+  for (i = begin; i < end; i++) {
+    double x = (double)(zs__load(g, dt, i) * scale);
+    lane[(i - begin) % 16] += x * x; /* x*x is exact in float64 */
+  }
+  for (l = 0; l < 16; l++) total += lane[l];
+  return total;
+}
+
+const zs__optim_kernels zs__optim_scalar = {"scalar", adam, adagrad, lion,
+                                            sumsq};

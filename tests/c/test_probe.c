@@ -1,0 +1,108 @@
+/* Run-time probes: io_uring refused by a seccomp filter (as under Docker's
+ * default profile) must be reported as "blocked (EPERM)", and the report
+ * must carry that reason. The filter is installed in a forked child so the
+ * rest of the tests keep io_uring. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "zs_internal.h"
+#include "zt.h"
+
+#if defined(__linux__)
+#  include <errno.h>
+#  include <linux/audit.h>
+#  include <linux/filter.h>
+#  include <linux/seccomp.h>
+#  include <stddef.h>
+#  include <stdio.h>
+#  include <stdlib.h>
+#  include <sys/prctl.h>
+#  include <sys/syscall.h>
+#  include <sys/wait.h>
+#  include <unistd.h>
+
+#  ifndef __NR_io_uring_setup
+#    define __NR_io_uring_setup 425
+#  endif
+
+/* Returns EPERM for io_uring_setup, allows every other system call. */
+static int block_uring(void) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog;
+  prog.len = (unsigned short)(sizeof f / sizeof f[0]);
+  prog.filter = f;
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+static void uring_blocked_by_seccomp(void) {
+  const char *why = NULL;
+  int status = 0;
+  pid_t pid;
+  /* Probe in a child first: the parent's result is cached for other tests. */
+  pid = fork();
+  ZT_CHECK(pid >= 0);
+  if (pid == 0) {
+    int ok = zs__uring_probe(&why);
+    _exit(ok ? 0 : (strstr(why, "not compiled in") ? 3 : 4));
+  }
+  ZT_CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+  if (WEXITSTATUS(status) == 3) ZT_SKIP("built without liburing");
+  if (WEXITSTATUS(status) == 4)
+    ZT_SKIP("io_uring is already unavailable on this machine");
+  pid = fork();
+  ZT_CHECK(pid >= 0);
+  if (pid == 0) {
+    char buf[8192];
+    if (block_uring() != 0) _exit(5);
+    if (zs__uring_probe(&why)) _exit(6);
+    if (!strstr(why, "blocked (EPERM)") || !strstr(why, "seccomp")) _exit(7);
+    if (zs_report(buf, sizeof buf, 0) <= 0) _exit(8);
+    if (!strstr(buf, "io_uring  .......... unavailable: blocked (EPERM)"))
+      _exit(9);
+    _exit(0);
+  }
+  ZT_CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+  if (WEXITSTATUS(status) == 5) ZT_SKIP("cannot install a seccomp filter here");
+  ZT_CHECKF(WEXITSTATUS(status) == 0, "child check %d failed",
+            WEXITSTATUS(status));
+}
+#else
+static void uring_blocked_by_seccomp(void) {
+  const char *why = NULL;
+  ZT_CHECK(zs__uring_probe(&why) == 0);
+  ZT_CHECK(why && why[0]);
+  ZT_SKIP("io_uring is Linux-only (reported as: %s)", why);
+}
+#endif
+
+static void report_text_and_json(void) {
+  char *buf;
+  int64_t need = zs_report(NULL, 0, 0), got;
+  ZT_CHECK(need > 100);
+  buf = malloc((size_t)need + 1);
+  ZT_CHECK(buf != NULL);
+  got = zs_report(buf, (size_t)need + 1, 0);
+  ZT_CHECK(got == need && strlen(buf) == (size_t)need);
+  ZT_CHECK(strstr(buf, "simd level") && strstr(buf, "io backends:"));
+  free(buf);
+  need = zs_report(NULL, 0, ZS_REPORT_JSON);
+  buf = malloc((size_t)need + 1);
+  ZT_CHECK(buf != NULL);
+  zs_report(buf, (size_t)need + 1, ZS_REPORT_JSON);
+  ZT_CHECK(buf[0] == '{' && strstr(buf, "\"io_backends\""));
+  free(buf);
+  {
+    char small[16];
+    ZT_CHECK(zs_report(small, sizeof small, 0) == zs_report(NULL, 0, 0));
+    ZT_CHECK(strlen(small) == sizeof small - 1); /* truncated, terminated */
+  }
+  ZT_ERR((int)zs_report(NULL, 0, 0x40), ZS_EINVAL);
+}
+
+ZT_MAIN(ZT_CASE(uring_blocked_by_seccomp), ZT_CASE(report_text_and_json))

@@ -1,0 +1,389 @@
+"""zspeed.ops optimizers: the numpy API without torch, and CPUAdam /
+CPUAdagrad / CPULion against torch.optim over 100 steps.
+
+Run: ZSPEED_LIBRARY=$PWD/build/libzspeed.so PYTHONPATH=$PWD/python \
+     python -m pytest tests/python/test_optim.py
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import zspeed.ops as ops
+from zspeed import NativeError
+from zspeed.ops.adagrad import adagrad_step
+from zspeed.ops.adam import adam_step
+from zspeed.ops.lion import lion_step
+
+torch = pytest.importorskip("torch", reason="torch is needed for the "
+                            "torch.optim comparisons")
+
+
+# ------------------------------------------------------------- no torch
+
+def test_ops_imports_without_torch():
+    code = ("import sys, zspeed.ops, zspeed.ops.adam, zspeed.ops.adagrad, "
+            "zspeed.ops.lion; assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, env=os.environ.copy())
+    assert r.returncode == 0, r.stderr
+
+
+def _adam_ref64(p, g, m, v, t, lr, b1, b2, eps, wd, adamw):
+    """float64 reference of one torch AdamW/Adam step."""
+    if not adamw:
+        g = g + wd * p
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    if adamw:
+        p = p * (1 - lr * wd)
+    p = p - lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+    return p, m, v
+
+
+@pytest.mark.parametrize("adamw", [True, False])
+@pytest.mark.parametrize("n", [1, 17, 1023, 100003])
+def test_numpy_adam_vs_float64(adamw, n):
+    rng = np.random.default_rng(n)
+    p = rng.standard_normal(n).astype(np.float32)
+    m = np.zeros(n, np.float32)
+    v = np.zeros(n, np.float32)
+    pr, mr, vr = p.astype(np.float64), np.zeros(n), np.zeros(n)
+    for t in range(1, 21):
+        g = rng.standard_normal(n).astype(np.float32)
+        adam_step(p, g, m, v, step=t, lr=1e-2, weight_decay=0.05,
+                  adamw_mode=adamw, num_threads=2)
+        pr, mr, vr = _adam_ref64(pr, g.astype(np.float64), mr, vr, t, 1e-2, 0.9,
+                                 0.999, 1e-8, 0.05, adamw)
+    # fp32 arithmetic over 20 steps of size <= ~lr: drift of a few fp32 ulps
+    # of |p| (~1) per step.
+    np.testing.assert_allclose(p, pr, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(v, vr, rtol=1e-5, atol=1e-9)
+
+
+def test_numpy_out_and_bf16_bits():
+    rng = np.random.default_rng(1)
+    n = 1001
+    p = rng.standard_normal(n).astype(np.float32)
+    g32 = rng.standard_normal(n).astype(np.float32)
+    # bf16 grads as uint16 bit patterns (the top half of the fp32 bits).
+    gbf = (g32.view(np.uint32) >> 16).astype(np.uint16)
+    out = np.zeros(n, np.float16)
+    m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    adam_step(p, gbf, m, v, step=1, lr=1e-3, out=out)
+    np.testing.assert_array_equal(out, p.astype(np.float16))
+    # m = 0.1 * g with g the truncated bf16 value.
+    gt = (gbf.astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_allclose(m, 0.1 * gt, rtol=1e-6)
+
+
+def test_numpy_errors_modify_nothing():
+    n = 64
+    p = np.ones(n, np.float32)
+    g = np.ones(n, np.float32)
+    m = np.zeros(n, np.float32)
+    with pytest.raises(NativeError, match="overlap") as e:
+        adam_step(p, g, m, m, step=1)
+    assert e.value.name == "ZS_EOVERLAP"
+    assert (p == 1).all() and (m == 0).all()
+    ro = np.ones(n, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        adam_step(ro, g, m, np.zeros(n, np.float32), step=1)
+    with pytest.raises(ValueError, match="elements"):
+        adam_step(p, g[:10], m, np.zeros(n, np.float32), step=1)
+    with pytest.raises(TypeError, match="dtype float64"):
+        adam_step(p, g.astype(np.float64), m, np.zeros(n, np.float32), step=1)
+    with pytest.raises(NativeError) as e:
+        adam_step(p, g, m, np.zeros(n, np.float32), step=0)
+    assert e.value.name == "ZS_EINVAL" and "step" in str(e.value)
+    with pytest.raises(NativeError) as e:
+        adagrad_step(p, g, m, lr_decay=0.5)
+    assert e.value.name == "ZS_ENOTSUP"
+    assert (p == 1).all() and (m == 0).all()
+
+
+def test_numpy_misaligned_refused():
+    n = 32
+    raw = bytearray(4 * n + 4)
+    mis = np.frombuffer(raw, dtype=np.float32, count=n, offset=2)
+    assert not mis.flags["ALIGNED"]
+    g = np.ones(n, np.float32)
+    with pytest.raises(NativeError) as e:
+        adam_step(mis, g, np.zeros(n, np.float32), np.zeros(n, np.float32), step=1)
+    assert e.value.name == "ZS_EALIGN"
+    assert bytes(raw) == bytes(4 * n + 4)
+
+
+def test_grad_stats():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(100003).astype(np.float32)
+    b = torch.randn(777, dtype=torch.bfloat16)
+    c = torch.randn(5, dtype=torch.float16)
+    s, nf = ops.grad_stats([a, b, c], scale=0.5, num_threads=2)
+    want = sum(float(np.sum((x.astype(np.float32) * np.float32(0.5)).astype(np.float64) ** 2))
+               for x in (a, b.float().numpy(), c.float().numpy()))
+    assert not nf
+    # Exact squares summed in float64: relative error ~ n * 2^-53.
+    assert abs(s - want) <= 1e-10 * want
+    s1, _ = ops.grad_stats([a, b, c], scale=0.5, num_threads=1)
+    assert s1 == s  # deterministic for any thread count
+    c[3] = float("inf")
+    s, nf = ops.grad_stats([a, b, c])
+    assert nf and s == float("inf")
+    b[0] = float("nan")
+    assert ops.grad_stats([b])[1]
+
+
+# ------------------------------------------------------------- vs torch
+
+def _model_params(seed, shapes=((37, 5), (129,), (3, 3, 3))):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def _run_pair(make_ours, make_ref, steps=100, seed=0, lr_schedule=None,
+              grad_dtype=None):
+    base = _model_params(seed)
+    ours = [p.clone().requires_grad_() for p in base]
+    ref = [p.clone().requires_grad_() for p in base]
+    o1 = make_ours([{"params": ours[:2]}, {"params": ours[2:], "lr": 3e-3}])
+    o2 = make_ref([{"params": ref[:2]}, {"params": ref[2:], "lr": 3e-3}])
+    gen = torch.Generator().manual_seed(seed + 1)
+    for t in range(steps):
+        if lr_schedule:
+            for o in (o1, o2):
+                for grp in o.param_groups:
+                    grp["lr"] = lr_schedule(t, grp)
+        for a, b in zip(ours, ref):
+            g = torch.randn(a.shape, generator=gen)
+            a.grad, b.grad = g.clone(), g.clone()
+        o1.step()
+        o2.step()
+        o1.zero_grad()
+        o2.zero_grad()
+        assert all(p.grad is None for p in ours)  # zero_grad sets to None
+    return ours, ref, o1, o2
+
+
+# fp32 over 100 steps: both sides compute in fp32 with slightly different
+# operation orders (torch uses lerp and a divide by sqrt(bc2)); the drift
+# stays at a few ulps of |p| ~ 1 per step.
+TOL = dict(rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("adamw", [True, False])
+def test_cpuadam_vs_torch(adamw):
+    from zspeed.ops.adam import CPUAdam
+    ref_cls = torch.optim.AdamW if adamw else torch.optim.Adam
+    ours, ref, o1, o2 = _run_pair(
+        lambda ps: CPUAdam(ps, lr=1e-2, weight_decay=0.1, adamw_mode=adamw,
+                           num_threads=2),
+        lambda ps: ref_cls(ps, lr=1e-2, weight_decay=0.1))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, **TOL)
+        torch.testing.assert_close(o1.state[a]["exp_avg_sq"], o2.state[b]["exp_avg_sq"],
+                                   rtol=1e-5, atol=1e-8)
+    assert o1.state[ours[0]]["step"] == 100
+
+
+def test_cpuadam_lr_changes_between_steps():
+    from zspeed.ops.adam import CPUAdam
+    sched = lambda t, grp: 1e-2 * (0.97 ** t)  # noqa: E731
+    ours, ref, _, _ = _run_pair(lambda ps: CPUAdam(ps, lr=1e-2),
+                                lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0),
+                                lr_schedule=sched)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_cpuadam_no_bias_correction_matches_formula():
+    from zspeed.ops.adam import CPUAdam
+    p = torch.randn(100)
+    q = p.clone()
+    opt = CPUAdam([q], lr=0.1, bias_correction=False)
+    g = torch.randn(100)
+    q.grad = g.clone()
+    opt.step()
+    m, v = 0.1 * g, 0.001 * g * g
+    torch.testing.assert_close(q, p - 0.1 * m / (v.sqrt() + 1e-8), rtol=1e-6, atol=1e-6)
+
+
+def test_cpuadagrad_vs_torch():
+    from zspeed.ops.adagrad import CPUAdagrad
+    ours, ref, o1, o2 = _run_pair(
+        lambda ps: CPUAdagrad(ps, lr=1e-2, weight_decay=0.01,
+                              initial_accumulator_value=0.1, eps=1e-10),
+        lambda ps: torch.optim.Adagrad(ps, lr=1e-2, weight_decay=0.01,
+                                       initial_accumulator_value=0.1, eps=1e-10))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, **TOL)
+        torch.testing.assert_close(o1.state[a]["sum"], o2.state[b]["sum"],
+                                   rtol=1e-5, atol=1e-6)
+
+
+class _TorchLion(torch.optim.Optimizer):
+    """Reference Lion in plain torch (the lion-pytorch update rule)."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for grp in self.param_groups:
+            b1, b2 = grp["betas"]
+            for p in grp["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["exp_avg"] = torch.zeros_like(p)
+                m = st["exp_avg"]
+                p.mul_(1 - grp["lr"] * grp["weight_decay"])
+                p.add_((m * b1 + p.grad * (1 - b1)).sign_(), alpha=-grp["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+def test_cpulion_vs_reference():
+    from zspeed.ops.lion import CPULion
+    ours, ref, _, _ = _run_pair(lambda ps: CPULion(ps, lr=1e-3, weight_decay=0.1),
+                                lambda ps: _TorchLion(ps, lr=1e-3, weight_decay=0.1))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+# ------------------------------------------------ mixed precision inputs
+
+def test_bf16_grads_scale_and_copy_out():
+    """grads= (bf16, as torch forbids on an fp32 param), grad_scale and the
+    fp16_param_groups copy-out, against torch AdamW on the upcast grads."""
+    from zspeed.ops.adam import CPUAdam
+    base = _model_params(5)
+    ours = [p.clone() for p in base]
+    ref = [p.clone().requires_grad_() for p in base]
+    outs = [torch.empty(p.shape, dtype=torch.bfloat16) for p in base]
+    o1 = CPUAdam(ours, lr=1e-2)
+    o2 = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0)
+    for _ in range(10):
+        gs = [(torch.randn(p.shape) * 1024).to(torch.bfloat16) for p in base]
+        o1.step(grads=[gs], grad_scale=1 / 1024, fp16_param_groups=[outs])
+        for r, g in zip(ref, gs):
+            r.grad = g.float() / 1024
+        o2.step()
+    for a, b, o in zip(ours, ref, outs):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=2e-5)
+        assert torch.equal(o, a.to(torch.bfloat16))
+
+
+def test_bf16_params_updated_in_place_and_skips():
+    from zspeed.ops.adam import CPUAdam
+    p = torch.randn(300).to(torch.bfloat16)
+    keep = torch.randn(10)
+    p0 = p.clone()
+    opt = CPUAdam([p, keep], lr=1e-2)
+    p.grad = torch.randn(300).to(torch.bfloat16)
+    before = keep.clone()
+    opt.step()  # keep has no grad: skipped, no state
+    assert torch.equal(keep, before) and len(opt.state[keep]) == 0
+    ref = p0.float() - 1e-2 * torch.sign(p.grad.float())  # first Adam step ~ lr*sign
+    torch.testing.assert_close(p.float(), ref.to(torch.bfloat16).float(),
+                               rtol=0, atol=2 ** -7 * 4)
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+def test_state_dict_round_trip(state_dtype):
+    from zspeed.ops.adam import CPUAdam
+
+    def grads(t):
+        gen = torch.Generator().manual_seed(100 + t)
+        return [torch.randn(p.shape, generator=gen) for p in _model_params(7)]
+
+    def run(opt, params, t0, t1):
+        for t in range(t0, t1):
+            for p, g in zip(params, grads(t)):
+                p.grad = g
+            opt.step()
+
+    full = [p.clone() for p in _model_params(7)]
+    o_full = CPUAdam(full, lr=1e-2, state_dtype=state_dtype)
+    run(o_full, full, 0, 10)
+
+    half = [p.clone() for p in _model_params(7)]
+    o_half = CPUAdam(half, lr=1e-2, state_dtype=state_dtype)
+    run(o_half, half, 0, 5)
+    sd = o_half.state_dict()
+    resumed = [p.clone() for p in half]
+    o_res = CPUAdam(resumed, lr=5.0, state_dtype=state_dtype)
+    o_res.load_state_dict(sd)
+    assert o_res.param_groups[0]["lr"] == 1e-2
+    st = o_res.state[resumed[0]]
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+    assert st["exp_avg"].dtype == want[state_dtype]
+    if state_dtype == "int8":
+        assert st["exp_avg_sq"].dtype == torch.uint8
+        assert st["exp_avg_scale"].dtype == torch.float32
+    run(o_res, resumed, 5, 10)
+    for a, b in zip(full, resumed):
+        assert torch.equal(a, b)  # bit-identical continuation
+
+
+def test_torch_errors():
+    from zspeed.ops.adagrad import CPUAdagrad
+    from zspeed.ops.adam import CPUAdam
+    p = torch.randn(10)
+    with pytest.raises(ValueError, match="amsgrad"):
+        CPUAdam([p], amsgrad=True)
+    with pytest.raises(ValueError, match="state_dtype"):
+        CPUAdam([p], state_dtype="fp8")
+    with pytest.raises(ValueError, match="lr_decay"):
+        CPUAdagrad([p], lr_decay=0.1)
+    opt = CPUAdam([p])
+    with pytest.raises(ValueError, match="elements"):
+        opt.step(grads=[[torch.randn(11)]])
+    with pytest.raises(ValueError, match="per param"):
+        opt.step(grads=[[]])
+    with pytest.raises(TypeError, match="dtype"):
+        opt.step(grads=[[torch.randn(10, dtype=torch.float64)]])
+    with pytest.raises(ValueError, match="contiguous"):
+        CPUAdam([torch.randn(4, 4).t()]).step(grads=[[torch.randn(16)]])
+
+
+# ------------------------------------------------ 8-bit states: training
+
+def test_int8_states_train_mlp_like_fp32():
+    """A 2-layer MLP regressing a fixed random teacher, 400 AdamW steps on
+    mini-batches. With 8-bit states the final loss must be within 15% of the
+    fp32-state run, and both must have cut the loss by at least 10x."""
+    from zspeed.ops.adam import CPUAdam
+
+    def train(state_dtype):
+        torch.manual_seed(0)
+        teacher = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                      torch.nn.Linear(64, 4))
+        student = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(),
+                                      torch.nn.Linear(128, 4))
+        opt = CPUAdam(student.parameters(), lr=3e-3, weight_decay=0.01,
+                      state_dtype=state_dtype)
+        gen = torch.Generator().manual_seed(1)
+        xs = torch.randn(4096, 32, generator=gen)
+        with torch.no_grad():
+            ys = teacher(xs)
+        first = None
+        for step in range(400):
+            idx = torch.randint(0, 4096, (128,), generator=gen)
+            loss = torch.nn.functional.mse_loss(student(xs[idx]), ys[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            first = first if first is not None else loss.item()
+        with torch.no_grad():
+            return first, torch.nn.functional.mse_loss(student(xs), ys).item()
+
+    f0, l32 = train("fp32")
+    _, l8 = train("int8")
+    _, lbf = train("bf16")
+    assert l32 < f0 / 10, (f0, l32)
+    assert l8 <= 1.15 * l32, (l8, l32)
+    assert lbf <= 1.15 * l32, (lbf, l32)
