@@ -91,8 +91,9 @@ def test_matches_pytorch_adamw_60_steps(mode):
     if mode == "offload_native":
         # The C kernel evaluates AdamW in fp32 with its own operation order (fused multiply-adds,
         # SIMD reductions): per-step differences of a few ulp that 60 steps of training amplify
-        # mildly. 2e-4 relative on weights of magnitude ~0.1-1 is far below one step's update (lr 2e-2).
-        tol = dict(rtol=2e-4, atol=2e-5)
+        # mildly; the bound below is far below one step's update (lr 2e-2).
+        # Measured: max abs difference 3.6e-7 after 60 steps.
+        tol = dict(rtol=1e-5, atol=2e-6)
     else:
         # torch AdamW on the same fp32 values (offloaded: its fused CPU kernel, which rounds a few
         # operations differently, ~1 ulp per step): agreement to ~1e-6 after 60 steps.
@@ -167,15 +168,17 @@ class InfAt(torch.nn.Module):
         return out
 
 
-@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("offload", [False, True, "native"])
 def test_fp16_overflow_skips_step_and_lowers_scale(offload):
+    if offload == "native" and not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
     model = InfAt(mlp(), bad_calls={3, 4, 5})
     c = cfg(fp16={"enabled": True, "initial_scale_power": 10, "hysteresis": 2, "loss_scale_window": 4},
             scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_min_lr": 1e-3,
                                                       "warmup_max_lr": 1e-2, "warmup_type": "linear"}})
     if offload:
         c["zero_optimization"] = OFFLOAD
-        c["optimizer"]["params"]["torch_adam"] = True
+        c["optimizer"]["params"]["torch_adam"] = offload != "native"
     e, *_ = zspeed.initialize(model=model, config=c)
     assert e.module.inner[0].weight.dtype == torch.float16
     data = batches(12, seed=3)
