@@ -39,6 +39,7 @@ log = logging.getLogger("zspeed.engine")
 __all__ = ["ZSpeedEngine", "initialize"]
 
 _BUCKET_CAP = 1 << 24  # elements per D2H bucket at most: large enough to amortize, small enough to overlap
+_CHUNK_CAP = 1 << 26   # elements per optimizer chunk whose H2D copy overlaps the next chunk's CPU step
 
 
 def _pick_device() -> torch.device:
@@ -105,7 +106,9 @@ class ZSpeedEngine(torch.nn.Module):
         self._host: HostOptimizer | None = None
         if config.offloaded:
             bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
-            self.offload = CPUOffload(groups, self.device, self.dtype, config.offload["pin_memory"], bucket)
+            chunk = min(int(config.zero["sub_group_size"]), _CHUNK_CAP)
+            self.offload = CPUOffload(groups, self.device, self.dtype, config.offload["pin_memory"], bucket,
+                                      chunk)
             mgroups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
                        for g, ms in zip(groups, self.offload.master_groups())]
             self._host = build_host_optimizer(config.optimizer_name, config.optimizer_params, mgroups,
@@ -294,9 +297,12 @@ class ZSpeedEngine(torch.nn.Module):
                 coef = self._clip / (norm + 1e-6)
             factor = inv_scale * coef
             if self.offload is not None:
-                self.offload.wait_host_buffers()
-                self._host.step(grads, factor, self.offload.lowp_out)
-                self.offload.write_back()
+                off = self.offload
+                off.wait_host_buffers()
+                for chunk in off.chunks:
+                    self._host.step(off.select(grads, chunk), factor, off.lowp_out)
+                    off.write_back(chunk)
+                off.end_write_back()
             else:
                 self._device_step(grads, factor)
             if self.lr_scheduler is not None:

@@ -58,28 +58,30 @@ def _clear_cuda_error() -> None:
         pass
 
 
-def pin_in_place(t: torch.Tensor) -> bool:
-    """Registers a CPU tensor's memory with the CUDA driver; False (with a warning) if refused."""
+def pin_in_place(t: torch.Tensor) -> bool | None:
+    """Registers a CPU tensor's memory with the CUDA driver.
+
+    True: pinned. False: the driver refused (a warning says why). None: this torch
+    has no cudaHostRegister binding (the caller may use pin_memory=True instead)."""
     global _warned_pin
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
         return True
-    reason = ""
     try:
-        rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
-        code = int(getattr(rc, "value", rc))
-        if code == 0:
-            return True
-        reason = f"cudaHostRegister returned error {code}"
-        _clear_cuda_error()
-    except (RuntimeError, AttributeError) as e:
-        reason = str(e)
+        register = torch.cuda.cudart().cudaHostRegister
+    except (AttributeError, RuntimeError):
+        return None
+    rc = register(t.data_ptr(), nbytes, 0)
+    code = int(getattr(rc, "value", rc))
+    if code == 0:
+        return True
+    _clear_cuda_error()
     if not _warned_pin:
         _warned_pin = True
         warnings.warn(
-            f"zspeed: could not page-lock {nbytes / 2**20:.0f} MiB of host memory ({reason}); "
-            f"offload buffers stay pageable, so host<->device copies will not overlap computation. "
-            f"Raise the locked-memory limit (ulimit -l / the container's memlock) to fix this.",
+            f"zspeed: could not page-lock {nbytes / 2**20:.0f} MiB of host memory (cudaHostRegister "
+            f"error {code}); offload buffers stay pageable, so host<->device copies will not overlap "
+            f"computation. Raise the locked-memory limit (ulimit -l / the container's memlock) to fix this.",
             RuntimeWarning, stacklevel=3)
     return False
 
@@ -97,7 +99,7 @@ class CPUOffload:
     """Owns the host buffers, the gradient hooks and the copies of one engine."""
 
     def __init__(self, groups: list, device: torch.device, model_dtype: torch.dtype, pin_memory: bool,
-                 bucket_elems: int):
+                 bucket_elems: int, chunk_elems: int = 1 << 26):
         self.device = device
         self.cuda = device.type == "cuda"
         self.lowp = model_dtype in _LOWP
@@ -105,6 +107,7 @@ class CPUOffload:
         self.params = [list(g["params"]) for g in groups]
         self.bucket_elems = max(1, int(bucket_elems))
         self._pinned: list[int] = []
+        self._pinned_any = False
         self.pinned = False
         pin = self.cuda and pin_memory
         self.masters, self.host_grads, self.lowp_out = [], None, None
@@ -137,8 +140,19 @@ class CPUOffload:
             self._cpu_copy_back = not self.cuda and not self.lowp and not share_cpu
         if self._pinned:
             weakref.finalize(self, _unpin, list(self._pinned))
-        self.pinned = pin and len(self._pinned) > 0
+        self.pinned = pin and self._pinned_any
         self._index = {id(p): (gi, pi) for gi, ps in enumerate(self.params) for pi, p in enumerate(ps)}
+        # The optimizer step runs chunk by chunk (zero_optimization.sub_group_size elements, capped)
+        # so that on CUDA the H2D copy of one chunk overlaps the CPU work of the next.
+        self.chunks: list[list[tuple[int, int]]] = [[]]
+        filled = 0
+        for key in self._index.values():
+            n = self.params[key[0]][key[1]].numel()
+            if filled and filled + n > chunk_elems:
+                self.chunks.append([])
+                filled = 0
+            self.chunks[-1].append(key)
+            filled += n
         self._armed = False
         self._copied: set = set()
         self._pending: list = []
@@ -155,8 +169,20 @@ class CPUOffload:
     # -- buffers ---------------------------------------------------------------------------
     def _alloc(self, numel: int, dtype, pin: bool) -> torch.Tensor:
         t = torch.empty(numel, dtype=dtype)
-        if pin and pin_in_place(t):
+        if not pin:
+            return t
+        ok = pin_in_place(t)
+        if ok:
             self._pinned.append(t.data_ptr())
+            self._pinned_any = True
+        elif ok is None:  # no driver registration binding: torch's pinned allocator (rounds sizes up)
+            try:
+                t = torch.empty(numel, dtype=dtype, pin_memory=True)
+                self._pinned_any = True
+            except RuntimeError as e:
+                warnings.warn(f"zspeed: pinned host allocation refused ({e}); offload buffers stay "
+                              f"pageable and copies will not overlap computation.", RuntimeWarning,
+                              stacklevel=3)
         return t
 
     @staticmethod
@@ -243,22 +269,34 @@ class CPUOffload:
             self._h2d_done.synchronize()
             self._h2d_done = None
 
-    def write_back(self) -> None:
-        """Copy the updated weights into the model."""
+    def select(self, grads: list, chunk: list) -> list:
+        """``grads`` restricted to one chunk: None (skipped by the optimizer) elsewhere."""
+        if len(self.chunks) == 1:
+            return grads
+        out = [[None] * len(row) for row in grads]
+        for gi, pi in chunk:
+            out[gi][pi] = grads[gi][pi]
+        return out
+
+    def write_back(self, chunk: list) -> None:
+        """Copy the updated weights of one chunk into the model (asynchronous on CUDA)."""
         src = self.lowp_out if self.lowp else self.masters
         if self.cuda:
-            stream = torch.cuda.current_stream(self.device)
             with torch.no_grad():
-                for ps, ss in zip(self.params, src):
-                    for p, s in zip(ps, ss):
-                        p.data.copy_(s.view(p.shape), non_blocking=True)
-            self._h2d_done = torch.cuda.Event()
-            self._h2d_done.record(stream)
+                for gi, pi in chunk:
+                    p = self.params[gi][pi]
+                    p.data.copy_(src[gi][pi].view(p.shape), non_blocking=True)
         elif self._cpu_copy_back:
             with torch.no_grad():
-                for ps, ss in zip(self.params, src):
-                    for p, s in zip(ps, ss):
-                        p.data.copy_(s.view(p.shape))
+                for gi, pi in chunk:
+                    p = self.params[gi][pi]
+                    p.data.copy_(src[gi][pi].view(p.shape))
+
+    def end_write_back(self) -> None:
+        """The next step must not overwrite the host buffers before these copies are done."""
+        if self.cuda:
+            self._h2d_done = torch.cuda.Event()
+            self._h2d_done.record(torch.cuda.current_stream(self.device))
 
     def release_grads(self) -> None:
         for ps in self.params:

@@ -146,15 +146,22 @@ class HostOptimizer:
             self._gbufs = [[torch.empty_like(m) for m in g["params"]] for g in self.optimizer.param_groups]
         for group, gl, bufs in zip(self.optimizer.param_groups, grads, self._gbufs):
             for m, g, b in zip(group["params"], gl, bufs):
+                if g is None:  # not in this chunk: torch's optimizers skip params without .grad
+                    m.grad = None
+                    continue
                 b.copy_(g.view(b.shape))
                 if grad_scale != 1.0:
                     b.mul_(grad_scale)
                 m.grad = b
         self.optimizer.step()
+        for group in self.optimizer.param_groups:
+            for m in group["params"]:
+                m.grad = None
         if lowp_out is not None:
-            for group, outs in zip(self.optimizer.param_groups, lowp_out):
-                for m, o in zip(group["params"], outs):
-                    o.copy_(m.view(o.shape))
+            for group, outs, gl in zip(self.optimizer.param_groups, lowp_out, grads):
+                for m, o, g in zip(group["params"], outs, gl):
+                    if g is not None:
+                        o.copy_(m.view(o.shape))
 
 
 def torch_grad_stats(tensors: list, scale: float) -> tuple[float, bool]:
