@@ -13,6 +13,9 @@ torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip
 pytest.importorskip("safetensors", reason="zspeed checkpoints need safetensors (pip install zspeed[torch])")
 
 import zspeed
+
+# These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
+os.environ["ZSPEED_DEVICE"] = "cpu"
 from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32
 
 F = torch.nn.functional

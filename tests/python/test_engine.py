@@ -1,5 +1,6 @@
 """The engine against plain PyTorch training (CPU only, small models, odd sizes)."""
 import copy
+import os
 import math
 
 import pytest
@@ -7,6 +8,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip install zspeed[torch])")
 
 import zspeed
+
+# These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
+os.environ["ZSPEED_DEVICE"] = "cpu"
 from zspeed.runtime.config import ConfigError
 from zspeed.runtime.loss_scaler import DynamicLossScaler, LossScaleError, LossScaler
 

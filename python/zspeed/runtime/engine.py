@@ -43,6 +43,18 @@ _CHUNK_CAP = 1 << 26   # elements per optimizer chunk whose H2D copy overlaps th
 
 
 def _pick_device() -> torch.device:
+    """CUDA (device LOCAL_RANK) when available, else the CPU; ZSPEED_DEVICE=cpu|cuda|cuda:N forces one."""
+    forced = os.environ.get("ZSPEED_DEVICE")
+    if forced:
+        try:
+            dev = torch.device(forced)
+        except RuntimeError:
+            raise ConfigError(f"ZSPEED_DEVICE={forced!r} is not a device; use cpu, cuda or cuda:N.") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"ZSPEED_DEVICE={forced!r} but torch sees no CUDA device; unset it or use cpu.")
+        if dev.type not in ("cpu", "cuda"):
+            raise ConfigError(f"ZSPEED_DEVICE={forced!r}: zspeed runs on cpu or cuda.")
+        return dev
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
