@@ -194,10 +194,10 @@ def test_fp16_overflow_skips_step_and_lowers_scale(offload):
         e.backward(F.mse_loss(e(x.half()).float(), y))
         e.step()
         scales.append(e.loss_scale)
-        applied.append(e.was_step_applied)
+        applied.append(e.was_step_applied())
         lrs.append(e.get_lr()[0])
         changed = any(not torch.equal(b, p) for b, p in zip(before, e.module.parameters()))
-        assert changed == e.was_step_applied
+        assert changed == e.was_step_applied()
     assert applied == [True, True, False, False, False] + [True] * 7
     # hysteresis 2: 1st overflow spends hysteresis, 2nd and 3rd halve; the window of 4 good
     # steps after the last overflow doubles it; good steps before the overflow did not reach the window.

@@ -82,6 +82,7 @@ class ZSpeedEngine(torch.nn.Module):
         self.config = config.to_dict()
         self.device = device or _pick_device()
         self.local_rank = self.device.index if self.device.type == "cuda" else -1
+        self.global_rank, self.world_size, self.dp_world_size = 0, 1, 1
         self.dtype = (torch.float16 if config.fp16_enabled else
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
         self.module = model.to(device=self.device, dtype=self.dtype) if self.dtype != torch.float32 \
@@ -242,8 +243,8 @@ class ZSpeedEngine(torch.nn.Module):
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale
 
-    @property
     def was_step_applied(self) -> bool:
+        """False when the last optimizer step was skipped (fp16 overflow), as in DeepSpeed."""
         return not self._last_overflow
 
     # -- training ---------------------------------------------------------------------------------
