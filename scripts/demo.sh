@@ -2,12 +2,10 @@
 # The body of `make demo` (after set-up, build and the report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
 echo
-echo "== native benchmarks (quick settings; see bench/ for full runs) =="
-if build/zspeed bench --help >/dev/null 2>&1; then
-  build/zspeed bench adam --quick
-  build/zspeed bench io --quick --dir "${TMPDIR:-/tmp}"
-else
-  echo "(no native benchmarks in this build)"
-fi
+echo "== optimizer benchmark (2^22 params; bench/bench_adam.py for full runs) =="
+build/zspeed bench adam --n 4194304 --steps 5
+echo
+echo "== I/O benchmark (256 MiB file in ${TMPDIR:-/tmp}; bench/bench_io.py compares with fio) =="
+build/zspeed bench io --folder "${TMPDIR:-/tmp}" --size 256M --loops 3
+rm -f "${TMPDIR:-/tmp}/zspeed_bench_io.bin"

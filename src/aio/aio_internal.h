@@ -99,6 +99,11 @@ extern const zs__aio_vt zs__aio_uring_vt;
 extern const zs__aio_vt zs__aio_iocp_vt;
 #endif
 
+/* Busy-time accounting (under the handle mutex): a request started or
+ * completed. */
+void zs__aio_busy_begin(zs_aio *h);
+void zs__aio_busy_end(zs_aio *h);
+
 /* Pops up to n queued ops into out (FIFO). With block != 0 waits while the
  * queue is empty; returns 0 only when stopping (block) or empty (!block). */
 size_t zs__aio_take(zs_aio *h, zs__aio_op **out, size_t n, int block);

@@ -60,10 +60,19 @@ int zs__fail_prefix(int err, const char *fmt, ...) {
   vsnprintf(zs__msg, sizeof zs__msg, fmt, ap);
   va_end(ap);
   n = strlen(zs__msg);
-  if (old[0] != '\0' && n + 2 < sizeof zs__msg)
-    snprintf(zs__msg + n, sizeof zs__msg - n, ": %s", old);
-  else if (old[0] == '\0' && n + 2 < sizeof zs__msg)
-    snprintf(zs__msg + n, sizeof zs__msg - n, ": %s", zs_strerror(err));
+  {
+    /* Append ": " + the old message (or the code's description), cut to fit:
+     * copied by hand so no compiler sees a possibly truncating snprintf. */
+    const char *tail = old[0] ? old : zs_strerror(err);
+    size_t room = sizeof zs__msg - 1 - n, len = strlen(tail) + 2;
+    if (room >= 2) {
+      size_t k = len < room ? len : room;
+      zs__msg[n] = ':';
+      zs__msg[n + 1] = ' ';
+      memcpy(zs__msg + n + 2, tail, k - 2);
+      zs__msg[n + k] = '\0';
+    }
+  }
   return err;
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "zs_internal.h"
+#include "zspeed/aio.h"
 
 #ifndef _WIN32
 #  include <sys/utsname.h>
@@ -185,7 +186,7 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
   int json = (flags & ZS_REPORT_JSON) != 0, level, best, cuda_ok, i;
   uint64_t lim = zs_memlock_limit(), ramb = zs_ram_bytes();
   zs__backend_info be[3];
-  char simd_err[512] = "";
+  char simd_err[512] = "", aio_why[512] = "", aio_chosen[32] = "";
   int64_t total;
 
   if (flags & ~(unsigned)ZS_REPORT_JSON)
@@ -210,6 +211,13 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
                      "/etc/security/limits.conf";
   }
   zs__backends(be);
+  {
+    int b = zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, aio_why, sizeof aio_why);
+    if (b > 0)
+      snprintf(aio_chosen, sizeof aio_chosen, "%s", zs_aio_backend_name(b));
+    else
+      snprintf(aio_why, sizeof aio_why, "%s", zs_last_error());
+  }
   cuda_ok = zs__cuda_probe(cuda, sizeof cuda);
 
   if (json) {
@@ -269,7 +277,14 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
       zs__sb_json_str(&sb, be[i].why);
       zs__sb_add(&sb, "}");
     }
-    zs__sb_add(&sb, "\n  },\n  \"cuda_driver\": {\"available\": %s, "
+    zs__sb_add(&sb, "\n  },\n  \"io_backend_auto\": {\"chosen\": ");
+    if (aio_chosen[0])
+      zs__sb_json_str(&sb, aio_chosen);
+    else
+      zs__sb_add(&sb, "null");
+    zs__sb_add(&sb, ", \"why\": ");
+    zs__sb_json_str(&sb, aio_why);
+    zs__sb_add(&sb, "},\n  \"cuda_driver\": {\"available\": %s, "
                "\"detail\": ", cuda_ok ? "true" : "false");
     zs__sb_json_str(&sb, cuda);
     zs__sb_add(&sb, "}\n}\n");
@@ -306,6 +321,10 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     for (i = 0; i < 3; i++)
       zs__sb_add(&sb, "  %-9s .......... %s%s\n", be[i].name,
                  be[i].available ? "" : "unavailable: ", be[i].why);
+    if (aio_chosen[0])
+      zs__sb_add(&sb, "  auto chooses ...... %s (%s)\n", aio_chosen, aio_why);
+    else
+      zs__sb_add(&sb, "  auto chooses ...... ERROR: %s\n", aio_why);
     zs__sb_add(&sb, "cuda driver ......... %s\n", cuda);
   }
   if (sb.oom) {

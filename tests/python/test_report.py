@@ -23,6 +23,7 @@ def test_json_report_matches_library(zs):
     assert set(doc["io_backends"]) >= {"threads", "io_uring", "iocp"}
     assert "python" in doc and doc["python"]["zspeed_package"]
     assert isinstance(doc["cuda_driver"]["available"], bool)
+    assert doc["io_backend_auto"]["chosen"] in ("io_uring", "threads", "iocp")
 
 
 def test_forced_scalar_is_reported(zs):
@@ -47,6 +48,15 @@ def test_disabled_uring_is_reported_with_reason(zs):
     u = doc["io_backends"]["io_uring"]
     assert u["available"] is False
     assert u["why"]  # a reason, whichever applies on this platform
+    assert doc["io_backend_auto"]["chosen"] in ("threads", "iocp")
+
+
+def test_forced_aio_backend_is_reported(zs):
+    doc = json.loads(zs("report", "--json", env={"ZSPEED_AIO_BACKEND": "threads"}).stdout)
+    assert doc["io_backend_auto"]["chosen"] == "threads"
+    doc = json.loads(zs("report", "--json", env={"ZSPEED_AIO_BACKEND": "floppy"}).stdout)
+    assert doc["io_backend_auto"]["chosen"] is None
+    assert "floppy" in doc["io_backend_auto"]["why"]
 
 
 def test_unknown_command_and_option(zs):
