@@ -1,0 +1,150 @@
+"""GPU benchmark of the offloaded training step: a ~1.3B-parameter GPT with ZeRO-2 + CPU offload.
+
+Default shape (the issue's reference): 24 layers, d_model 2048, 16 heads, vocab 32000,
+batch 8 x 1024 tokens, bf16 -> 1.34B parameters. Prints the median step time, its
+split (forward+backward / optimizer step incl. copies), tokens/s and peak GPU memory,
+then one machine-readable line starting with RESULT.
+
+  python bench/bench_engine.py                          # zspeed, offload cpu, native CPUAdam
+  python bench/bench_engine.py --impl torch             # GPU-only reference (torch fused AdamW)
+  python bench/bench_engine.py --impl deepspeed         # DeepSpeed ZeRO-2 + offload (if installed)
+  python bench/bench_engine.py --layers 2 --d-model 512 --seq 256 --steps 5   # shrunk smoke run
+Flags: --torch-adam (torch AdamW on the CPU instead of zspeed.ops), --state-dtype bf16|int8,
+--no-pin, --offload none, --dtype fp16|bf16, --threads N (CPU optimizer threads).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from gpt import GPT, GPTConfig  # noqa: E402
+
+
+def ds_config(a):
+    opt_params = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+    c = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
+         "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": opt_params},
+         "zero_optimization": {"stage": 2, "contiguous_gradients": True, "overlap_comm": True,
+                               "reduce_bucket_size": 50_000_000},
+         "steps_per_print": 1000000}
+    c["bf16" if a.dtype == "bf16" else "fp16"] = {"enabled": True}
+    if a.offload == "cpu":
+        c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": not a.no_pin}
+    if a.impl == "zspeed":
+        opt_params["torch_adam"] = a.torch_adam
+        if a.state_dtype != "fp32":
+            opt_params["state_dtype"] = a.state_dtype
+    return c
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", choices=["zspeed", "deepspeed", "torch"], default="zspeed")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--d-model", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--offload", choices=["cpu", "none"], default="cpu")
+    ap.add_argument("--no-pin", action="store_true")
+    ap.add_argument("--torch-adam", action="store_true")
+    ap.add_argument("--state-dtype", choices=["fp32", "bf16", "int8"], default="fp32")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the CPU step")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_engine.py needs a CUDA GPU")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=a.vocab, max_len=a.seq, d_model=a.d_model, n_layer=a.layers, n_head=a.heads)
+    model = GPT(cfg)
+    nparams = model.num_params()
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    t_init = time.perf_counter()
+    if a.impl == "torch":
+        model = model.to(dev, dtype)
+        masters = [p.detach().float() for p in model.parameters()]
+        opt = torch.optim.AdamW(masters, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+
+        def fwd_bwd(x, y):
+            loss = model(x, y)
+            loss.backward()
+            return loss
+
+        def step():
+            for m, p in zip(masters, model.parameters()):
+                m.grad = p.grad.float()
+                p.grad = None
+            torch.nn.utils.clip_grad_norm_(masters, 1.0)
+            opt.step()
+            with torch.no_grad():
+                torch._foreach_copy_(list(model.parameters()), masters)
+    else:
+        if a.impl == "zspeed":
+            import zspeed as ds
+        else:
+            import deepspeed as ds
+        engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(), config=ds_config(a))
+
+        def fwd_bwd(x, y):
+            loss = engine(x, y)
+            engine.backward(loss)
+            return loss
+
+        def step():
+            engine.step()
+    torch.cuda.synchronize()
+    t_init = time.perf_counter() - t_init
+    g = torch.Generator(device=dev).manual_seed(0)
+    times, fb, st = [], [], []
+    for i in range(a.warmup + a.steps):
+        x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
+        y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
+        if i == a.warmup:
+            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = fwd_bwd(x, y)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if i >= a.warmup:
+            times.append(t2 - t0)
+            fb.append(t1 - t0)
+            st.append(t2 - t1)
+        print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  loss {loss.item():.4f}",
+              flush=True)
+    med = statistics.median(times)
+    res = {
+        "impl": a.impl, "offload": a.offload, "params": nparams, "layers": a.layers, "d_model": a.d_model,
+        "batch": a.batch, "seq": a.seq, "dtype": a.dtype, "torch_adam": a.torch_adam,
+        "state_dtype": a.state_dtype, "pin": not a.no_pin,
+        "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
+        "opt_step_s": round(statistics.median(st), 4), "tokens_per_s": round(a.batch * a.seq / med, 1),
+        "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+        "init_s": round(t_init, 1), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    print(f"{a.impl}: {nparams / 1e9:.2f}B params, median step {med:.3f}s "
+          f"(fwd+bwd {res['fwd_bwd_s']:.3f}s + optimizer {res['opt_step_s']:.3f}s), "
+          f"{res['tokens_per_s']:,.0f} tokens/s, peak GPU {res['peak_alloc_gib']:.2f} GiB allocated")
+    print("RESULT " + json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

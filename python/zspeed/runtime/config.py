@@ -1,0 +1,683 @@
+"""DeepSpeed's JSON config, parsed and validated in one place.
+
+Every key zspeed understands is declared once in the tables below, with its
+default, its accepted types and what it means in DeepSpeed. Parsing walks the
+user's dict against those tables: an unknown key is an error that names the
+key, the section it is in and the closest known key (a silently ignored typo
+is how a run trains for a day without the setting its author thought it had).
+DeepSpeed keys that zspeed deliberately does not implement get their own
+message, so users can tell "misspelled" from "not supported".
+
+The batch sizes follow DeepSpeed's derivation and its consistency rule:
+train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps
+* world_size.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .._native import ZSpeedError
+
+__all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "SCHEMA", "schema_rows",
+           "world_size_from_env"]
+
+
+class ConfigError(ZSpeedError, ValueError):
+    """The DeepSpeed config is invalid or asks for something zspeed cannot do."""
+
+
+# "auto" handling, per key (HF accelerate/Trainer writes "auto" and fills it in
+# before DeepSpeed sees the config; zspeed may receive it unfilled).
+AUTO_REFUSE = "refuse"    # the value depends on the caller's training arguments
+AUTO_DEFAULT = "default"  # the key has no effect on one rank: use the default
+AUTO_DERIVE = "derive"    # batch sizes: derived from the other batch keys
+
+
+@dataclass
+class K:
+    """One config key: default, accepted types, DeepSpeed meaning."""
+    default: Any
+    types: tuple
+    meaning: str
+    choices: tuple | None = None
+    auto: str = AUTO_REFUSE
+    check: Callable[[Any], str | None] | None = None  # returns an error or None
+
+
+@dataclass
+class S:
+    """A config section (a nested dict)."""
+    keys: dict
+    meaning: str
+    open_params: bool = False  # "params" dicts are checked per optimizer/scheduler type
+    extra: dict = field(default_factory=dict)
+
+
+NUM = (int, float)
+_pos = lambda v: None if v > 0 else "must be > 0"          # noqa: E731
+_nonneg = lambda v: None if v >= 0 else "must be >= 0"     # noqa: E731
+
+
+def _betas(v):
+    if len(v) != 2 or not all(isinstance(b, NUM) and not isinstance(b, bool) for b in v):
+        return "must be a list of two numbers, e.g. [0.9, 0.999]"
+    if not all(0.0 <= b < 1.0 for b in v):
+        return "each beta must be in [0, 1)"
+    return None
+
+
+_ADAM = {
+    "lr": K(1e-3, NUM, "learning rate", check=_nonneg),
+    "betas": K([0.9, 0.999], (list, tuple), "coefficients of the running averages", check=_betas),
+    "eps": K(1e-8, NUM, "term added to the denominator", check=_pos),
+    "weight_decay": K(0.0, NUM, "weight decay (decoupled when adam_w_mode is true)", check=_nonneg),
+    "amsgrad": K(False, (bool,), "AMSGrad variant (not supported when offloaded)"),
+    "bias_correction": K(True, (bool,), "apply Adam's bias correction"),
+    "adam_w_mode": K(True, (bool,), "decoupled weight decay (AdamW); DeepSpeed's default for Adam too"),
+    "torch_adam": K(False, (bool,), "use torch.optim.Adam/AdamW instead of the native CPU optimizer"),
+    "fused": K(None, (bool, type(None)), "torch's fused implementation (default: on GPU)"),
+    "state_dtype": K("fp32", (str,), "zspeed extension: dtype of offloaded Adam moments",
+                     choices=("fp32", "bf16", "int8")),
+}
+_OPTIMIZER_PARAMS = {
+    "adam": _ADAM,
+    "adamw": _ADAM,
+    "adagrad": {
+        "lr": K(1e-2, NUM, "learning rate", check=_nonneg),
+        "lr_decay": K(0.0, NUM, "learning rate decay", check=_nonneg),
+        "eps": K(1e-10, NUM, "term added to the denominator", check=_pos),
+        "weight_decay": K(0.0, NUM, "L2 penalty", check=_nonneg),
+        "initial_accumulator_value": K(0.0, NUM, "starting value of the sum of squares", check=_nonneg),
+        "torch_adam": K(False, (bool,), "use torch.optim.Adagrad on the CPU instead of the native one"),
+    },
+    "lion": {
+        "lr": K(1e-4, NUM, "learning rate", check=_nonneg),
+        "betas": K([0.9, 0.99], (list, tuple), "interpolation / running-average coefficients", check=_betas),
+        "weight_decay": K(0.0, NUM, "decoupled weight decay", check=_nonneg),
+        "torch_adam": K(False, (bool,), "use zspeed's torch Lion on the CPU instead of the native one"),
+    },
+}
+_OPTIMIZER_CANON = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "lion": "Lion"}
+_DS_OPTIMIZERS_UNSUPPORTED = ("onebitadam", "zerooneadam", "onebitlamb", "lamb", "muadam",
+                              "muadamw", "musgd", "muon", "sgd")
+
+_WARMUP_TYPE = ("log", "linear")
+_SCHEDULER_PARAMS = {
+    "WarmupLR": {
+        "warmup_min_lr": K(0.0, NUM, "learning rate at step 0"),
+        "warmup_max_lr": K(None, NUM + (type(None),), "learning rate after warmup (default: optimizer lr)"),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
+        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
+    },
+    "WarmupDecayLR": {
+        "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
+        "warmup_min_lr": K(0.0, NUM, "learning rate at step 0"),
+        "warmup_max_lr": K(0.001, NUM, "learning rate after warmup"),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
+        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
+    },
+    "WarmupCosineLR": {
+        "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
+        "warmup_min_ratio": K(0.0, NUM, "start ratio of the optimizer lr"),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
+        "cos_min_ratio": K(0.0001, NUM, "end ratio of the cosine decay"),
+        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
+    },
+    "OneCycle": {
+        "cycle_min_lr": K(None, NUM, "lower lr boundary of the cycle (required)"),
+        "cycle_max_lr": K(None, NUM, "upper lr boundary of the cycle (required)"),
+        "decay_lr_rate": K(0.0, NUM, "lr decay rate after the cycle"),
+        "cycle_first_step_size": K(2000, (int,), "steps of the increasing half", check=_pos),
+        "cycle_second_step_size": K(None, (int, type(None)), "steps of the decreasing half (default: first)"),
+        "cycle_first_stair_count": K(0, (int,), "accepted like DeepSpeed (which does not use it)"),
+        "cycle_second_stair_count": K(None, (int, type(None)), "accepted like DeepSpeed (unused)"),
+        "decay_step_size": K(0, (int,), "interval of post-cycle decay (0: no decay)", check=_nonneg),
+        "cycle_momentum": K(True, (bool,), "cycle beta1 inversely to the lr"),
+        "cycle_min_mom": K(0.8, NUM, "lower beta1 boundary"),
+        "cycle_max_mom": K(0.9, NUM, "upper beta1 boundary"),
+        "decay_mom_rate": K(0.0, NUM, "beta1 decay rate after the cycle"),
+        "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
+    },
+}
+_SCHEDULERS_UNSUPPORTED = ("LRRangeTest", "WarmupCosineLRv2")
+
+_ENABLED_ONLY = S({"enabled": K(False, (bool,), "feature switch")}, "")
+
+SCHEMA: dict[str, S] = {
+    "": S({
+        "train_batch_size": K(None, (int, type(None)), "global batch per optimizer step",
+                              auto=AUTO_DERIVE, check=_pos),
+        "train_micro_batch_size_per_gpu": K(None, (int, type(None)), "batch per forward/backward per rank",
+                                            auto=AUTO_DERIVE, check=_pos),
+        "gradient_accumulation_steps": K(None, (int, type(None)), "micro-batches per optimizer step",
+                                         auto=AUTO_DERIVE, check=_pos),
+        "gradient_clipping": K(0.0, NUM, "clip the global gradient L2 norm to this (0: off)", check=_nonneg),
+        "steps_per_print": K(10, (int,), "log progress every N optimizer steps", auto=AUTO_DEFAULT),
+        "wall_clock_breakdown": K(False, (bool,), "log forward/backward/step times", auto=AUTO_DEFAULT),
+        "dump_state": K(False, (bool,), "log the engine state after initialize"),
+        "prescale_gradients": K(False, (bool,), "scale gradients before reduction (no effect on one rank)"),
+        "gradient_predivide_factor": K(1.0, NUM, "pre-reduction divisor (no effect on one rank)", check=_pos),
+        "zero_allow_untested_optimizer": K(False, (bool,), "allow a client optimizer with ZeRO"),
+        "zero_force_ds_cpu_optimizer": K(True, (bool,), "require zspeed's CPU optimizer when offloading"),
+        "dataloader_drop_last": K(False, (bool,), "drop the last incomplete batch"),
+        "communication_data_type": K(None, (str, type(None)), "reduction dtype (no effect on one rank)"),
+        "memory_breakdown": K(False, (bool,), "log memory use"),
+        "seed": K(None, (int, type(None)), "zspeed extension: torch.manual_seed before the dataloader"),
+    }, "top level"),
+    "optimizer": S({
+        "type": K(None, (str,), "Adam, AdamW, Adagrad or Lion"),
+        "params": K({}, (dict,), "optimizer arguments"),
+        "legacy_fusion": K(False, (bool,), "accepted (no effect)"),
+    }, "optimizer", open_params=True),
+    "scheduler": S({
+        "type": K(None, (str,), "WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle"),
+        "params": K({}, (dict,), "scheduler arguments"),
+    }, "scheduler", open_params=True),
+    "fp16": S({
+        "enabled": K(False, (bool,), "train with fp16 weights and dynamic loss scaling"),
+        "auto_cast": K(False, (bool,), "cast floating-point inputs of forward to fp16"),
+        "loss_scale": K(0.0, NUM, "static loss scale; 0 means dynamic", check=_nonneg),
+        "initial_scale_power": K(16, (int,), "dynamic scaling starts at 2**power", check=_nonneg),
+        "loss_scale_window": K(1000, (int,), "steps without overflow before the scale doubles", check=_pos),
+        "hysteresis": K(2, (int,), "overflows tolerated before the scale is lowered", check=_pos),
+        "consecutive_hysteresis": K(False, (bool,), "refill hysteresis on every good step"),
+        "min_loss_scale": K(1, NUM, "lower bound of the dynamic scale", check=_pos),
+        "fp16_master_weights_and_grads": K(False, (bool,), "fp16 master weights (not supported)"),
+    }, "fp16"),
+    "bf16": S({
+        "enabled": K(False, (bool,), "train with bf16 weights and fp32 master weights"),
+        "immediate_grad_update": K(False, (bool,), "accepted (no effect)"),
+        "check_grad_overflow": K(False, (bool,), "skip steps whose gradients are not finite"),
+    }, "bf16"),
+    "zero_optimization": S({
+        "stage": K(0, (int,), "ZeRO stage: 0, 1 or 2 (3 not yet)", choices=(0, 1, 2, 3)),
+        "offload_optimizer": K(None, (dict, type(None)), "optimizer state offload (section)"),
+        "offload_param": K(None, (dict, type(None)), "parameter offload (stage 3 only)"),
+        "cpu_offload": K(False, (bool,), "deprecated spelling of offload_optimizer.device=cpu"),
+        "contiguous_gradients": K(True, (bool,), "copy gradients into one buffer (accepted)"),
+        "overlap_comm": K(False, (bool,), "overlap reduction with backward (accepted)"),
+        "reduce_scatter": K(True, (bool,), "reduce-scatter instead of all-reduce (one rank: no effect)"),
+        "reduce_bucket_size": K(500000000, NUM, "elements per reduction bucket", auto=AUTO_DEFAULT),
+        "allgather_partitions": K(True, (bool,), "all-gather of partitions (one rank: no effect)"),
+        "allgather_bucket_size": K(500000000, NUM, "elements per all-gather", auto=AUTO_DEFAULT),
+        "round_robin_gradients": K(False, (bool,), "accepted (no effect on one rank)"),
+        "load_from_fp32_weights": K(True, (bool,), "restore masters from fp32 copies in checkpoints"),
+        "elastic_checkpoint": K(False, (bool,), "accepted (no effect)"),
+        "ignore_unused_parameters": K(True, (bool,), "tolerate parameters without gradients"),
+        "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group", auto=AUTO_DEFAULT),
+        "stage3_max_live_parameters": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
+        "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
+        "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
+        "stage3_param_persistence_threshold": K(100000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
+        "stage3_gather_16bit_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
+        "stage3_gather_fp16_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
+        "memory_efficient_linear": K(True, (bool,), "stage 3 only"),
+    }, "zero_optimization"),
+    "zero_optimization.offload_optimizer": S({
+        "device": K("none", (str,), "where optimizer state lives", choices=("none", "cpu", "nvme")),
+        "nvme_path": K(None, (str, type(None)), "directory for nvme offload"),
+        "pin_memory": K(False, (bool,), "page-lock host buffers (needed for async copies)"),
+        "buffer_count": K(4, (int,), "staging buffers for nvme offload", check=_pos),
+        "fast_init": K(False, (bool,), "accepted (no effect)"),
+        "ratio": K(1.0, NUM, "fraction of the optimizer step on the CPU (only 1.0)"),
+        "pipeline_read": K(False, (bool,), "nvme: overlap reads (accepted)"),
+        "pipeline_write": K(False, (bool,), "nvme: overlap writes (accepted)"),
+    }, "zero_optimization.offload_optimizer"),
+    "zero_optimization.offload_param": S({
+        "device": K("none", (str,), "where parameters live (stage 3 only)", choices=("none", "cpu", "nvme")),
+        "nvme_path": K(None, (str, type(None)), "directory for nvme offload"),
+        "pin_memory": K(False, (bool,), "page-lock host buffers"),
+        "buffer_count": K(5, (int,), "staging buffers", check=_pos),
+        "buffer_size": K(100000000, NUM, "elements per staging buffer", auto=AUTO_DEFAULT),
+        "max_in_cpu": K(1000000000, NUM, "parameters kept in CPU memory", auto=AUTO_DEFAULT),
+    }, "zero_optimization.offload_param"),
+    "aio": S({
+        "block_size": K(1048576, (int,), "bytes per I/O request", check=_pos),
+        "queue_depth": K(8, (int,), "requests in flight per thread", check=_pos),
+        "intra_op_parallelism": K(1, (int,), "I/O threads per operation", check=_pos),
+        "thread_count": K(None, (int, type(None)), "older name of intra_op_parallelism"),
+        "single_submit": K(False, (bool,), "submit requests one at a time"),
+        "overlap_events": K(True, (bool,), "overlap submission and completion"),
+        "use_gds": K(False, (bool,), "GPUDirect Storage (not supported)"),
+    }, "aio"),
+    "checkpoint": S({
+        "tag_validation": K("Warn", (str,), "tag consistency across ranks (one rank: no effect)",
+                            choices=("Warn", "Ignore", "Fail")),
+        "load_universal": K(False, (bool,), "universal checkpoint format (not supported)"),
+        "use_node_local_storage": K(False, (bool,), "accepted (one node)"),
+        "parallel_write": K(None, (dict, type(None)), "accepted (one rank)"),
+    }, "checkpoint"),
+}
+
+# DeepSpeed features that exist but that zspeed does not implement. Monitoring
+# sections are accepted when disabled, since generated configs often carry them.
+_DS_UNSUPPORTED_TOP = {
+    "amp": "use fp16 or bf16 instead of apex AMP",
+    "activation_checkpointing": "use torch.utils.checkpoint in your model",
+    "flops_profiler": None, "tensorboard": None, "wandb": None, "csv_monitor": None,
+    "comet": None, "comms_logger": None,
+    "compression_training": "", "data_efficiency": "", "data_types": "", "pipeline": "",
+    "sparse_attention": "", "elasticity": "", "autotuning": "", "curriculum_learning": "",
+    "sparse_gradients": "", "quantize_training": "", "eigenvalue": "",
+    "progressive_layer_drop": "", "hybrid_engine": "", "nebula": "", "torch_autocast": "",
+    "tensor_parallel": "", "weight_quantization": "", "zero_quantized_weights": "",
+    "gradient_compression": "", "fp8": "",
+}
+_PLATFORM_RE = re.compile(r"windows|win32|win64|linux|macos|darwin|posix|platform|wsl", re.I)
+
+
+def schema_rows() -> list[tuple[str, str, Any, str]]:
+    """(key path, types, default, meaning) for every declared key: documentation."""
+    rows = []
+    for sec, s in SCHEMA.items():
+        for k, spec in s.keys.items():
+            path = f"{sec}.{k}" if sec else k
+            rows.append((path, "|".join(t.__name__ for t in spec.types), spec.default, spec.meaning))
+    for t, keys in list(_OPTIMIZER_PARAMS.items()) + list(_SCHEDULER_PARAMS.items()):
+        for k, spec in keys.items():
+            rows.append((f"{t}.params.{k}", "|".join(x.__name__ for x in spec.types),
+                         spec.default, spec.meaning))
+    return rows
+
+
+def world_size_from_env() -> int:
+    """World size as launchers (torchrun, deepspeed, mpirun) export it."""
+    for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        v = os.environ.get(var)
+        if v:
+            try:
+                return int(v)
+            except ValueError:
+                raise ConfigError(f"environment variable {var}={v!r} is not an integer world size") from None
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except ImportError:  # zspeed.runtime needs torch, but config parsing does not
+        pass
+    return 1
+
+
+def _where(section: str) -> str:
+    return f"section '{section}'" if section else "the top level"
+
+
+def _unknown_key(key: str, section: str, known: list[str]) -> ConfigError:
+    where = _where(section)
+    if _PLATFORM_RE.search(key):
+        return ConfigError(
+            f"unknown config key '{key}' in {where}: zspeed needs no platform-specific keys; the same "
+            f"DeepSpeed config works on Linux, Windows and macOS (the I/O backend and SIMD kernels are "
+            f"chosen at run time, see `zspeed report`). Remove '{key}'.")
+    if not section and key in _DS_UNSUPPORTED_TOP:
+        hint = _DS_UNSUPPORTED_TOP[key]
+        return ConfigError(
+            f"DeepSpeed's '{key}' section is not supported by zspeed"
+            + (f" ({hint})" if hint else "") + f"; remove '{key}' from the config"
+            + (" or set it to {\"enabled\": false}" if hint is None else "") + ".")
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close:  # catch case-only and separator differences ("Train_Batch_Size", "train-batch-size")
+        norm = {k.lower().replace("-", "_"): k for k in known}
+        hit = norm.get(key.lower().replace("-", "_"))
+        close = [hit] if hit else []
+    fix = f" Did you mean '{close[0]}'?" if close else f" Known keys here: {', '.join(sorted(known))}."
+    return ConfigError(f"unknown config key '{key}' in {where}.{fix}")
+
+
+def _type_name(types: tuple) -> str:
+    names = {int: "an integer", float: "a number", bool: "true/false", str: "a string",
+             dict: "an object", list: "a list", tuple: "a list", type(None): "null"}
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
+
+
+def _check_value(path: str, spec: K, value: Any) -> Any:
+    """Type-check one value, returning it normalized (ints accepted as floats)."""
+    ok = False
+    for t in spec.types:
+        if t is int and isinstance(value, bool):
+            continue
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            ok = True
+            break
+        if isinstance(value, t):
+            ok = True
+            break
+    if not ok:
+        raise ConfigError(f"config key '{path}' = {value!r} has the wrong type: expected "
+                          f"{_type_name(spec.types)} (default {spec.default!r}).")
+    if spec.choices is not None and value not in spec.choices:
+        raise ConfigError(f"config key '{path}' = {value!r} is not one of "
+                          f"{', '.join(repr(c) for c in spec.choices)}.")
+    if spec.check is not None and value is not None:
+        err = spec.check(value)
+        if err:
+            raise ConfigError(f"config key '{path}' = {value!r} {err}.")
+    if isinstance(value, tuple):
+        value = list(value)
+    return value
+
+
+def _resolve_auto(path: str, spec: K, value: Any) -> tuple[Any, bool]:
+    """Returns (value, was_auto). "auto" is HF's placeholder for a value it fills in."""
+    if not (isinstance(value, str) and value == "auto"):
+        return value, False
+    if spec.auto == AUTO_DEFAULT:
+        return spec.default, True
+    if spec.auto == AUTO_DERIVE:
+        return None, True
+    raise ConfigError(
+        f"config key '{path}' is \"auto\": Hugging Face's Trainer fills \"auto\" values from its "
+        f"training arguments before the config reaches DeepSpeed, and zspeed was given the config "
+        f"directly, so it cannot know the value. Write the value (default {spec.default!r}) into "
+        f"the config, or pass it through the HF Trainer integration.")
+
+
+def _parse_section(section: str, given: dict, keys: dict, autos: set, extra_known=()) -> dict:
+    if not isinstance(given, dict):
+        raise ConfigError(f"config {_where(section)} must be an object (a dict), got {type(given).__name__}.")
+    out = {k: copy.deepcopy(v.default) for k, v in keys.items()}
+    for key, value in given.items():
+        if key not in keys:
+            raise _unknown_key(key, section, list(keys) + list(extra_known))
+        path = f"{section}.{key}" if section else key
+        spec = keys[key]
+        value, was_auto = _resolve_auto(path, spec, value)
+        if was_auto:
+            autos.add(path)
+        if value is None and type(None) not in spec.types and was_auto:
+            out[key] = None
+            continue
+        out[key] = _check_value(path, spec, value)
+    return out
+
+
+def _derive_batch(tb, mb, gas, ws: int, autos: set) -> tuple[int, int, int]:
+    """DeepSpeed's batch derivation; returns (train_batch, micro_batch, grad_acc)."""
+    if tb is not None and mb is not None and gas is not None:
+        pass
+    elif tb is not None and mb is not None:
+        gas = tb // mb // ws
+    elif tb is not None and gas is not None:
+        mb = tb // ws // gas
+    elif mb is not None and gas is not None:
+        tb = mb * gas * ws
+    elif tb is not None:
+        gas = 1
+        mb = tb // ws
+    elif mb is not None:
+        tb = mb * ws
+        gas = 1
+    else:
+        extra = (" (\"auto\" values can only be derived from the other batch keys)"
+                 if autos & {"train_batch_size", "train_micro_batch_size_per_gpu"} else "")
+        raise ConfigError("Either train_batch_size or train_micro_batch_size_per_gpu needs to be "
+                          f"provided{extra}.")
+    for name, v in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb),
+                    ("gradient_accumulation_steps", gas)):
+        if v <= 0:
+            raise ConfigError(f"{name}: {v} has to be greater than 0 (derived from "
+                              f"train_batch_size={tb}, train_micro_batch_size_per_gpu={mb}, "
+                              f"gradient_accumulation_steps={gas}, world_size={ws}).")
+    if tb != mb * gas * ws:
+        raise ConfigError(
+            "Check batch related parameters. train_batch_size is not equal to "
+            "micro_batch_per_gpu * gradient_acc_step * world_size "
+            f"{tb} != {mb} * {gas} * {ws}. Set two of the three keys and let the third be derived.")
+    return tb, mb, gas
+
+
+def _parse_typed_params(kind: str, name: str, params: dict, table: dict, autos: set) -> dict:
+    section = f"{kind}.params"
+    return _parse_section(section, params, table, autos)
+
+
+class ZSpeedConfig:
+    """A validated DeepSpeed config with every default filled in.
+
+    Attributes mirror DeepSpeed's names: train_batch_size,
+    train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+    gradient_clipping, zero_stage, optimizer_name (canonical, or None),
+    optimizer_params (dict), scheduler_name, scheduler_params, fp16_enabled,
+    bf16_enabled, fp16 (dict), bf16 (dict), offload_device, offload (dict),
+    aio (dict), checkpoint (dict), top (dict of the remaining top-level keys),
+    auto_keys (paths that were "auto"), raw (a deep copy of the input).
+    """
+
+    def __init__(self, config: dict, world_size: int | None = None):
+        if not isinstance(config, dict):
+            raise ConfigError(f"a DeepSpeed config must be a dict or a path to a JSON file, "
+                              f"got {type(config).__name__}.")
+        self.raw = copy.deepcopy(config)
+        ws = world_size_from_env() if world_size is None else world_size
+        if ws > 1:
+            raise ConfigError(
+                f"world size is {ws}, but this zspeed release trains in one process: partitioning "
+                f"optimizer state across ranks (ZeRO data parallelism) comes in a later release. "
+                f"Run one process (unset WORLD_SIZE / do not use a multi-process launcher).")
+        self.world_size = ws
+        autos: set[str] = set()
+        cfg = dict(config)
+        if "bfloat16" in cfg:  # DeepSpeed's older spelling of the bf16 section
+            if "bf16" in cfg:
+                raise ConfigError("the config has both 'bf16' and 'bfloat16' (an older spelling of "
+                                  "the same section); keep only 'bf16'.")
+            cfg["bf16"] = cfg.pop("bfloat16")
+        sections = {k: cfg.pop(k) for k in list(cfg) if k in SCHEMA and k}
+        for key, val in list(cfg.items()):  # disabled monitoring sections are harmless
+            if key in _DS_UNSUPPORTED_TOP and _DS_UNSUPPORTED_TOP[key] is None and \
+                    isinstance(val, dict) and not val.get("enabled", False):
+                cfg.pop(key)
+        self.top = _parse_section("", cfg, SCHEMA[""].keys, autos,
+                                  extra_known=[k for k in SCHEMA if k and "." not in k])
+
+        def sec(name):
+            given = sections.get(name, {})
+            return _parse_section(name, {} if given is None else given, SCHEMA[name].keys, autos)
+
+        self.fp16 = sec("fp16")
+        self.bf16 = sec("bf16")
+        self.aio = sec("aio")
+        self.checkpoint = sec("checkpoint")
+        self.zero = sec("zero_optimization")
+        off = self.zero.pop("offload_optimizer") or {}
+        self.offload = _parse_section("zero_optimization.offload_optimizer", off,
+                                      SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
+        offp = self.zero.pop("offload_param") or {}
+        self.offload_param = _parse_section("zero_optimization.offload_param", offp,
+                                            SCHEMA["zero_optimization.offload_param"].keys, autos)
+        self.auto_keys = autos
+        self._parse_optimizer(sections.get("optimizer"), autos)
+        self._parse_scheduler(sections.get("scheduler"), autos)
+        self._validate_features()
+        self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = \
+            _derive_batch(self.top["train_batch_size"], self.top["train_micro_batch_size_per_gpu"],
+                          self.top["gradient_accumulation_steps"], ws, autos)
+
+    # -- sections with per-type params ------------------------------------------------
+    def _parse_optimizer(self, given, autos):
+        self.optimizer_name = None
+        self.optimizer_params: dict = {}
+        if given is None:
+            return
+        o = _parse_section("optimizer", given, SCHEMA["optimizer"].keys, autos)
+        t = o["type"]
+        if t is None:
+            raise ConfigError("the 'optimizer' section needs a 'type' (Adam, AdamW, Adagrad or Lion).")
+        low = t.lower()
+        if low not in _OPTIMIZER_PARAMS:
+            if low in _DS_OPTIMIZERS_UNSUPPORTED:
+                raise ConfigError(f"optimizer type '{t}' is a DeepSpeed optimizer that zspeed does not "
+                                  f"implement; use Adam, AdamW, Adagrad or Lion, or pass your own "
+                                  f"torch optimizer to zspeed.initialize(optimizer=...).")
+            close = difflib.get_close_matches(low, list(_OPTIMIZER_PARAMS), n=1, cutoff=0.6)
+            hint = f" Did you mean '{_OPTIMIZER_CANON[close[0]]}'?" if close else ""
+            raise ConfigError(f"unknown optimizer type '{t}' in section 'optimizer'; zspeed supports "
+                              f"Adam, AdamW, Adagrad and Lion.{hint}")
+        self.optimizer_name = _OPTIMIZER_CANON[low]
+        self.optimizer_params = _parse_typed_params("optimizer", self.optimizer_name, o["params"],
+                                                    _OPTIMIZER_PARAMS[low], autos)
+        if self.optimizer_name == "AdamW":
+            if "adam_w_mode" in o["params"] and not o["params"]["adam_w_mode"]:
+                raise ConfigError("optimizer AdamW with adam_w_mode false is contradictory; use type "
+                                  "Adam with adam_w_mode false for L2-regularized Adam.")
+            self.optimizer_params["adam_w_mode"] = True
+
+    def _parse_scheduler(self, given, autos):
+        self.scheduler_name = None
+        self.scheduler_params: dict = {}
+        if given is None:
+            return
+        s = _parse_section("scheduler", given, SCHEMA["scheduler"].keys, autos)
+        t = s["type"]
+        if t is None:
+            raise ConfigError("the 'scheduler' section needs a 'type' (WarmupLR, WarmupDecayLR, "
+                              "WarmupCosineLR or OneCycle).")
+        if t not in _SCHEDULER_PARAMS:
+            if t in _SCHEDULERS_UNSUPPORTED:
+                raise ConfigError(f"scheduler '{t}' is not supported by zspeed; use WarmupLR, "
+                                  f"WarmupDecayLR, WarmupCosineLR or OneCycle, or pass your own "
+                                  f"lr_scheduler to zspeed.initialize.")
+            close = difflib.get_close_matches(t, list(_SCHEDULER_PARAMS), n=1, cutoff=0.6)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown scheduler type '{t}' in section 'scheduler'; zspeed supports "
+                              f"{', '.join(_SCHEDULER_PARAMS)}.{hint}")
+        self.scheduler_name = t
+        p = _parse_typed_params("scheduler", t, s["params"], _SCHEDULER_PARAMS[t], autos)
+        for req in [k for k, v in _SCHEDULER_PARAMS[t].items() if v.default is None and
+                    type(None) not in v.types]:
+            if p.get(req) is None:
+                raise ConfigError(f"scheduler {t} needs 'scheduler.params.{req}' "
+                                  f"({_SCHEDULER_PARAMS[t][req].meaning}).")
+        self.scheduler_params = p
+
+    # -- cross-key rules ----------------------------------------------------------------
+    def _validate_features(self):
+        if self.fp16["enabled"] and self.bf16["enabled"]:
+            raise ConfigError("fp16.enabled and bf16.enabled are both true; choose one precision.")
+        if self.fp16["fp16_master_weights_and_grads"]:
+            raise ConfigError("fp16.fp16_master_weights_and_grads is not supported by zspeed (master "
+                              "weights are always fp32); remove the key or set it to false.")
+        stage = self.zero["stage"]
+        if stage == 3:
+            raise ConfigError("zero_optimization.stage 3 (parameter partitioning) is not yet supported "
+                              "by zspeed; use stage 2 (optionally with offload_optimizer) for now.")
+        if self.zero["cpu_offload"]:  # DeepSpeed's deprecated boolean
+            if self.offload["device"] not in ("none", "cpu"):
+                raise ConfigError("zero_optimization.cpu_offload=true conflicts with "
+                                  f"offload_optimizer.device={self.offload['device']!r}; keep only one.")
+            self.offload["device"] = "cpu"
+        if self.offload_param["device"] != "none":
+            raise ConfigError("zero_optimization.offload_param needs stage 3, which zspeed does not "
+                              "support yet; remove offload_param (offload_optimizer works with stage 1-2).")
+        dev = self.offload["device"]
+        if dev == "nvme":
+            raise ConfigError("zero_optimization.offload_optimizer.device 'nvme' is not yet supported: "
+                              "NVMe offload comes in a later zspeed issue. Use device 'cpu' for now.")
+        if dev == "cpu" and stage == 0:
+            raise ConfigError("zero_optimization.offload_optimizer.device 'cpu' needs "
+                              "zero_optimization.stage 1 or 2 (DeepSpeed offloads only under ZeRO); "
+                              "set \"stage\": 2.")
+        if float(self.offload["ratio"]) != 1.0:
+            raise ConfigError(f"zero_optimization.offload_optimizer.ratio = {self.offload['ratio']} is "
+                              f"not supported: zspeed runs the whole optimizer step on the CPU (ratio 1.0).")
+        if self.aio["use_gds"]:
+            raise ConfigError("aio.use_gds (GPUDirect Storage) is not supported by zspeed; remove it.")
+        if self.aio["thread_count"] is not None:
+            self.aio["intra_op_parallelism"] = self.aio.pop("thread_count")
+        else:
+            self.aio.pop("thread_count")
+        if self.checkpoint["load_universal"]:
+            raise ConfigError("checkpoint.load_universal is not supported: zspeed checkpoints are "
+                              "safetensors files; remove the key.")
+        if self.offloaded and self.optimizer_params.get("amsgrad"):
+            raise ConfigError("optimizer.params.amsgrad is not supported with offload_optimizer: the "
+                              "CPU Adam kernel implements Adam/AdamW; set amsgrad false.")
+        if self.fp16["auto_cast"] and not self.fp16["enabled"]:
+            raise ConfigError("fp16.auto_cast needs fp16.enabled true.")
+
+    # -- convenience ----------------------------------------------------------------------
+    @property
+    def zero_stage(self) -> int:
+        return self.zero["stage"]
+
+    @property
+    def offload_device(self) -> str:
+        return self.offload["device"]
+
+    @property
+    def offloaded(self) -> bool:
+        return self.offload["device"] == "cpu"
+
+    @property
+    def fp16_enabled(self) -> bool:
+        return self.fp16["enabled"]
+
+    @property
+    def bf16_enabled(self) -> bool:
+        return self.bf16["enabled"]
+
+    @property
+    def gradient_clipping(self) -> float:
+        return float(self.top["gradient_clipping"])
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.fp16_enabled and float(self.fp16["loss_scale"]) == 0.0
+
+    def to_dict(self) -> dict:
+        """The effective config (defaults filled in), JSON-serializable."""
+        out = dict(self.top)
+        out.update(train_batch_size=self.train_batch_size,
+                   train_micro_batch_size_per_gpu=self.train_micro_batch_size_per_gpu,
+                   gradient_accumulation_steps=self.gradient_accumulation_steps,
+                   fp16=dict(self.fp16), bf16=dict(self.bf16), aio=dict(self.aio),
+                   checkpoint=dict(self.checkpoint))
+        z = dict(self.zero)
+        z["offload_optimizer"] = dict(self.offload)
+        out["zero_optimization"] = z
+        if self.optimizer_name:
+            out["optimizer"] = {"type": self.optimizer_name, "params": dict(self.optimizer_params)}
+        if self.scheduler_name:
+            out["scheduler"] = {"type": self.scheduler_name, "params": dict(self.scheduler_params)}
+        return out
+
+
+def parse_config(config: Any = None, args: Any = None, world_size: int | None = None) -> ZSpeedConfig:
+    """Accepts a dict, a JSON path, or ``args.deepspeed_config`` / ``args.deepspeed_config_dict``.
+
+    DeepSpeed refuses a config given both ways; so does zspeed."""
+    from_args = None
+    if args is not None:
+        from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepspeed_config_dict", None)
+    if config is not None and from_args is not None:
+        raise ConfigError("the DeepSpeed config was given twice (config= and args.deepspeed_config); "
+                          "pass only one.")
+    config = config if config is not None else from_args
+    if config is None:
+        raise ConfigError("no DeepSpeed config: pass config=<dict or JSON path> to zspeed.initialize, "
+                          "or set args.deepspeed_config.")
+    if isinstance(config, ZSpeedConfig):
+        return config
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read the DeepSpeed config file '{path}': {e.strerror or e}. "
+                              f"Check the path.") from None
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"the DeepSpeed config file '{path}' is not valid JSON: {e.msg} at line "
+                              f"{e.lineno} column {e.colno}.") from None
+    return ZSpeedConfig(config, world_size=world_size)

@@ -1,0 +1,412 @@
+"""The training engine behind ``zspeed.initialize`` (DeepSpeed's DeepSpeedEngine API).
+
+Usage is DeepSpeed's: ``loss = engine(batch); engine.backward(loss); engine.step()``
+once per micro-batch; the optimizer runs on the gradient-accumulation boundary.
+
+Precision: with fp16 or bf16 enabled the model is converted to that dtype and an
+fp32 copy of every trainable parameter (the master weights) is what the optimizer
+updates; with fp32 the optimizer updates the parameters themselves unless they are
+offloaded. Offloaded (zero_optimization.offload_optimizer.device = cpu) masters and
+optimizer state live in CPU memory (see offload.py).
+
+One optimizer step (the boundary):
+  1. gradients of the boundary (device: fp32 master grads; offload: host buffers);
+  2. sum of squares and non-finiteness of grads / loss_scale in one pass;
+  3. fp16: overflow -> skip the step, lower the scale (loss_scaler.py), count it;
+  4. clip coefficient = gradient_clipping / (norm + 1e-6) when norm exceeds it;
+  5. one optimizer call with the combined factor 1/loss_scale * clip applied to the
+     gradients, then the new weights go back into the model;
+  6. lr scheduler step (not on skipped steps), counters, gradients released.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+import torch
+
+from .config import ConfigError, ZSpeedConfig, parse_config
+from .loss_scaler import build_loss_scaler
+from .lr_schedules import build_scheduler
+from .offload import CPUOffload
+from .optimizers import HostOptimizer, build_device_optimizer, build_host_optimizer, rebuild_like, \
+    torch_grad_stats
+
+log = logging.getLogger("zspeed.engine")
+
+__all__ = ["ZSpeedEngine", "initialize"]
+
+_BUCKET_CAP = 1 << 24  # elements per D2H bucket at most: large enough to amortize, small enough to overlap
+_CHUNK_CAP = 1 << 26   # elements per optimizer chunk whose H2D copy overlaps the next chunk's CPU step
+
+
+def _pick_device() -> torch.device:
+    """CUDA (device LOCAL_RANK) when available, else the CPU; ZSPEED_DEVICE=cpu|cuda|cuda:N forces one."""
+    forced = os.environ.get("ZSPEED_DEVICE")
+    if forced:
+        try:
+            dev = torch.device(forced)
+        except RuntimeError:
+            raise ConfigError(f"ZSPEED_DEVICE={forced!r} is not a device; use cpu, cuda or cuda:N.") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"ZSPEED_DEVICE={forced!r} but torch sees no CUDA device; unset it or use cpu.")
+        if dev.type not in ("cpu", "cuda"):
+            raise ConfigError(f"ZSPEED_DEVICE={forced!r}: zspeed runs on cpu or cuda.")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _cast_inputs(obj, dtype):
+    if torch.is_tensor(obj):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_inputs(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_inputs(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+class ZSpeedEngine(torch.nn.Module):
+    """DeepSpeed-compatible engine around one ``torch.nn.Module`` on one device."""
+
+    def __init__(self, model: torch.nn.Module, config: ZSpeedConfig, optimizer=None, model_parameters=None,
+                 lr_scheduler=None, training_data=None, collate_fn=None, device: torch.device | None = None):
+        super().__init__()
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"zspeed.initialize needs model=<torch.nn.Module>, got {type(model).__name__}.")
+        self._config = config
+        self.config = config.to_dict()
+        self.device = device or _pick_device()
+        self.local_rank = self.device.index if self.device.type == "cuda" else -1
+        self.global_rank, self.world_size, self.dp_world_size = 0, 1, 1
+        self.dtype = (torch.float16 if config.fp16_enabled else
+                      torch.bfloat16 if config.bf16_enabled else torch.float32)
+        self.module = model.to(device=self.device, dtype=self.dtype) if self.dtype != torch.float32 \
+            else model.to(device=self.device)
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._global_grad_norm: float | None = None
+        self._last_overflow = False
+        self.loss_scaler = build_loss_scaler(config.fp16)
+        self._skip_nonfinite = config.fp16_enabled or bool(config.bf16["check_grad_overflow"])
+        self._clip = config.gradient_clipping
+        self._gas = config.gradient_accumulation_steps
+
+        groups = self._param_groups(model_parameters, optimizer)
+        self._names = self._param_names(groups)
+        if not groups or not any(g["params"] for g in groups):
+            raise ConfigError("the model has no parameters with requires_grad=True: nothing to train.")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            if callable(optimizer):
+                optimizer = optimizer([{k: v for k, v in g.items()} for g in groups])
+            else:
+                raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a callable returning one, "
+                                  f"got {type(optimizer).__name__}.")
+        if optimizer is None and config.optimizer_name is None:
+            raise ConfigError("no optimizer: add an 'optimizer' section to the config (e.g. {\"type\": "
+                              "\"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass optimizer= to zspeed.initialize.")
+        if optimizer is not None and config.optimizer_name is not None:
+            raise ConfigError("an optimizer was given both in the config and as optimizer=; pass only one "
+                              "(DeepSpeed refuses this too).")
+
+        self.offload: CPUOffload | None = None
+        self._host: HostOptimizer | None = None
+        if config.offloaded:
+            bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
+            chunk = min(int(config.zero["sub_group_size"]), _CHUNK_CAP)
+            self.offload = CPUOffload(groups, self.device, self.dtype, config.offload["pin_memory"], bucket,
+                                      chunk)
+            mgroups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
+                       for g, ms in zip(groups, self.offload.master_groups())]
+            self._host = build_host_optimizer(config.optimizer_name, config.optimizer_params, mgroups,
+                                              client=optimizer,
+                                              force_native=bool(config.top["zero_force_ds_cpu_optimizer"]))
+            self.optimizer = self._host.optimizer
+            self._masters = [list(g["params"]) for g in self.optimizer.param_groups]
+            self._lowp_masters = False
+        else:
+            self._lowp_masters = self.dtype != torch.float32
+            if self._lowp_masters:
+                self._masters = [[p.detach().clone().float() for p in g["params"]] for g in groups]
+                mgroups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
+                           for g, ms in zip(groups, self._masters)]
+            else:
+                self._masters = [list(g["params"]) for g in groups]
+                mgroups = groups
+            if optimizer is not None:
+                self.optimizer = rebuild_like(optimizer, self._masters) if self._lowp_masters else optimizer
+            else:
+                self.optimizer = build_device_optimizer(config.optimizer_name, config.optimizer_params,
+                                                        mgroups, self.device)
+        self._model_params = [list(g["params"]) for g in groups]
+
+        self.lr_scheduler = self._build_scheduler(lr_scheduler)
+        self.training_dataloader = None
+        if training_data is not None:
+            self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
+        if config.top["dump_state"]:
+            log.info("zspeed engine: %s", self._describe())
+
+    # -- construction helpers -----------------------------------------------------------------
+    def _param_groups(self, model_parameters, client_opt) -> list:
+        if isinstance(client_opt, torch.optim.Optimizer):
+            src = client_opt.param_groups
+        elif model_parameters is None:
+            src = [{"params": [p for p in self.module.parameters() if p.requires_grad]}]
+        else:
+            items = list(model_parameters)
+            if items and isinstance(items[0], tuple) and len(items[0]) == 2 and torch.is_tensor(items[0][1]):
+                items = [p for _, p in items]  # model.named_parameters()
+            src = items if items and isinstance(items[0], dict) else [{"params": items}]
+        own = {id(p) for p in self.module.parameters()}
+        seen, groups = set(), []
+        for g in src:
+            params = [p for p in (g["params"] if isinstance(g["params"], (list, tuple)) else list(g["params"]))
+                      if p.requires_grad and id(p) not in seen]
+            for p in params:
+                if id(p) not in own:
+                    raise ConfigError("model_parameters contains a tensor that is not a parameter of the model; "
+                                      "pass model.parameters() (or groups of them).")
+                seen.add(id(p))
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
+        return [g for g in groups if g["params"]]
+
+    def _param_names(self, groups) -> list:
+        by_id = {id(p): n for n, p in self.module.named_parameters()}
+        return [[by_id[id(p)] for p in g["params"]] for g in groups]
+
+    def _build_scheduler(self, client):
+        if client is not None and self._config.scheduler_name is not None:
+            raise ConfigError("an lr scheduler was given both in the config and as lr_scheduler=; pass only one.")
+        if self._config.scheduler_name is not None:
+            return build_scheduler(self._config.scheduler_name, self._config.scheduler_params, self.optimizer)
+        if client is None:
+            return None
+        if callable(client) and not hasattr(client, "step"):
+            return client(self.optimizer)
+        return client
+
+    def _describe(self) -> str:
+        n = sum(p.numel() for ps in self._model_params for p in ps)
+        return (f"device={self.device} dtype={self.dtype} params={n} stage={self._config.zero_stage} "
+                f"offload={self._config.offload_device} pinned={bool(self.offload and self.offload.pinned)} "
+                f"optimizer={type(self.optimizer).__name__} batch={self.train_batch_size()} "
+                f"micro={self.train_micro_batch_size_per_gpu()} gas={self._gas}")
+
+    def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
+        """A DataLoader over ``dataset`` with the micro-batch size (DeepSpeed's name)."""
+        gen = None
+        if self._config.top["seed"] is not None:
+            gen = torch.Generator().manual_seed(int(self._config.top["seed"]))
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(), shuffle=shuffle,
+            collate_fn=collate_fn, drop_last=bool(self._config.top["dataloader_drop_last"]), generator=gen)
+
+    # -- DeepSpeed's query API ------------------------------------------------------------------
+    def train_batch_size(self) -> int:
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._gas
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def get_lr(self) -> list:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._global_grad_norm
+
+    def fp16_enabled(self) -> bool:
+        return self._config.fp16_enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self._config.bf16_enabled
+
+    def zero_optimization_stage(self) -> int:
+        return self._config.zero_stage
+
+    def zero_cpu_offload(self) -> bool:
+        return self._config.offloaded
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale
+
+    def was_step_applied(self) -> bool:
+        """False when the last optimizer step was skipped (fp16 overflow), as in DeepSpeed."""
+        return not self._last_overflow
+
+    # -- training ---------------------------------------------------------------------------------
+    def forward(self, *inputs, **kwargs):
+        if self._config.fp16["auto_cast"]:
+            inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
+        return self.module(*inputs, **kwargs)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        """Backward of one micro-batch; returns the loss as averaged over the accumulation."""
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise ValueError("engine.backward(loss) needs the scalar loss tensor of the micro-batch")
+        if scale_wrt_gas and self._gas > 1:
+            loss = loss / self._gas
+        scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
+        if self.offload is not None:
+            self.offload.arm(self.is_gradient_accumulation_boundary())
+        try:
+            scaled.backward(retain_graph=retain_graph)
+        finally:
+            if self.offload is not None:
+                self.offload.flush()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for ps in self._model_params:
+            for p in ps:
+                p.grad = None
+        if self._lowp_masters:
+            for ms in self._masters:
+                for m in ms:
+                    m.grad = None
+
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        """Ends a micro-batch; on the accumulation boundary runs the optimizer."""
+        if self.is_gradient_accumulation_boundary():
+            self._take_model_step(lr_kwargs)
+        self.micro_steps += 1
+
+    def _take_model_step(self, lr_kwargs) -> None:
+        inv_scale = 1.0 / self.loss_scaler.loss_scale
+        if self.offload is not None:
+            grads = self.offload.gather_grads()
+            flat = [g for row in grads for g in row]
+            sumsq, nonfinite = self._host.grad_stats(flat, inv_scale)
+        else:
+            grads = self._device_grads()
+            flat = [g for row in grads for g in row]
+            sumsq, nonfinite = torch_grad_stats(flat, inv_scale)
+        overflow = nonfinite and self._skip_nonfinite
+        self._last_overflow = overflow
+        self.loss_scaler.update_scale(overflow)
+        if overflow:
+            self.skipped_steps += 1
+            self._global_grad_norm = None
+            log.info("zspeed: step %d skipped: gradient overflow; loss scale now %g", self.global_steps,
+                     self.loss_scaler.loss_scale)
+        else:
+            norm = math.sqrt(sumsq) if math.isfinite(sumsq) else float("nan")
+            self._global_grad_norm = norm
+            coef = 1.0
+            if self._clip > 0 and norm > self._clip:
+                coef = self._clip / (norm + 1e-6)
+            factor = inv_scale * coef
+            if self.offload is not None:
+                off = self.offload
+                off.wait_host_buffers()
+                for chunk in off.chunks:
+                    self._host.step(off.select(grads, chunk), factor, off.lowp_out)
+                    off.write_back(chunk)
+                off.end_write_back()
+            else:
+                self._device_step(grads, factor)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        if self.offload is not None:
+            self.offload.release_grads()
+        self.zero_grad()
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+        spp = self._config.top["steps_per_print"]
+        if spp and self.global_steps % spp == 0:
+            log.info("step=%d lr=%s loss_scale=%g grad_norm=%s skipped=%d", self.global_steps, self.get_lr(),
+                     self.loss_scaler.loss_scale, self._global_grad_norm, self.skipped_steps)
+
+    def _device_grads(self) -> list:
+        out = []
+        for ps, ms in zip(self._model_params, self._masters):
+            row = []
+            for p, m in zip(ps, ms):
+                if p.grad is None:
+                    m.grad = None
+                    continue
+                if self._lowp_masters:
+                    m.grad = p.grad.detach().float()
+                    row.append(m.grad)
+                else:
+                    row.append(p.grad)
+            out.append(row)
+        return out
+
+    def _device_step(self, grads, factor: float) -> None:
+        flat = [g for row in grads for g in row]
+        if factor != 1.0 and flat:
+            torch._foreach_mul_(flat, factor)
+        self.optimizer.step()
+        if self._lowp_masters:
+            with torch.no_grad():
+                for ps, ms in zip(self._model_params, self._masters):
+                    for p, m in zip(ps, ms):
+                        p.data.copy_(m)
+
+    # -- checkpoints (see checkpoint.py) ------------------------------------------------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False) -> bool:
+        from .checkpoint import save_checkpoint
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                               save_latest=save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False):
+        from .checkpoint import load_checkpoint
+        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+                               load_optimizer_states=load_optimizer_states and not load_module_only,
+                               load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only)
+
+    # -- internals used by checkpoint.py -------------------------------------------------------------
+    def _master_named(self) -> dict:
+        """name -> fp32 master tensor (shaped like the parameter)."""
+        out = {}
+        for names, ps, ms in zip(self._names, self._model_params, self._masters):
+            for n, p, m in zip(names, ps, ms):
+                out[n] = m.view(p.shape) if m.shape != p.shape else m
+        return out
+
+    def _after_master_load(self) -> None:
+        if self.offload is not None:
+            self.offload.reload_from_masters()
+        elif self._lowp_masters:
+            with torch.no_grad():
+                for ps, ms in zip(self._model_params, self._masters):
+                    for p, m in zip(ps, ms):
+                        p.data.copy_(m)
+
+
+def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, distributed_port: int | None = None, mpu=None,
+               dist_init_required: bool | None = None, collate_fn=None, config=None, config_params=None,
+               mesh_param=None):
+    """DeepSpeed's ``deepspeed.initialize``: returns (engine, optimizer, dataloader, lr_scheduler).
+
+    ``config`` is a dict or a JSON path; ``args.deepspeed_config`` is honoured;
+    ``config_params`` is DeepSpeed's older name for ``config``."""
+    del distributed_port, dist_init_required  # one process: there is nothing to initialize
+    if mpu is not None or mesh_param is not None:
+        raise ConfigError("model parallelism (mpu / mesh_param) is not supported by zspeed yet.")
+    if config is not None and config_params is not None:
+        raise ConfigError("pass the config once: config= or config_params=, not both.")
+    cfg = parse_config(config if config is not None else config_params, args=args)
+    if cfg.top["seed"] is not None:
+        torch.manual_seed(int(cfg.top["seed"]))
+    engine = ZSpeedEngine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,
+                          lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -1,0 +1,103 @@
+"""fp16 loss scaling with DeepSpeed's rules.
+
+Dynamic scaling (fp16.loss_scale = 0) starts at 2**initial_scale_power. On a
+step whose gradients overflow (inf/nan), the step is skipped and, once the
+hysteresis budget is spent, the scale is divided by 2 (never below
+min_loss_scale). After loss_scale_window consecutive steps without overflow the
+scale is doubled. With consecutive_hysteresis the budget is refilled on every
+good step; otherwise only when the scale grows. A static scale never changes,
+but overflowing steps are still skipped.
+"""
+from __future__ import annotations
+
+from .._native import ZSpeedError
+
+__all__ = ["LossScaler", "DynamicLossScaler", "LossScaleError", "build_loss_scaler"]
+
+
+class LossScaleError(ZSpeedError, RuntimeError):
+    """The dynamic loss scale cannot go lower: training has diverged."""
+
+
+class LossScaler:
+    """Static (or unit) scale: the loss is multiplied by a constant."""
+
+    dynamic = False
+
+    def __init__(self, scale: float = 1.0):
+        self.cur_scale = float(scale)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.cur_scale
+
+    def update_scale(self, overflow: bool) -> None:
+        del overflow  # a static scale does not react
+
+    def state_dict(self) -> dict:
+        return {"cur_scale": self.cur_scale}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.cur_scale = float(sd["cur_scale"])
+
+
+class DynamicLossScaler(LossScaler):
+    dynamic = True
+
+    def __init__(self, init_scale: float = 2.0 ** 16, scale_factor: float = 2.0, scale_window: int = 1000,
+                 min_scale: float = 1.0, delayed_shift: int = 2, consecutive_hysteresis: bool = False,
+                 raise_error_at_min_scale: bool = True):
+        super().__init__(init_scale)
+        self.scale_factor = float(scale_factor)
+        self.scale_window = int(scale_window)
+        self.min_scale = float(min_scale)
+        self.delayed_shift = int(delayed_shift)
+        self.cur_hysteresis = int(delayed_shift)
+        self.consecutive_hysteresis = bool(consecutive_hysteresis)
+        self.raise_error_at_min_scale = raise_error_at_min_scale
+        self.cur_iter = 0
+        self.last_overflow_iter = -1
+
+    def update_scale(self, overflow: bool) -> None:
+        if overflow:
+            if self.delayed_shift == 1 or self.cur_hysteresis == 1:
+                if self.cur_scale == self.min_scale and self.raise_error_at_min_scale:
+                    raise LossScaleError(
+                        f"gradients overflowed with the loss scale already at its minimum "
+                        f"({self.min_scale:g}): training has diverged (inf/nan in the gradients at any "
+                        f"scale). Lower the learning rate, enable gradient_clipping, or use bf16.")
+                self.cur_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow_iter = self.cur_iter
+        else:
+            if self.consecutive_hysteresis:
+                self.cur_hysteresis = self.delayed_shift
+            if (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
+                if not self.consecutive_hysteresis:
+                    self.cur_hysteresis = self.delayed_shift
+                self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+
+    def state_dict(self) -> dict:
+        return {"cur_scale": self.cur_scale, "cur_iter": self.cur_iter,
+                "last_overflow_iter": self.last_overflow_iter, "cur_hysteresis": self.cur_hysteresis}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.cur_scale = float(sd["cur_scale"])
+        self.cur_iter = int(sd["cur_iter"])
+        self.last_overflow_iter = int(sd["last_overflow_iter"])
+        self.cur_hysteresis = int(sd["cur_hysteresis"])
+
+
+def build_loss_scaler(fp16: dict) -> LossScaler:
+    """The scaler for a validated fp16 config section (unit scale when fp16 is off)."""
+    if not fp16["enabled"]:
+        return LossScaler(1.0)
+    if float(fp16["loss_scale"]) != 0.0:
+        return LossScaler(float(fp16["loss_scale"]))
+    return DynamicLossScaler(init_scale=2.0 ** fp16["initial_scale_power"],
+                             scale_window=fp16["loss_scale_window"],
+                             min_scale=float(fp16["min_loss_scale"]),
+                             delayed_shift=fp16["hysteresis"],
+                             consecutive_hysteresis=fp16["consecutive_hysteresis"])

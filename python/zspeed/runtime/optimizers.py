@@ -1,0 +1,214 @@
+"""Builds the optimizer that updates the fp32 master weights.
+
+Two families, chosen by the engine:
+- on the device (offload_optimizer.device = none): torch's own AdamW/Adam/Adagrad
+  (fused on GPU), or TorchLion below;
+- on the CPU (offload): zspeed's native CPUAdam/CPUAdagrad/CPULion (libzspeed), or
+  torch's optimizers when the config says ``"torch_adam": true`` (DeepSpeed's key for
+  "use torch's Adam instead of the DeepSpeed kernel"), or the client's optimizer class
+  when ``zero_force_ds_cpu_optimizer`` is false.
+
+Whatever runs on the CPU is wrapped in :class:`HostOptimizer`, whose single
+``step(grads, grad_scale, lowp_out)`` is the one call the offloaded step makes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .config import ConfigError
+
+__all__ = ["TorchLion", "build_device_optimizer", "build_host_optimizer", "HostOptimizer",
+           "rebuild_like"]
+
+
+class TorchLion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023) in plain torch, for the non-offloaded path.
+
+    update = sign(beta1 * m + (1 - beta1) * g); p -= lr * (update + wd * p);
+    m = beta2 * m + (1 - beta2) * g."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["exp_avg"] = torch.zeros_like(p)
+                m = st["exp_avg"]
+                upd = (m * b1).add_(p.grad, alpha=1 - b1).sign_()
+                if group["weight_decay"]:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(upd, alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+        return loss
+
+
+def _torch_family(name: str, params: dict, groups, fused):
+    if name in ("Adam", "AdamW"):
+        if params.get("bias_correction", True) is False:
+            raise ConfigError("optimizer.params.bias_correction false is only implemented by zspeed's "
+                              "native CPU Adam (offload_optimizer.device cpu without torch_adam).")
+        cls = torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
+        return cls(groups, lr=params["lr"], betas=tuple(params["betas"]), eps=params["eps"],
+                   weight_decay=params["weight_decay"], amsgrad=params.get("amsgrad", False), fused=fused)
+    if name == "Adagrad":
+        return torch.optim.Adagrad(groups, lr=params["lr"], lr_decay=params["lr_decay"],
+                                   weight_decay=params["weight_decay"], eps=params["eps"],
+                                   initial_accumulator_value=params["initial_accumulator_value"])
+    if name == "Lion":
+        return TorchLion(groups, lr=params["lr"], betas=params["betas"], weight_decay=params["weight_decay"])
+    raise ConfigError(f"internal: unexpected optimizer {name!r}")  # config validation prevents this
+
+
+def build_device_optimizer(name: str, params: dict, groups, device: torch.device):
+    """torch optimizer over master weights that live on ``device``."""
+    fused = params.get("fused")
+    if fused is None:
+        fused = True if device.type == "cuda" and name in ("Adam", "AdamW") else None
+    return _torch_family(name, params, groups, fused)
+
+
+def rebuild_like(client: torch.optim.Optimizer, master_groups: list) -> torch.optim.Optimizer:
+    """The client's optimizer class and per-group settings, over the master weights."""
+    groups = []
+    for g, masters in zip(client.param_groups, master_groups):
+        d = {k: v for k, v in g.items() if k != "params"}
+        d["params"] = masters
+        groups.append(d)
+    try:
+        return type(client)(groups)
+    except TypeError as e:
+        raise ConfigError(f"cannot re-create the client optimizer {type(client).__name__} over zspeed's "
+                          f"fp32 master weights ({e}); configure the optimizer in the config's "
+                          f"'optimizer' section instead.") from None
+
+
+def _cpu_fused_supported() -> bool | None:
+    try:
+        torch.optim.AdamW([torch.zeros(1)], fused=True)
+        return True
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _native_ops():
+    try:
+        from ..ops import adagrad, adam, lion  # noqa: F401  (zspeed.ops needs libzspeed)
+        from ..ops import grad_stats
+    except ImportError as e:
+        raise ConfigError(
+            f"offload_optimizer.device 'cpu' uses zspeed's native CPU optimizers, which are not "
+            f"available ({e}). Build libzspeed (cmake -S . -B build && cmake --build build) or set "
+            f"ZSPEED_LIBRARY, or add \"torch_adam\": true to optimizer.params to run torch's "
+            f"optimizer on the CPU instead.") from None
+    return adam, adagrad, lion, grad_stats
+
+
+class HostOptimizer:
+    """The CPU optimizer of the offloaded step: one object, one call.
+
+    ``step(grads, grad_scale, lowp_out)``: grads is a list (per group) of lists of
+    contiguous CPU tensors (any float dtype, the numel of the matching master);
+    every gradient is multiplied by grad_scale first; lowp_out (or None) is a list
+    of lists of bf16/fp16 tensors that receive the updated weights."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, native: bool, grad_stats=None):
+        self.optimizer = optimizer
+        self.native = native
+        self._grad_stats = grad_stats
+        self._gbufs: list | None = None  # fp32 gradient buffers of the torch fallback
+
+    def grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
+        """(sum of squares of scale*g over all tensors, any non-finite value)."""
+        if self._grad_stats is not None:
+            s, bad = self._grad_stats(tensors, scale=scale)
+            return float(s), bool(bad)
+        return torch_grad_stats(tensors, scale)
+
+    def step(self, grads: list, grad_scale: float, lowp_out: list | None) -> None:
+        if self.native:
+            self.optimizer.step(grads=grads, grad_scale=float(grad_scale), fp16_param_groups=lowp_out)
+            return
+        if self._gbufs is None:
+            self._gbufs = [[torch.empty_like(m) for m in g["params"]] for g in self.optimizer.param_groups]
+        for group, gl, bufs in zip(self.optimizer.param_groups, grads, self._gbufs):
+            for m, g, b in zip(group["params"], gl, bufs):
+                if g is None:  # not in this chunk: torch's optimizers skip params without .grad
+                    m.grad = None
+                    continue
+                b.copy_(g.view(b.shape))
+                if grad_scale != 1.0:
+                    b.mul_(grad_scale)
+                m.grad = b
+        self.optimizer.step()
+        for group in self.optimizer.param_groups:
+            for m in group["params"]:
+                m.grad = None
+        if lowp_out is not None:
+            for group, outs, gl in zip(self.optimizer.param_groups, lowp_out, grads):
+                for m, o, g in zip(group["params"], outs, gl):
+                    if g is not None:
+                        o.copy_(m.view(o.shape))
+
+
+def torch_grad_stats(tensors: list, scale: float) -> tuple[float, bool]:
+    """Sum of squares of scale*g (per-tensor fp32 norms, summed in float64) and non-finiteness.
+
+    vector_norm with dtype=float32 accumulates low-precision tensors in fp32 without
+    materializing an fp32 copy of each gradient."""
+    if not tensors:
+        return 0.0, False
+    norms = [torch.linalg.vector_norm(t, 2, dtype=torch.float32) for t in tensors]
+    total = torch.stack(norms).to(torch.float64).square().sum().item() * float(scale) ** 2
+    return total, not math.isfinite(total)
+
+
+def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
+                         client: torch.optim.Optimizer | None, force_native: bool,
+                         num_threads: int | None = None) -> HostOptimizer:
+    """The optimizer over CPU master weights (see the module docstring)."""
+    if client is not None:
+        if force_native:
+            raise ConfigError(
+                f"a client optimizer ({type(client).__name__}) was passed to zspeed.initialize with "
+                f"offload_optimizer.device 'cpu': configure the optimizer in the config's 'optimizer' "
+                f"section so zspeed can run its CPU kernel, or set \"zero_force_ds_cpu_optimizer\": false "
+                f"to run your optimizer's class on the CPU.")
+        return HostOptimizer(rebuild_like(client, [g["params"] for g in master_groups]), native=False)
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"]} for g in master_groups]
+    if params.get("torch_adam"):
+        # torch's fused CPU Adam/AdamW kernel (torch >= 2.4) is its fastest on the CPU.
+        fused = params.get("fused")
+        if fused is None and name in ("Adam", "AdamW"):
+            fused = _cpu_fused_supported()
+        return HostOptimizer(_torch_family(name, params, groups, fused), native=False)
+    adam, adagrad, lion, grad_stats = _native_ops()
+    if name in ("Adam", "AdamW"):
+        opt: Any = adam.CPUAdam(groups, lr=params["lr"], bias_correction=params["bias_correction"],
+                                betas=tuple(params["betas"]), eps=params["eps"],
+                                weight_decay=params["weight_decay"], amsgrad=False,
+                                adamw_mode=params["adam_w_mode"], state_dtype=params["state_dtype"],
+                                num_threads=num_threads)
+    elif name == "Adagrad":
+        opt = adagrad.CPUAdagrad(groups, lr=params["lr"], lr_decay=params["lr_decay"],
+                                 weight_decay=params["weight_decay"],
+                                 initial_accumulator_value=params["initial_accumulator_value"],
+                                 eps=params["eps"], num_threads=num_threads)
+    else:
+        opt = lion.CPULion(groups, lr=params["lr"], betas=tuple(params["betas"]),
+                           weight_decay=params["weight_decay"], num_threads=num_threads)
+    return HostOptimizer(opt, native=True,
+                         grad_stats=lambda ts, scale: grad_stats(ts, scale=scale, num_threads=num_threads))

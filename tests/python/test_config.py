@@ -1,0 +1,230 @@
+"""Config parsing: batch derivation, defaults, and every error path."""
+import json
+
+import pytest
+
+from zspeed.runtime.config import ConfigError, parse_config, schema_rows
+from zspeed import ZSpeedError
+
+
+def ok(cfg, **kw):
+    return parse_config(cfg, world_size=kw.pop("world_size", 1))
+
+
+def err(cfg, *needles, world_size=1):
+    with pytest.raises(ConfigError) as ei:
+        parse_config(cfg, world_size=world_size)
+    msg = str(ei.value)
+    for n in needles:
+        assert n in msg, f"{n!r} not in {msg!r}"
+    return msg
+
+
+# -- batch derivation (DeepSpeed's rule: tb = mb * gas * ws) -----------------------------------
+@pytest.mark.parametrize("given,expect", [
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, (32, 4, 8)),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 4}, (32, 8, 4)),
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8}, (32, 4, 8)),
+    ({"train_batch_size": 16}, (16, 16, 1)),
+    ({"train_micro_batch_size_per_gpu": 5}, (5, 5, 1)),
+    ({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 4},
+     (12, 3, 4)),
+])
+def test_batch_derivation(given, expect):
+    c = ok(given)
+    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == expect
+
+
+def test_batch_inconsistent_names_all_numbers():
+    err({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2},
+        "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size",
+        "16 != 3 * 2 * 1")
+
+
+def test_batch_missing_and_nonpositive():
+    err({}, "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
+    err({"gradient_accumulation_steps": 2}, "needs to be provided")
+    err({"train_batch_size": 0}, "train_batch_size", "must be > 0")
+    err({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 4}, "gradient_accumulation_steps: 0")
+
+
+def test_world_size_refused(monkeypatch):
+    err({"train_batch_size": 8}, "world size is 2", "later release", world_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="world size is 4"):
+        parse_config({"train_batch_size": 8})
+    monkeypatch.setenv("WORLD_SIZE", "x")
+    with pytest.raises(ConfigError, match="not an integer"):
+        parse_config({"train_batch_size": 8})
+
+
+# -- unknown keys ----------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg,needles", [
+    ({"train_batch_sise": 4}, ["'train_batch_sise'", "top level", "'train_batch_size'"]),
+    ({"train_batch_size": 4, "optimzer": {}}, ["'optimzer'", "'optimizer'"]),
+    ({"train_batch_size": 4, "fp16": {"enable": True}}, ["'enable'", "section 'fp16'", "'enabled'"]),
+    ({"train_batch_size": 4, "zero_optimization": {"stage": 2, "overlap_com": True}},
+     ["'overlap_com'", "section 'zero_optimization'", "'overlap_comm'"]),
+    ({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"devices": "cpu"}}},
+     ["'devices'", "zero_optimization.offload_optimizer", "'device'"]),
+    ({"train_batch_size": 4, "aio": {"queue_dept": 8}}, ["'queue_dept'", "section 'aio'", "'queue_depth'"]),
+    ({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"learning_rate": 1}}},
+     ["'learning_rate'", "optimizer.params"]),
+    ({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"warmup_max": 1}}},
+     ["'warmup_max'", "scheduler.params", "'warmup_max_lr'"]),
+    ({"train_batch_size": 4, "checkpoint": {"tag_validaton": "Warn"}}, ["'tag_validation'"]),
+    ({"Train_Batch_Size": 4}, ["'train_batch_size'"]),
+    ({"train_batch_size": 4, "xyzzy": 1}, ["'xyzzy'", "Known keys here"]),
+])
+def test_unknown_keys(cfg, needles):
+    err(cfg, *needles)
+
+
+@pytest.mark.parametrize("key,where", [
+    ("windows_specific", None), ("windows_io_optimization", None), ("linux_aio_tuning", None),
+    ("platform", None), ("windows_specific", "aio"), ("windows_io_optimization", "zero_optimization"),
+])
+def test_platform_keys(key, where):
+    cfg = {"train_batch_size": 4}
+    if where:
+        cfg[where] = {key: True}
+    else:
+        cfg[key] = {"enabled": True}
+    err(cfg, f"'{key}'", "zspeed needs no platform-specific keys", f"Remove '{key}'")
+
+
+def test_unsupported_deepspeed_sections():
+    err({"train_batch_size": 4, "amp": {"enabled": True}}, "'amp'", "not supported by zspeed")
+    err({"train_batch_size": 4, "tensorboard": {"enabled": True}}, "tensorboard", "\"enabled\": false")
+    ok({"train_batch_size": 4, "tensorboard": {"enabled": False}, "wandb": {"enabled": False}})
+    err({"train_batch_size": 4, "pipeline": {}}, "'pipeline'", "not supported")
+
+
+# -- types, choices, values --------------------------------------------------------------------
+def test_type_and_value_errors():
+    err({"train_batch_size": "8"}, "'train_batch_size'", "wrong type", "an integer")
+    err({"train_batch_size": True}, "wrong type")
+    err({"train_batch_size": 4, "gradient_clipping": -1}, "gradient_clipping", ">= 0")
+    err({"train_batch_size": 4, "fp16": {"enabled": "yes"}}, "fp16.enabled", "true/false")
+    err({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}}, "two numbers")
+    err({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.5]}}}, "[0, 1)")
+    err({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"eps": 0}}}, "eps", "> 0")
+    err({"train_batch_size": 4, "fp16": []}, "must be an object")
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 5}}, "not one of")
+    err({"train_batch_size": 4, "checkpoint": {"tag_validation": "warn"}}, "'Warn'")
+
+
+def test_optimizer_and_scheduler_types():
+    c = ok({"train_batch_size": 4, "optimizer": {"type": "adamw", "params": {"lr": 3e-4}}})
+    assert c.optimizer_name == "AdamW" and c.optimizer_params["lr"] == 3e-4
+    assert c.optimizer_params["betas"] == [0.9, 0.999] and c.optimizer_params["adam_w_mode"] is True
+    c = ok({"train_batch_size": 4, "optimizer": {"type": "Lion"}})
+    assert c.optimizer_params == {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.0, "torch_adam": False}
+    err({"train_batch_size": 4, "optimizer": {"type": "Adamm"}}, "unknown optimizer type 'Adamm'", "'Adam'")
+    err({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam"}}, "does not implement")
+    err({"train_batch_size": 4, "optimizer": {"params": {}}}, "needs a 'type'")
+    err({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}},
+        "contradictory")
+    err({"train_batch_size": 4, "scheduler": {"type": "WarmupCosine"}}, "'WarmupCosineLR'")
+    err({"train_batch_size": 4, "scheduler": {"type": "LRRangeTest"}}, "not supported")
+    err({"train_batch_size": 4, "scheduler": {"type": "WarmupDecayLR", "params": {}}}, "total_num_steps")
+    err({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1}}},
+        "cycle_max_lr")
+    err({"train_batch_size": 4, "scheduler": {"params": {}}}, "needs a 'type'")
+    c = ok({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})
+    assert c.scheduler_params["warmup_type"] == "log" and c.scheduler_params["warmup_max_lr"] is None
+
+
+def test_zero_and_offload_rules():
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 3}}, "stage 3", "not yet")
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
+        "'nvme' is not yet supported", "later")
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
+        "not one of")
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
+        "stage 1 or 2")
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer":
+                                                      {"device": "cpu", "ratio": 0.5}}}, "ratio")
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+        "stage 3")
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+         "optimizer": {"type": "Adam", "params": {"amsgrad": True}}}, "amsgrad")
+    c = ok({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload": True}})
+    assert c.offloaded and c.offload["pin_memory"] is False and c.offload["buffer_count"] == 4
+    c = ok({"train_batch_size": 4, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu",
+                                                                                          "pin_memory": True}}})
+    assert c.offloaded and c.zero_stage == 1 and c.offload["pin_memory"]
+
+
+def test_precision_rules():
+    err({"train_batch_size": 4, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, "choose one")
+    err({"train_batch_size": 4, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}},
+        "not supported")
+    err({"train_batch_size": 4, "fp16": {"auto_cast": True}}, "auto_cast needs")
+    c = ok({"train_batch_size": 4, "fp16": {"enabled": True}})
+    assert c.dynamic_loss_scale and c.fp16["initial_scale_power"] == 16 and c.fp16["hysteresis"] == 2
+    assert c.fp16["loss_scale_window"] == 1000 and c.fp16["min_loss_scale"] == 1
+    c = ok({"train_batch_size": 4, "bfloat16": {"enabled": True}})
+    assert c.bf16_enabled
+    err({"train_batch_size": 4, "bf16": {"enabled": True}, "bfloat16": {"enabled": True}}, "both")
+
+
+def test_aio_and_checkpoint():
+    c = ok({"train_batch_size": 4, "aio": {"thread_count": 3}})
+    assert c.aio["intra_op_parallelism"] == 3 and "thread_count" not in c.aio
+    assert c.aio["block_size"] == 1048576 and c.aio["queue_depth"] == 8 and c.aio["overlap_events"]
+    err({"train_batch_size": 4, "aio": {"use_gds": True}}, "GPUDirect")
+    err({"train_batch_size": 4, "checkpoint": {"load_universal": True}}, "load_universal")
+
+
+# -- HF "auto" ---------------------------------------------------------------------------------
+def test_auto_values():
+    c = ok({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto",
+                                                                         "stage3_prefetch_bucket_size": "auto"}})
+    assert (c.train_batch_size, c.gradient_accumulation_steps) == (4, 1)
+    assert c.zero["reduce_bucket_size"] == 500000000
+    assert "train_batch_size" in c.auto_keys
+    err({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}, "needs to be provided",
+        "\"auto\"")
+    err({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}},
+        "'optimizer.params.lr' is \"auto\"", "Hugging Face")
+    err({"train_batch_size": 4, "gradient_clipping": "auto"}, "'gradient_clipping' is \"auto\"")
+    err({"train_batch_size": 4, "fp16": {"enabled": "auto"}}, "'fp16.enabled' is \"auto\"")
+    err({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}},
+        "warmup_num_steps")
+
+
+# -- sources ----------------------------------------------------------------------------------
+def test_json_path_and_args(tmp_path):
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps({"train_batch_size": 8, "gradient_accumulation_steps": 2}))
+    assert parse_config(str(p), world_size=1).train_micro_batch_size_per_gpu == 4
+
+    class Args:
+        deepspeed_config = str(p)
+    assert parse_config(None, args=Args(), world_size=1).train_batch_size == 8
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_config({"train_batch_size": 8}, args=Args(), world_size=1)
+    with pytest.raises(ConfigError, match="no DeepSpeed config"):
+        parse_config(None, world_size=1)
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse_config(str(tmp_path / "missing.json"), world_size=1)
+    (tmp_path / "bad.json").write_text("{\"train_batch_size\": 8,")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        parse_config(str(tmp_path / "bad.json"), world_size=1)
+    with pytest.raises(ConfigError, match="must be a dict"):
+        parse_config(42, world_size=1)
+    assert issubclass(ConfigError, ZSpeedError)
+
+
+def test_schema_documents_every_key():
+    rows = schema_rows()
+    paths = {r[0] for r in rows}
+    for p in ("train_batch_size", "fp16.loss_scale_window", "zero_optimization.offload_optimizer.pin_memory",
+              "aio.intra_op_parallelism", "WarmupCosineLR.params.cos_min_ratio", "adam.params.betas"):
+        assert p in paths
+    assert all(r[3] for r in rows), "every key has a meaning"
+    d = ok({"train_batch_size": 4, "optimizer": {"type": "Adam"}}).to_dict()
+    json.dumps(d)
+    assert d["optimizer"]["params"]["lr"] == 1e-3
