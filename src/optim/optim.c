@@ -161,6 +161,12 @@ static int pick(const char *fn, const zs__optim_kernels **k) {
     return 0;
   }
 #endif
+#ifdef ZS__OPTIM_NEON
+  if (level == ZS_SIMD_NEON) {
+    *k = &zs__optim_neon;
+    return 0;
+  }
+#endif
   *k = &zs__optim_scalar;
   return 0;
 }

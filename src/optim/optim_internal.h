@@ -71,6 +71,10 @@ extern const zs__optim_kernels zs__optim_scalar;
 extern const zs__optim_kernels zs__optim_avx2;
 extern const zs__optim_kernels zs__optim_avx512;
 #endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+#  define ZS__OPTIM_NEON 1
+extern const zs__optim_kernels zs__optim_neon;
+#endif
 
 /* Bytes per element of a (non-Q8) dtype. */
 static inline size_t zs__dtype_size(int dt) {

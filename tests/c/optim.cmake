@@ -3,6 +3,6 @@
 # kernels refuse it with ZS_ESIMD.
 zs_test_binary(test_optim)
 zs_add_test(test_optim)
-foreach(level scalar avx2 avx512)
+foreach(level scalar avx2 avx512 neon)
   zs_add_test(test_optim VARIANT ${level} ENV ZSPEED_SIMD=${level})
 endforeach()

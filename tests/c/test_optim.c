@@ -506,13 +506,13 @@ static void thread_count_determinism(void) {
 }
 
 static void isa_bit_identical(void) {
-  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  static const char *levels[] = {"scalar", "avx2", "avx512", "neon"};
   const char *env = zs__getenv("ZSPEED_SIMD");
   int kind, li;
   REQUIRE_LEVEL();
   for (kind = 0; kind < 4; kind++) {
     uint64_t ref = 0, got = 0, seed = zt_rand() | 1;
-    for (li = 0; li < 3; li++) {
+    for (li = 0; li < 4; li++) {
       if (zs_simd_force(levels[li]) != 0) continue; /* CPU lacks it */
       g_state = seed;
       ZT_OK(run_kind(kind, 40003, 2, li == 0 ? &ref : &got));
