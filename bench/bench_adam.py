@@ -6,6 +6,16 @@ copy measured in the same run.
 
     python bench/bench_adam.py --threads 16 --n 268435456
 
+Cases are timed round-robin (one step of each per round) so load changes on
+a shared machine hit all alike; all cases are allocated at once (about
+110 bytes per param in total: ~30 GB at N = 2^28).
+
+torch's OpenMP workers busy-wait for a while after every torch operation
+(libgomp's default wait policy); zspeed's own threads then share the cores
+with spinning threads. DeepSpeed's cpu_adam uses OpenMP itself and so reuses
+those threads. --omp-passive makes them sleep instead; RESULTS.md reports
+both.
+
 Run from the repository root after building (cmake ... && cmake --build
 build); it finds build/libzspeed.so itself (or set ZSPEED_LIBRARY). Needs
 numpy and torch; DeepSpeed is optional (pip install deepspeed; its cpu_adam
@@ -38,6 +48,10 @@ def parse():
     ap.add_argument("--steps", type=int, default=10, help="timed steps per case")
     ap.add_argument("--no-deepspeed", action="store_true",
                     help="skip DeepSpeed's cpu_adam")
+    ap.add_argument("--omp-passive", action="store_true",
+                    help="set OMP_WAIT_POLICY=PASSIVE before importing torch, "
+                         "so torch's idle OpenMP workers sleep instead of "
+                         "spinning on the cores zspeed's threads need")
     ap.add_argument("--cases", default="all",
                     help="comma list of case names to run (default all)")
     return ap.parse_args()
@@ -47,6 +61,8 @@ def main():
     args = parse()
     # The default zspeed pool is sized when the library first runs a step.
     os.environ.setdefault("ZSPEED_NUM_THREADS", str(args.threads))
+    if args.omp_passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     sys.path.insert(0, str(ROOT / "python"))
     lib = ROOT / "build" / "libzspeed.so"
     if "ZSPEED_LIBRARY" not in os.environ and lib.is_file():
@@ -60,7 +76,8 @@ def main():
     simd = zlib.zs_simd_name(zlib.zs_simd_level()).decode()
     print(f"# bench_adam: threads={args.threads} steps={args.steps} "
           f"zspeed simd={simd} cpu={zlib.zs_cpu_model().decode()} "
-          f"torch={torch.__version__} date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"torch={torch.__version__} "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')} date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
     ds_cls, ds_why = None, "skipped (--no-deepspeed)"
     if not args.no_deepspeed:
@@ -73,27 +90,9 @@ def main():
         except Exception as e:  # any import or JIT-build failure: skip, say why
             ds_why = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
-    def timeit(fn, steps):
-        fn()  # warm-up (allocates lazily created state)
-        ts = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
-
     wanted = None if args.cases == "all" else set(args.cases.split(","))
     for n in args.n:
         print(f"\n## N = {n} ({n / 2**20:.0f} Mi params)")
-        src = torch.rand(n)
-        dst = torch.empty(n)
-        dst.copy_(src)
-        t = timeit(lambda: dst.copy_(src), args.steps)
-        copy_gbs = 8 * n / t / 1e9
-        del src, dst
-        print(f"copy (STREAM-like, torch copy_, 8 B/elem): {copy_gbs:.2f} GB/s")
-        print(f"{'case':44s} {'Gparam/s':>9s} {'GB/s':>7s} {'%copy':>6s} "
-              f"{'vs fused':>8s} {'ms/step':>8s}")
         results = {}
 
         def report(name, sec, bpp):
@@ -146,12 +145,33 @@ def main():
         cases.append(("offload: torch fused + 2 casts (bf16 in/out)", 28, offload_torch))
         cases.append(("offload: zspeed bf16 in -> fp32 -> bf16 out", 28, offload_zspeed))
 
+        def copy_case():
+            src = torch.rand(n)
+            dst = torch.empty(n)
+            return lambda: dst.copy_(src)
+
+        cases.insert(0, ("copy", 8, copy_case))
+        cases = [c for c in cases if c[0] == "copy" or not wanted or c[0] in wanted]
+        # All cases live at once and are timed round-robin, one step each per
+        # round, so a load change on a shared machine hits every case alike.
+        fns = []
         for name, bpp, make in cases:
-            if wanted and name not in wanted:
-                continue
             fn = make()
-            report(name, timeit(fn, args.steps), bpp)
-            del fn
+            fn()  # warm-up: allocates lazily created state, touches pages
+            fns.append(fn)
+        times = [[] for _ in cases]
+        for _ in range(args.steps):
+            for k, fn in enumerate(fns):
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+        copy_gbs = 8 * n / statistics.median(times[0]) / 1e9
+        print(f"copy (STREAM-like, torch copy_, 8 B/elem): {copy_gbs:.2f} GB/s")
+        print(f"{'case':44s} {'Gparam/s':>9s} {'GB/s':>7s} {'%copy':>6s} "
+              f"{'vs fused':>8s} {'ms/step':>8s}")
+        for (name, bpp, _), ts in zip(cases[1:], times[1:]):
+            report(name, statistics.median(ts), bpp)
+        del fns
         if ds_cls is None:
             print(f"{'deepspeed cpu_adam':44s} {ds_why}")
 
