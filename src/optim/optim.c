@@ -150,7 +150,7 @@ static int check_real(const char *fn, const char *name, double x, double lo,
 /* The kernel table of the current SIMD level, or ZS_ESIMD. */
 static int pick(const char *fn, const zs__optim_kernels **k) {
   int level = zs_simd_level();
-  if (level < 0) return zs__fail_prefix(level, "%s: ", fn);
+  if (level < 0) return zs__fail_prefix(level, "%s", fn);
 #ifdef ZS__OPTIM_X86
   if (level == ZS_SIMD_AVX512) {
     *k = &zs__optim_avx512;
