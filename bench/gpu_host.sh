@@ -5,7 +5,9 @@
 #   bench/gpu_host.sh setup     build (with liburing if its .debs are given)
 #   bench/gpu_host.sh tests     C tests (every ISA/backend variant) + pytest
 #   bench/gpu_host.sh adam      bench/bench_adam.py at 2^28, 16 threads
-#   bench/gpu_host.sh engine    GPU correctness check + 1.34B GPT benchmark
+#   bench/gpu_host.sh engine    GPU correctness check of the offload path
+#   bench/gpu_host.sh examples  the two DeepSpeed-guide example scripts
+#   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 # Optional: ZS_HOST_DEBS=dir with liburing2/liburing-dev .debs (the host has
 # no liburing), ZS_HOST_WHEELS=dir with deepspeed and its missing deps.
@@ -46,6 +48,12 @@ adam)
   ;;
 engine)
   python3 bench/check_engine_cuda.py 2>&1 | tee "$OUT/check_engine_cuda.log" | tail -20
+  ;;
+examples)
+  python3 examples/tiny_mlp.py 2>&1 | tee "$OUT/tiny_mlp.log" | tail -8
+  python3 examples/opt_finetune.py --steps 20 2>&1 | tee "$OUT/opt_finetune.log" | tail -8
+  ;;
+engine-bench)
   # DeepSpeed outside its launcher: a one-process "distributed" setup.
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29512
   for impl in zspeed deepspeed torch; do
