@@ -61,6 +61,7 @@ engine-bench)
   done
   ;;
 io)
+  mkdir -p /tmp/zs-io /tmp/zs-swap; df -h /tmp/zs-io | tail -1
   python3 bench/bench_io.py --folder /tmp/zs-io --size 4G --loops 5 2>&1 | tee "$OUT/bench_io.log" | tail -12
   python3 bench/bench_swap.py --params 2^28 --folder /tmp/zs-swap --steps 5 2>&1 | tee "$OUT/bench_swap.log" | tail -12
   python3 bench/bench_swap.py --params 2^28 --folder /tmp/zs-swap --steps 5 --state q8 2>&1 | tee "$OUT/bench_swap_q8.log" | tail -12
