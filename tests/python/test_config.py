@@ -228,3 +228,14 @@ def test_schema_documents_every_key():
     d = ok({"train_batch_size": 4, "optimizer": {"type": "Adam"}}).to_dict()
     json.dumps(d)
     assert d["optimizer"]["params"]["lr"] == 1e-3
+
+
+def test_config_doc_is_current():
+    """docs/CONFIG.md is generated from the schema; it must not drift."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, str(root / "scripts" / "gen_config_doc.py"), "--check"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -1,0 +1,50 @@
+"""Writes docs/CONFIG.md from the config schema (python/zspeed/runtime/config.py).
+
+    python scripts/gen_config_doc.py            # rewrite docs/CONFIG.md
+    python scripts/gen_config_doc.py --check    # exit 1 if it is out of date
+"""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+
+from zspeed.runtime.config import schema_rows  # noqa: E402
+
+HEADER = """# Supported DeepSpeed config keys
+
+Generated from the schema in `python/zspeed/runtime/config.py` by
+`scripts/gen_config_doc.py` (a test checks it is current). Keys have
+DeepSpeed's names, defaults and meaning. Any other key is an error that names
+the key, its section and the closest known key; zspeed needs no
+platform-specific keys (such as the "windows_specific" keys some guides
+invent). HF accelerate's "auto" values are resolved where they can be and
+refused clearly otherwise.
+
+| key | type | default | meaning |
+| --- | --- | --- | --- |
+"""
+
+
+def render() -> str:
+    lines = [HEADER]
+    for key, typ, default, meaning in schema_rows():
+        d = "" if default is None else f"`{default!r}`"
+        lines.append(f"| `{key}` | {typ.replace('|', ' or ')} | {d} | {meaning} |\n")
+    return "".join(lines)
+
+
+def main(argv):
+    out = ROOT / "docs" / "CONFIG.md"
+    text = render()
+    if "--check" in argv:
+        if not out.exists() or out.read_text() != text:
+            print("docs/CONFIG.md is out of date: run python scripts/gen_config_doc.py")
+            return 1
+        return 0
+    out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
