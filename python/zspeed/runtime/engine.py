@@ -288,8 +288,11 @@ class ZSpeedEngine(torch.nn.Module):
         inv_scale = 1.0 / self.loss_scaler.loss_scale
         if self.offload is not None:
             grads = self.offload.gather_grads()
-            flat = [g for row in grads for g in row]
-            sumsq, nonfinite = self._host.grad_stats(flat, inv_scale)
+            stats = self.offload.device_grad_stats(inv_scale)
+            if stats is None:
+                flat = [g for row in grads for g in row]
+                stats = self._host.grad_stats(flat, inv_scale)
+            sumsq, nonfinite = stats
         else:
             grads = self._device_grads()
             flat = [g for row in grads for g in row]

@@ -29,6 +29,7 @@ parameters.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import warnings
 import weakref
@@ -158,6 +159,10 @@ class CPUOffload:
         self._pending: list = []
         self._pending_elems = 0
         self._h2d_done = None
+        # CUDA: per-tensor fp32 gradient norms computed on the side stream
+        # while the gradients are still on the device (nearly free there), so
+        # the step needs no extra CPU pass over the host gradients.
+        self._dev_norms: list = []
         self._hooks = []
         self._zeros: dict = {}
         if self.cuda:
@@ -217,6 +222,7 @@ class CPUOffload:
         self.side.wait_event(ready)
         with torch.cuda.stream(self.side):
             for (gi, pi), g in self._pending:
+                self._dev_norms.append(torch.linalg.vector_norm(g, 2, dtype=torch.float32))
                 self.host_grads[gi][pi].copy_(g.reshape(-1), non_blocking=True)
                 g.record_stream(self.side)  # free the device copy only after the D2H is done
         self._pending.clear()
@@ -256,6 +262,18 @@ class CPUOffload:
         self.side.synchronize()
         self._copied.clear()
         return self.host_grads
+
+    def device_grad_stats(self, scale: float):
+        """CUDA only, after gather_grads: (sum of squares of scale*g, any inf/NaN)
+        from the norms taken on the device (per-tensor fp32 norms summed in
+        float64, as torch_grad_stats does); None on the CPU path."""
+        if not self.cuda:
+            return None
+        norms, self._dev_norms = self._dev_norms, []
+        if not norms:
+            return 0.0, False
+        total = torch.stack(norms).to(torch.float64).square().sum().item() * float(scale) ** 2
+        return total, not math.isfinite(total)
 
     def _zero(self, gi, pi, p):
         z = self._zeros.get((gi, pi))
@@ -305,6 +323,7 @@ class CPUOffload:
         self._pending.clear()
         self._pending_elems = 0
         self._copied.clear()
+        self._dev_norms = []
 
     def master_groups(self) -> list:
         return self.masters
