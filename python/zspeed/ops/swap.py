@@ -235,7 +235,8 @@ class NVMeOptimizerSwapper:
           Each gradient is multiplied by grad_scale (e.g. clip coefficient /
           loss scale) inside the kernel.
         out: None, or one buffer per partition (an entry may be None)
-          receiving the updated weights in bf16 or fp16 (all the same dtype).
+          receiving the updated weights in bf16, fp16 or fp32 (all the same
+          dtype; fp32 is a copy of the updated masters).
         lr: this step's learning rate (None = the current one, see
           :meth:`set_hparams`). step: Adam's step number for bias correction
           (None = :attr:`steps` + 1).
@@ -264,8 +265,6 @@ class NVMeOptimizerSwapper:
                 if o is None:
                     continue
                 addr, dt = _view(o, f"out[{i}]", self.sizes[i], out_dtype)
-                if dt == _F32:
-                    raise ValueError(f"out[{i}] must be bfloat16 or float16")
                 if odt is not None and dt != odt:
                     raise ValueError("every out buffer must have the same dtype")
                 optr[i], odt = addr, dt

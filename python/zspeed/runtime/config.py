@@ -581,8 +581,7 @@ class ZSpeedConfig:
                               "support yet; remove offload_param (offload_optimizer works with stage 1-2).")
         dev = self.offload["device"]
         if dev == "nvme":
-            raise ConfigError("zero_optimization.offload_optimizer.device 'nvme' is not yet supported: "
-                              "NVMe offload comes in a later zspeed issue. Use device 'cpu' for now.")
+            self._validate_nvme_path()
         if dev == "cpu" and stage == 0:
             raise ConfigError("zero_optimization.offload_optimizer.device 'cpu' needs "
                               "zero_optimization.stage 1 or 2 (DeepSpeed offloads only under ZeRO); "
@@ -605,6 +604,20 @@ class ZSpeedConfig:
         if self.fp16["auto_cast"] and not self.fp16["enabled"]:
             raise ConfigError("fp16.auto_cast needs fp16.enabled true.")
 
+    def _validate_nvme_path(self):
+        """offload_optimizer.device 'nvme' needs an existing, writable directory for the swap files."""
+        path = self.offload["nvme_path"]
+        key = "zero_optimization.offload_optimizer.nvme_path"
+        if not path:
+            raise ConfigError(f"{key} is required with offload_optimizer.device 'nvme': set it to a directory "
+                              f"on a fast local disk (e.g. \"/local_nvme\") where zspeed may write its swap files.")
+        if not os.path.isdir(path):
+            raise ConfigError(f"{key} = {path!r} is not an existing directory; create it (mkdir -p) or point "
+                              f"it at a directory on a local NVMe disk.")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key} = {path!r} is not writable by this process; fix its permissions or "
+                              f"choose another directory.")
+
     # -- convenience ----------------------------------------------------------------------
     @property
     def zero_stage(self) -> int:
@@ -616,7 +629,8 @@ class ZSpeedConfig:
 
     @property
     def offloaded(self) -> bool:
-        return self.offload["device"] == "cpu"
+        """Optimizer state off the device: in CPU memory (cpu) or streamed from NVMe (nvme)."""
+        return self.offload["device"] in ("cpu", "nvme")
 
     @property
     def fp16_enabled(self) -> bool:
