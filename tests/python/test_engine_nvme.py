@@ -150,6 +150,22 @@ def test_int8_checkpoint_is_refused_clearly(tmp_path):
         e.save_checkpoint(tmp_path / "ck")
 
 
+def test_config_reaches_the_swapper_and_masters_are_not_in_ram(tmp_path):
+    c = _cfg("nvme", tmp_path)
+    c["aio"].update({"intra_op_parallelism": 2, "single_submit": True, "overlap_events": False})
+    e = _engine(c)
+    assert e.offload.masters is None  # fp32 masters + states live only in the swap file
+    sw = e._host.swappers[0]
+    aio = sw._aio
+    assert (aio.block_size, aio.queue_depth, aio.intra_op_parallelism) == (65536, 4, 2)
+    assert (aio.single_submit, aio.overlap_events) == (1, 0)
+    # sub_group_size 700: the 2257-element weight is split, its bias joins the tail, the 793-element
+    # weight starts a new partition (it does not fit) and is split, its bias joins the tail.
+    assert sw.sizes == [700, 700, 700, 157 + 61, 700, 93 + 13]
+    assert e.zero_optimization_stage() == 2 and not e.zero_cpu_offload()
+    e.close()
+
+
 def test_files_removed_on_close_and_gc(tmp_path):
     e = _engine(_cfg("nvme", tmp_path))
     assert [f for f in os.listdir(tmp_path) if f.endswith(".swap")]

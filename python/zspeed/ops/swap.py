@@ -124,7 +124,8 @@ class NVMeOptimizerSwapper:
       num_threads: compute threads incl. the caller (0 = all).
       block_size, queue_depth, intra_op_parallelism, backend: the aio
         engine's settings (DeepSpeed's ``aio`` section; backend auto |
-        io_uring | threads | iocp). direct: auto | on | off.
+        io_uring | threads | iocp), single_submit, overlap_events (None:
+        the aio engine's default). direct: auto | on | off.
       sync_each_step: fsync the file before committing each step.
     """
 
@@ -137,7 +138,8 @@ class NVMeOptimizerSwapper:
                  num_threads: int = 0, block_size: int = 4 << 20,
                  queue_depth: int = 32, intra_op_parallelism: int = 1,
                  backend: str = "auto", direct: str = "auto",
-                 sync_each_step: bool = False):
+                 sync_each_step: bool = False, single_submit: bool = False,
+                 overlap_events: bool | None = None):
         self._h = None
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
@@ -181,6 +183,9 @@ class NVMeOptimizerSwapper:
         self._aio.block_size, self._aio.queue_depth = int(block_size), int(queue_depth)
         self._aio.intra_op_parallelism = int(intra_op_parallelism)
         self._aio.backend = _BACKENDS[backend]
+        self._aio.single_submit = int(bool(single_submit))
+        if overlap_events is not None:
+            self._aio.overlap_events = int(bool(overlap_events))
         cfg.aio = ctypes.cast(ctypes.byref(self._aio), ctypes.c_void_p)
         h = ctypes.c_void_p()
         check(lib.zs_swap_create(ctypes.byref(h), ctypes.byref(cfg)), "zs_swap_create")

@@ -249,7 +249,8 @@ class ZSpeedEngine(torch.nn.Module):
         return self._config.zero_stage
 
     def zero_cpu_offload(self) -> bool:
-        return self._config.offloaded
+        """True with offload_optimizer.device cpu (DeepSpeed's meaning; nvme is not 'cpu offload')."""
+        return self._config.offload_device == "cpu"
 
     @property
     def loss_scale(self) -> float:

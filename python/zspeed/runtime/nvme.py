@@ -154,7 +154,8 @@ class NVMeHostOptimizer:
                 weight_decay=group["weight_decay"], bias_correction=group.get("bias_correction", True),
                 state_dtype=state_dtype, buffer_count=max(2, int(offload_cfg["buffer_count"])),
                 block_size=int(aio["block_size"]), queue_depth=int(aio["queue_depth"]),
-                intra_op_parallelism=int(aio["intra_op_parallelism"]))
+                intra_op_parallelism=int(aio["intra_op_parallelism"]),
+                single_submit=bool(aio["single_submit"]), overlap_events=bool(aio["overlap_events"]))
             self.swappers.append(sw)
             params_g = group["params"]
             for i, part in enumerate(self.parts[gi]):
