@@ -364,6 +364,14 @@ class NVMeOptimizerSwapper:
               "zs_swap_read_image")
         return buf
 
+    def layout(self, i: int) -> dict[str, int]:
+        """Byte offsets in partition i's raw image of "param" (fp32), "m", "v",
+        "m_scale", "v_scale" (-1 when absent) and its "total" bytes."""
+        v = [ctypes.c_int64() for _ in range(6)]
+        check(lib.zs_swap_layout(self._handle, self._part(i), *[ctypes.byref(x) for x in v]),
+              "zs_swap_layout")
+        return dict(zip(("param", "m", "v", "m_scale", "v_scale", "total"), (x.value for x in v)))
+
     def write_image(self, i: int, image: np.ndarray) -> None:
         img = np.ascontiguousarray(image, dtype=np.uint8)
         check(lib.zs_swap_write_image(self._handle, self._part(i),

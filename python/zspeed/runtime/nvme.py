@@ -24,7 +24,7 @@ one of device=cpu with the same optimizer and state dtype (the tests check
 it). Checkpoints store the same tensors as the CPU path (master.safetensors
 and optim.safetensors by parameter name; the optimizer's class recorded as
 CPUAdam / CPUAdagrad / CPULion), so a checkpoint moves between cpu and nvme
-offload. Saving and loading materialize the masters and states in RAM for the
+offload; 8-bit states go through the raw partition images, bit for bit. Saving and loading materialize the masters and states in RAM for the
 duration of the call (safetensors writes whole files).
 """
 from __future__ import annotations
@@ -144,6 +144,7 @@ class NVMeHostOptimizer:
         self.optimizer = NVMeOptimizer([dict(g) for g in groups], defaults, self, cls)
         cap = max(1, min(int(sub_group_size), PARTITION_CAP))
         self.numels = [[p.numel() for p in g["params"]] for g in self.optimizer.param_groups]
+        self.qblock = OPTIM_QBLOCK
         self.parts = [_partitions(ns, cap, state_dtype == "int8", OPTIM_QBLOCK) for ns in self.numels]
         self.swappers: list = []
         self._finalizer = weakref.finalize(self, _close_all, self.swappers)
@@ -218,31 +219,73 @@ class NVMeHostOptimizer:
         return [self._gather(gi, ("param",))["param"] for gi in range(len(self.swappers))]
 
     def load_masters(self, masters: list) -> None:
-        """Replaces the masters (per group, per parameter fp32 tensors), keeping the states."""
+        """Replaces the masters (per group, per parameter fp32 tensors), keeping the states bit for
+        bit (the raw image is rewritten, so 8-bit states are not requantized)."""
         for gi, sw in enumerate(self.swappers):
             for i, part in enumerate(self.parts[gi]):
-                st = sw.get_state(i)
+                img, lay = sw.read_image(i), sw.layout(i)
                 new = self._assemble(part, lambda pi: masters[gi][pi].reshape(-1).float())
-                sw.set_state(i, new, **{k: st[k] for k in self._state_keys()})
+                img[lay["param"]:lay["param"] + 4 * part.n] = new.numpy().view(np.uint8)
+                sw.write_image(i, img)
 
-    def _check_int8(self, what: str) -> None:
-        if self.state_dtype == "int8":
-            raise ConfigError(f"{what} of 8-bit optimizer states (state_dtype 'int8') with offload_optimizer."
-                              f"device 'nvme' is not supported yet; use state_dtype 'fp32' or 'bf16' to "
-                              f"checkpoint nvme-offloaded training.")
+    # int8 states: CPUAdam's tensors (int8 exp_avg, uint8 exp_avg_sq, one fp32 scale per block of
+    # each) copied to and from the raw images; partitions hold one parameter's block-aligned range.
+    _Q8 = (("exp_avg", "m", torch.int8, 1), ("exp_avg_sq", "v", torch.uint8, 1),
+           ("exp_avg_scale", "m_scale", torch.float32, 0), ("exp_avg_sq_scale", "v_scale", torch.float32, 0))
+
+    def _q8_export(self, gi: int) -> list:
+        from ..ops._kernels import qblocks
+        group = self.optimizer.param_groups[gi]
+        rows = [{k: torch.zeros(p.numel() if per_elem else qblocks(p.numel()), dtype=dt)
+                 for k, _, dt, per_elem in self._Q8} for p in group["params"]]
+        for i, part in enumerate(self.parts[gi]):
+            img, lay = self.swappers[gi].read_image(i), self.swappers[gi].layout(i)
+            (pi, off, _, n), = part.pieces
+            for key, region, dt, per_elem in self._Q8:
+                cnt = n if per_elem else qblocks(n)
+                at = off if per_elem else off // self.qblock
+                nbytes = cnt * (1 if per_elem else 4)
+                raw = torch.from_numpy(img[lay[region]:lay[region] + nbytes].copy()).view(dt)
+                rows[pi][key][at:at + cnt].copy_(raw)
+        return rows
+
+    def _q8_import(self, gi: int, rows: list) -> None:
+        from ..ops._kernels import qblocks
+        for i, part in enumerate(self.parts[gi]):
+            sw = self.swappers[gi]
+            img, lay = sw.read_image(i), sw.layout(i)
+            (pi, off, _, n), = part.pieces
+            for key, region, dt, per_elem in self._Q8:
+                src = rows[pi].get(key)
+                if src is None or src.dtype != dt:
+                    raise ConfigError(f"the checkpoint's optimizer state has no {dt} '{key}' for a parameter; "
+                                      f"it was not saved with state_dtype 'int8'. Load with "
+                                      f"load_optimizer_states=False or use the state dtype it was saved with.")
+                cnt = n if per_elem else qblocks(n)
+                at = off if per_elem else off // self.qblock
+                nbytes = cnt * (1 if per_elem else 4)
+                img[lay[region]:lay[region] + nbytes] = \
+                    src.reshape(-1)[at:at + cnt].contiguous().view(torch.uint8).numpy()
+            sw.write_image(i, img)
 
     def export_states(self) -> dict:
         """torch-style ``state``: param index -> {step, <state keys>} shaped like the parameters,
         in the CPU path's dtypes (fp32, or bf16 for state_dtype bf16: the values are exact)."""
-        self._check_int8("saving")
         state, idx = {}, 0
         dt = torch.bfloat16 if self.state_dtype == "bf16" else torch.float32
         for gi, group in enumerate(self.optimizer.param_groups):
             steps = self.swappers[gi].steps
-            vals = self._gather(gi, self._state_keys()) if steps else None
+            vals = None
+            if steps and self.state_dtype == "int8":
+                vals = self._q8_export(gi)
+            elif steps:
+                g = self._gather(gi, self._state_keys())
+                vals = [{k: g[k][pi].view(p.shape).to(dt) for k in self._state_keys()}
+                        for pi, p in enumerate(group["params"])]
             for pi, p in enumerate(group["params"]):
                 if vals is not None:
-                    st = {k: vals[k][pi].view(p.shape).to(dt) for k in self._state_keys()}
+                    st = {k: (v.view(p.shape) if v.numel() == p.numel() and k in self._state_keys() else v)
+                          for k, v in vals[pi].items()}
                     if self.kind != "lion":
                         st["step"] = steps
                     state[idx] = st
@@ -251,7 +294,6 @@ class NVMeHostOptimizer:
 
     def import_states(self, state: dict) -> None:
         """Inverse of :meth:`export_states` (a CPU-path checkpoint's state works too)."""
-        self._check_int8("loading")
         idx = 0
         for gi, group in enumerate(self.optimizer.param_groups):
             sw = self.swappers[gi]
@@ -265,10 +307,18 @@ class NVMeHostOptimizer:
                 raise ConfigError("the checkpoint's optimizer state covers only some parameters of a group; "
                                   "nvme offload steps every parameter together. Load with "
                                   "load_optimizer_states=False.")
-            for i, part in enumerate(self.parts[gi]):
-                st = sw.get_state(i)
-                new = {k: self._assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float()) for k in keys}
-                sw.set_state(i, st["param"], **new)
+            if self.state_dtype == "int8":
+                self._q8_import(gi, rows)
+            else:
+                if any(not r[k].is_floating_point() for r in rows for k in keys if k in r):
+                    raise ConfigError("the checkpoint holds 8-bit optimizer states (state_dtype 'int8'); this "
+                                      "engine runs state_dtype '" + self.state_dtype + "'. Set the same "
+                                      "state_dtype or load with load_optimizer_states=False.")
+                for i, part in enumerate(self.parts[gi]):
+                    st = sw.get_state(i)
+                    new = {k: self._assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float())
+                           for k in keys}
+                    sw.set_state(i, st["param"], **new)
             steps = {int(r["step"]) for r in rows if "step" in r}
             if len(steps) > 1:
                 raise ConfigError(f"the checkpoint's parameters were stepped different numbers of times "
