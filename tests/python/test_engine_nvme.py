@@ -174,6 +174,32 @@ def test_config_reaches_the_swapper_and_masters_are_not_in_ram(tmp_path):
     e.close()
 
 
+@pytest.mark.parametrize("site,err", [("swap.write", "ZS_ENOSPC"), ("swap.read", "ZS_EIO")])
+def test_io_error_leaves_a_retryable_step(tmp_path, site, err):
+    from zspeed import NativeError
+    from zspeed._native import errcode, lib
+    ref = _train(_engine(_cfg("cpu", tmp_path, precision="fp16")), 5)
+    e = _train(_engine(_cfg("nvme", tmp_path, precision="fp16")), 2)
+    g = torch.Generator().manual_seed(102)
+    x, y = torch.randn(4, 37, generator=g).half(), torch.randn(4, 13, generator=g).half()
+    e.backward(((e(x) - y) ** 2).mean())
+    before = [p.detach().clone() for p in e.module.parameters()]
+    scale, lr = e.loss_scale, e.get_lr()
+    lib.zs_fault_set(site.encode(), 2, 1, errcode(err))
+    try:
+        with pytest.raises(NativeError) as ei:
+            e.step()
+    finally:
+        lib.zs_fault_clear()
+    assert ei.value.name == err and "keeps the state of step" in ei.value.detail
+    # Nothing moved: weights, counters, loss scale, lr schedule.
+    assert all(torch.equal(a, b) for a, b in zip(before, e.module.parameters()))
+    assert e.global_steps == 2 and e.loss_scale == scale and e.get_lr() == lr
+    e.step()  # the same gradients again: the run continues as if nothing happened
+    _train(e, 2, start=3)
+    assert _same(ref, e) and ref.loss_scale == e.loss_scale
+
+
 def test_files_removed_on_close_and_gc(tmp_path):
     e = _engine(_cfg("nvme", tmp_path))
     assert [f for f in os.listdir(tmp_path) if f.endswith(".swap")]

@@ -309,8 +309,8 @@ class ZSpeedEngine(torch.nn.Module):
             sumsq, nonfinite = torch_grad_stats(flat, inv_scale)
         overflow = nonfinite and self._skip_nonfinite
         self._last_overflow = overflow
-        self.loss_scaler.update_scale(overflow)
         if overflow:
+            self.loss_scaler.update_scale(True)
             self.skipped_steps += 1
             self._global_grad_norm = None
             log.info("zspeed: step %d skipped: gradient overflow; loss scale now %g", self.global_steps,
@@ -331,6 +331,9 @@ class ZSpeedEngine(torch.nn.Module):
                 off.end_write_back()
             else:
                 self._device_step(grads, factor)
+            # After the step: if it raised (an NVMe I/O error leaves the state at the previous
+            # step), nothing here has moved and engine.step() can simply be called again.
+            self.loss_scaler.update_scale(False)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
         if self.offload is not None:

@@ -288,9 +288,11 @@ class CPUOffload:
                     p.grad = None
                 else:
                     self.host_grads[gi][pi].zero_()
+                self._copied.add((gi, pi))
         self._issue(cur)
         self.side.synchronize()
-        self._copied.clear()
+        # _copied is cleared by release_grads(): a step that raised (NVMe I/O error) and is called
+        # again gathers the same host gradients instead of zeros.
         return self.host_grads
 
     def _zero(self, gi, pi, p):
