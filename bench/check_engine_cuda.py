@@ -38,10 +38,13 @@ def data(dev):
     return [torch.randint(0, 1000, (B, T + 1), device=dev, generator=g) for _ in range(2 * STEPS)]
 
 
-def reference(model, batches, gas=1):
-    model = copy.deepcopy(model).cuda().to(torch.bfloat16)
-    masters = [p.detach().float() for p in model.parameters()]
-    opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.1, foreach=False)
+def reference(model, batches, gas=1, prec="bf16", fused=False):
+    model = copy.deepcopy(model).cuda()
+    if prec == "bf16":
+        model = model.to(torch.bfloat16)
+    masters = [p.detach().float().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.1,
+                            **({"fused": True} if fused else {"foreach": False}))
     losses = []
     for s in range(STEPS):
         for k in range(gas):
@@ -60,11 +63,12 @@ def reference(model, batches, gas=1):
     return losses, masters
 
 
-def run(model, batches, zero, gas=1, torch_adam=False, fp16=False, steps=STEPS):
+def run(model, batches, zero, gas=1, torch_adam=False, fp16=False, steps=STEPS, prec="bf16"):
     cfg = {"train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1, "torch_adam": torch_adam}},
            "zero_optimization": zero, "steps_per_print": 0}
-    cfg["fp16" if fp16 else "bf16"] = {"enabled": True}
+    if fp16 or prec == "bf16":
+        cfg["fp16" if fp16 else "bf16"] = {"enabled": True}
     e, opt, _, _ = zspeed.initialize(model=copy.deepcopy(model), config=cfg)
     losses = []
     for s in range(steps):
@@ -77,16 +81,18 @@ def run(model, batches, zero, gas=1, torch_adam=False, fp16=False, steps=STEPS):
     return e, losses
 
 
-def compare(name, ref, got, engine):
+def master_diff(a, b):
+    return max((x.float().cpu() - y.float().cpu()).abs().max().item() for x, y in zip(a, b))
+
+
+def compare(name, ref, got, engine, tol):
     rl, rm = ref
     gl = got
     masters = [m.view(r.shape) for m, r in zip(engine._master_named().values(), rm)]
-    dm = max((a.float().cpu() - b.float().cpu()).abs().max().item() for a, b in zip(rm, masters))
+    dm = master_diff(rm, masters)
     dl = max(abs(a - b) / abs(a) for a, b in zip(rl, gl))
-    # Identical GPU forward/backward; the CPU optimizer rounds differently from torch's GPU AdamW by
-    # a few fp32 ulps per step, which can flip single bf16 weights: over 12 steps at lr 1e-3 the
-    # masters stay within 2e-3 (two updates) and the losses within 1%.
-    check(name, dm < 2e-3 and dl < 1e-2, f"max|master diff|={dm:.2e} max rel loss diff={dl:.2e}")
+    check(name, dm <= tol and dl < 1e-2,
+          f"max|master diff|={dm:.2e} (bound {tol:.2e}) max rel loss diff={dl:.2e}")
 
 
 class Bad(torch.nn.Module):
@@ -148,26 +154,44 @@ def main():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=1000, max_len=T, d_model=256, n_layer=4, n_head=4))
     batches = data(dev)
+    # fp32 model: the GPU math is identical and TF32 is off, so the only
+    # difference is how the CPU and GPU AdamW round (an ulp or two per step):
+    # the masters must agree to 1e-4 after 12 steps at lr 1e-3.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    ref32 = reference(model, batches, prec="fp32")
+    off32 = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    e, losses = run(model, batches, off32, prec="fp32")
+    compare("fp32: offload native CPUAdam vs GPU reference", ref32, losses, e, 1e-4)
+    e, losses = run(model, batches, {"stage": 2}, prec="fp32")
+    compare("fp32: no offload vs GPU reference", ref32, losses, e, 1e-4)
+    # bf16 model: one ulp of difference can flip a bf16 weight, after which
+    # the two trajectories' Adam updates differ by up to lr per step. The bound
+    # is measured, not assumed: 1.5x the difference between torch's own two
+    # GPU AdamW implementations (foreach=False vs fused) on the same run.
     ref = reference(model, batches)
+    spread = master_diff(ref[1], reference(model, batches, fused=True)[1])
+    tol = max(1.5 * spread, 2e-3)
+    print(f"bf16 spread between torch AdamW foreach=False and fused: {spread:.2e}", flush=True)
     off = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     e, losses = run(model, batches, off)
     check("offload native: buffers pinned", e.offload.pinned and
           all(t.is_pinned() for t in (e.offload.masters[0][0], e.offload.host_grads[0][0])))
     check("offload native: hooks released device grads", all(p.grad is None for p in e.module.parameters()))
-    compare("offload native CPUAdam vs GPU reference", ref, losses, e)
+    compare("bf16: offload native CPUAdam vs GPU reference", ref, losses, e, tol)
     e, losses = run(model, batches, {"stage": 2, "sub_group_size": 200_000,
                                      "offload_optimizer": {"device": "cpu", "pin_memory": True}})
     check("offload native: several chunks", len(e.offload.chunks) > 3, f"{len(e.offload.chunks)} chunks")
-    compare("offload native, chunked copy back", ref, losses, e)
+    compare("bf16: offload native, chunked copy back", ref, losses, e, tol)
     e, losses = run(model, batches, {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}})
-    compare("offload native, pageable buffers", ref, losses, e)
+    compare("bf16: offload native, pageable buffers", ref, losses, e, tol)
     e, losses = run(model, batches, off, torch_adam=True)
-    compare("offload torch AdamW on the CPU", ref, losses, e)
+    compare("bf16: offload torch AdamW on the CPU", ref, losses, e, tol)
     e, losses = run(model, batches, {"stage": 2})
-    compare("no offload (GPU fused AdamW)", ref, losses, e)
+    compare("bf16: no offload (GPU fused AdamW)", ref, losses, e, tol)
     ref2 = reference(model, batches, gas=2)
     e, losses = run(model, batches, off, gas=2)
-    compare("offload native, gradient accumulation 2", ref2, losses, e)
+    compare("bf16: offload native, gradient accumulation 2", ref2, losses, e, tol)
 
     # fp16 with an injected inf: the step is skipped on the offloaded path too.
     e, _ = run(Bad(model), batches, off, fp16=True)

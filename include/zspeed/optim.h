@@ -13,17 +13,24 @@
  * All arithmetic is done in fp32 whatever the storage types.
  *
  * Dispatch. The kernel is picked on every call from zs_simd_level(), which
- * honours ZSPEED_SIMD / zs_simd_force(): scalar, avx2 (AVX2+FMA+F16C) or
- * avx512 (F+BW+VL+DQ). If ZSPEED_SIMD names a level the CPU lacks the step
- * fails with ZS_ESIMD and modifies nothing.
+ * honours ZSPEED_SIMD / zs_simd_force(): scalar, avx2 (AVX2+FMA+F16C),
+ * avx512 (F+BW+VL+DQ) or neon (arm64). If ZSPEED_SIMD names a level the CPU
+ * lacks the step fails with ZS_ESIMD and modifies nothing.
+ *
+ * Threads. Every call blocks until done and may run concurrently with other
+ * calls on other buffers (each runs its own zs_pool_parallel_for). Note that
+ * torch's OpenMP workers busy-wait after torch operations and then compete
+ * with the pool for cores; set OMP_WAIT_POLICY=PASSIVE when both share them
+ * (see bench/RESULTS.md).
  *
  * Determinism. Work is split into chunks of ZS_OPTIM_CHUNK elements (a
  * multiple of every vector width and of the quantization block) handed to
  * zs_pool_parallel_for; vector tails are processed by the vector body on a
  * zero-padded copy, so every element gets the same bits for any thread count.
  * Moreover every ISA performs the same IEEE operations in the same order
- * (fused multiply-adds exactly where the scalar reference calls fmaf), so
- * scalar, AVX2 and AVX-512 give bit-identical results as well.
+ * (fused multiply-adds exactly where the scalar reference uses a correctly
+ * rounded fma), so scalar, AVX2, AVX-512 and NEON give bit-identical
+ * results as well (tested).
  *
  * Rounding. Every narrowing store (bf16/fp16 params, bf16 states, the out
  * copy) rounds to nearest even. Round-to-nearest was chosen over stochastic

@@ -1,7 +1,7 @@
 """The ``zspeed`` command (``python -m zspeed``).
 
-Subcommands: ``report`` (environment report, ``--json``). Other areas add
-theirs to ``COMMANDS``.
+Subcommands: ``report`` (environment report, ``--json``) and ``to-fp32``
+(consolidate a checkpoint's fp32 weights, like DeepSpeed's zero_to_fp32).
 """
 from __future__ import annotations
 
@@ -25,8 +25,15 @@ def _cmd_report(argv: List[str]) -> int:
     return 0
 
 
+def _cmd_to_fp32(argv: List[str]) -> int:
+    from .runtime.checkpoint import main_to_fp32
+    return main_to_fp32(argv)
+
+
 COMMANDS: Dict[str, tuple] = {
     "report": (_cmd_report, "print the environment report (--json for JSON)"),
+    "to-fp32": (_cmd_to_fp32, "consolidate a checkpoint's fp32 weights into one "
+                              "safetensors file (zero_to_fp32)"),
 }
 
 

@@ -150,7 +150,7 @@ static int check_real(const char *fn, const char *name, double x, double lo,
 /* The kernel table of the current SIMD level, or ZS_ESIMD. */
 static int pick(const char *fn, const zs__optim_kernels **k) {
   int level = zs_simd_level();
-  if (level < 0) return zs__fail_prefix(level, "%s: ", fn);
+  if (level < 0) return zs__fail_prefix(level, "%s", fn);
 #ifdef ZS__OPTIM_X86
   if (level == ZS_SIMD_AVX512) {
     *k = &zs__optim_avx512;
@@ -158,6 +158,12 @@ static int pick(const char *fn, const zs__optim_kernels **k) {
   }
   if (level == ZS_SIMD_AVX2) {
     *k = &zs__optim_avx2;
+    return 0;
+  }
+#endif
+#ifdef ZS__OPTIM_NEON
+  if (level == ZS_SIMD_NEON) {
+    *k = &zs__optim_neon;
     return 0;
   }
 #endif
@@ -382,21 +388,27 @@ void zs__optim_tail(const zs__optim_args *a, size_t i, size_t rem,
 void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
                      size_t begin, size_t end) {
   float mt[ZS_OPTIM_QBLOCK], vt[ZS_OPTIM_QBLOCK];
-  int8_t mq[ZS_OPTIM_QBLOCK];
-  uint8_t vq[ZS_OPTIM_QBLOCK];
+  int8_t mpad[ZS_OPTIM_QBLOCK];
+  uint8_t vpad[ZS_OPTIM_QBLOCK];
   size_t b;
   for (b = begin; b < end; b += ZS_OPTIM_QBLOCK) {
     size_t len = ZS_MIN((size_t)ZS_OPTIM_QBLOCK, end - b);
     size_t blk = b / ZS_OPTIM_QBLOCK;
     zs__optim_args s = zs__optim_offset(a, b);
-    /* Padding codes are zero, so the scratch past len is zero and cannot
-     * change the block maxima. */
+    int8_t *mq = (int8_t *)a->m + b;
+    uint8_t *vq = (uint8_t *)a->v + b;
     if (len < ZS_OPTIM_QBLOCK) {
-      memset(mq, 0, sizeof mq);
-      memset(vq, 0, sizeof vq);
+      /* The last, short block works on zero-padded copies: zero codes make
+       * zero scratch past len, which cannot change the block maxima. */
+      memset(mpad, 0, sizeof mpad);
+      memset(vpad, 0, sizeof vpad);
+      memcpy(mpad, mq, len);
+      memcpy(vpad, vq, len);
+      mq = mpad;
+      vq = vpad;
     }
-    memcpy(mq, (const int8_t *)a->m + b, len);
-    memcpy(vq, (const uint8_t *)a->v + b, len);
+    /* Full blocks are dequantized from and requantized into the state
+     * buffers directly (the codes are consumed before they are rewritten). */
     ops->dequant(mq, a->m_scale[blk], vq, a->v_scale[blk], mt, vt);
     s.m = (char *)mt;
     s.v = (char *)vt;
@@ -404,8 +416,10 @@ void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
     s.store_s = 1;
     ops->span(&s, len);
     ops->quant(mt, vt, mq, &a->m_scale[blk], vq, &a->v_scale[blk]);
-    memcpy((int8_t *)a->m + b, mq, len);
-    memcpy((uint8_t *)a->v + b, vq, len);
+    if (len < ZS_OPTIM_QBLOCK) {
+      memcpy((int8_t *)a->m + b, mpad, len);
+      memcpy((uint8_t *)a->v + b, vpad, len);
+    }
   }
 }
 

@@ -74,14 +74,35 @@ ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
   if (a->out) st(a->out, a->od, i, p);
 }
 
-static void adam_span(const zs__optim_args *a, size_t n) {
+/* The full vectors of a span with the dtypes fixed: a private copy that
+ * never escapes (stores through the buffer pointers cannot alias it, so the
+ * constants stay in registers), and with constant dtypes the compiler drops
+ * the per-vector dtype branches. Returns the number of elements done. */
+ZS__FORCE_INLINE size_t adam_vectors(const zs__optim_args *a, size_t n,
+                                     int pd, int gd, int sd, int od) {
+  zs__optim_args s = *a;
   size_t i = 0;
-  {
-    /* A private copy that never escapes: stores through the buffer
-     * pointers cannot alias it, so the constants stay in registers. */
-    zs__optim_args s = *a;
-    for (; i + W <= n; i += W) adam_body(&s, i);
-  }
+  s.pd = pd, s.gd = gd, s.sd = sd, s.od = od;
+  if (od == ZS_DTYPE_NONE) s.out = NULL;
+  for (; i + W <= n; i += W) adam_body(&s, i);
+  return i;
+}
+
+static void adam_span(const zs__optim_args *a, size_t n) {
+  size_t i;
+  int pd = a->pd, gd = a->gd, sd = a->sd, od = a->out ? a->od : ZS_DTYPE_NONE;
+  /* Specialized: the common master-weight cases (also the 8-bit scratch). */
+  if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_F32 && sd == ZS_DTYPE_F32 &&
+      od == ZS_DTYPE_NONE)
+    i = adam_vectors(a, n, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE);
+  else if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_BF16 && sd == ZS_DTYPE_F32 &&
+           od == ZS_DTYPE_BF16)
+    i = adam_vectors(a, n, ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_F32, ZS_DTYPE_BF16);
+  else if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_F32 && sd == ZS_DTYPE_BF16 &&
+           od == ZS_DTYPE_NONE)
+    i = adam_vectors(a, n, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_NONE);
+  else
+    i = adam_vectors(a, n, pd, gd, sd, od);
   if (i < n) zs__optim_tail(a, i, n - i, adam_body);
 }
 

@@ -71,6 +71,10 @@ extern const zs__optim_kernels zs__optim_scalar;
 extern const zs__optim_kernels zs__optim_avx2;
 extern const zs__optim_kernels zs__optim_avx512;
 #endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+#  define ZS__OPTIM_NEON 1
+extern const zs__optim_kernels zs__optim_neon;
+#endif
 
 /* Bytes per element of a (non-Q8) dtype. */
 static inline size_t zs__dtype_size(int dt) {
@@ -145,6 +149,25 @@ static inline void zs__store(void *base, int dt, size_t i, float x) {
     ((uint16_t *)base)[i] = zs__f32_to_bf16(x);
   else
     ((uint16_t *)base)[i] = zs__f32_to_f16(x);
+}
+
+/* A correctly rounded fmaf for the scalar kernels, independent of the C
+ * library (MinGW's fmaf is not correctly rounded, which broke the promise
+ * that every ISA gives the same bits). a*b is exact in double; TwoSum gives
+ * the exact error of the double sum; the only way the final rounding to
+ * float can then go wrong is a double result exactly halfway between two
+ * floats, where the sign of the error breaks the tie. */
+static inline float zs__fmaf(float a, float b, float c) {
+  double xy = (double)a * (double)b;
+  double s = xy + (double)c;
+  double bb = s - xy;
+  double err = (xy - (s - bb)) + ((double)c - bb);
+  float f = (float)s;
+  if (err != 0.0 && (double)f != s) {
+    float g = nextafterf(f, s > (double)f ? INFINITY : -INFINITY);
+    if ((double)f + (double)g == 2.0 * s) f = ((err > 0) == (g > f)) ? g : f;
+  }
+  return f;
 }
 
 /* max/min with the x86 MAXPS/MINPS rule (second operand if unordered), so

@@ -2,7 +2,9 @@
  * mirrored one for one by the vector files: fmaf exactly where they use a
  * fused multiply-add, plain multiplies, divides and square roots elsewhere,
  * so all ISAs produce the same bits. Written element by element for
- * clarity; speed comes from the vector files. */
+ * clarity; speed comes from the vector files. zs__fmaf (optim_internal.h)
+ * is used instead of the C library's fmaf, which is not always correctly
+ * rounded. */
 #include "optim/optim_internal.h"
 
 /* fmaf must stay fmaf and a*b+c must stay two roundings: forbid contraction
@@ -20,18 +22,18 @@ static void adam_span(const zs__optim_args *a, size_t n) {
     float m = zs__load(a->m, a->sd, i);
     float v = zs__load(a->v, a->sd, i);
     float s, den;
-    if (a->l2) g = fmaf(a->wd, p, g);
-    m = fmaf(a->b1, m, a->omb1 * g);
-    v = fmaf(a->omb2 * g, g, a->b2 * v);
+    if (a->l2) g = zs__fmaf(a->wd, p, g);
+    m = zs__fmaf(a->b1, m, a->omb1 * g);
+    v = zs__fmaf(a->omb2 * g, g, a->b2 * v);
     s = sqrtf(v);
     if (a->clamp) {
       float lim = a->clampc * s;
       m = zs__maxps(m, -lim);
       m = zs__minps(m, lim);
     }
-    den = fmaf(s, a->rbc2, a->eps);
+    den = zs__fmaf(s, a->rbc2, a->eps);
     p = p * a->decay;
-    p = fmaf(a->neg_step, m / den, p);
+    p = zs__fmaf(a->neg_step, m / den, p);
     zs__store(a->param, a->pd, i, p);
     zs__store(a->m, a->sd, i, m);
     zs__store(a->v, a->sd, i, a->store_s ? s : v);
@@ -106,10 +108,10 @@ static void adagrad(const zs__optim_args *a0, size_t begin, size_t end) {
     float p = zs__load(a->param, a->pd, i);
     float v = zs__load(a->v, a->sd, i);
     float den;
-    if (a->l2) g = fmaf(a->wd, p, g);
-    v = fmaf(g, g, v);
+    if (a->l2) g = zs__fmaf(a->wd, p, g);
+    v = zs__fmaf(g, g, v);
     den = sqrtf(v) + a->eps;
-    p = fmaf(a->neg_step, g / den, p);
+    p = zs__fmaf(a->neg_step, g / den, p);
     zs__store(a->param, a->pd, i, p);
     zs__store(a->v, a->sd, i, v);
     if (a->out) zs__store(a->out, a->od, i, p);
@@ -124,12 +126,12 @@ static void lion(const zs__optim_args *a0, size_t begin, size_t end) {
     float g = zs__load(a->grad, a->gd, i) * a->gs;
     float p = zs__load(a->param, a->pd, i);
     float m = zs__load(a->m, a->sd, i);
-    float c = fmaf(a->b1, m, a->omb1 * g);
+    float c = zs__fmaf(a->b1, m, a->omb1 * g);
     /* sign(c), 0 for 0 and NaN (as the vector compare-and-mask gives). */
     float sg = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
     p = p * a->decay;
-    p = fmaf(a->neg_step, sg, p);
-    m = fmaf(a->b2, m, a->omb2 * g);
+    p = zs__fmaf(a->neg_step, sg, p);
+    m = zs__fmaf(a->b2, m, a->omb2 * g);
     zs__store(a->param, a->pd, i, p);
     zs__store(a->m, a->sd, i, m);
     if (a->out) zs__store(a->out, a->od, i, p);

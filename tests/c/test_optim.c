@@ -506,13 +506,13 @@ static void thread_count_determinism(void) {
 }
 
 static void isa_bit_identical(void) {
-  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  static const char *levels[] = {"scalar", "avx2", "avx512", "neon"};
   const char *env = zs__getenv("ZSPEED_SIMD");
   int kind, li;
   REQUIRE_LEVEL();
   for (kind = 0; kind < 4; kind++) {
     uint64_t ref = 0, got = 0, seed = zt_rand() | 1;
-    for (li = 0; li < 3; li++) {
+    for (li = 0; li < 4; li++) {
       if (zs_simd_force(levels[li]) != 0) continue; /* CPU lacks it */
       g_state = seed;
       ZT_OK(run_kind(kind, 40003, 2, li == 0 ? &ref : &got));
@@ -825,7 +825,29 @@ static void conversions_round_to_nearest_even(void) {
   ZT_CHECK(zs__f32_to_bf16(1.0f + 3.0f / 256) == 0x3f82);
 }
 
-ZT_MAIN(ZT_CASE(conversions_round_to_nearest_even), ZT_CASE(adam_reference_matrix),
+/* zs__fmaf must be correctly rounded (the scalar kernels rely on it to
+ * match hardware FMA). Checked against glibc's fmaf, which is, on random
+ * triples and on triples built so that a*b + c lands near a float midpoint
+ * (c cancels the rounded product, leaving only the low bits). */
+static void fmaf_correctly_rounded(void) {
+#ifdef __GLIBC__
+  int k;
+  for (k = 0; k < 2000000; k++) {
+    float a = (float)(urand(-1, 1) * pow(2, urand(-20, 20)));
+    float b = (float)(urand(-1, 1) * pow(2, urand(-20, 20)));
+    float c = (float)(urand(-1, 1) * pow(2, urand(-40, 40)));
+    if (k % 2) c = -(a * b) * (float)(1 + urand(-1, 1) * 1e-6);
+    if (k % 7 == 0) c = (float)ldexp(1.0, (int)urand(-150, 0)) * (k % 3 ? 1 : -1);
+    ZT_CHECKF(zs__f32_bits(zs__fmaf(a, b, c)) == zs__f32_bits(fmaf(a, b, c)),
+              "fma(%a, %a, %a): %a vs libc %a", a, b, c, zs__fmaf(a, b, c),
+              fmaf(a, b, c));
+  }
+#else
+  ZT_SKIP("needs glibc's correctly rounded fmaf as the reference");
+#endif
+}
+
+ZT_MAIN(ZT_CASE(conversions_round_to_nearest_even), ZT_CASE(fmaf_correctly_rounded), ZT_CASE(adam_reference_matrix),
         ZT_CASE(adam_large), ZT_CASE(adagrad_lion_reference),
         ZT_CASE(grad_stats_reference), ZT_CASE(thread_count_determinism),
         ZT_CASE(isa_bit_identical), ZT_CASE(q8_roundtrip), ZT_CASE(q8_converges),

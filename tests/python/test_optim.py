@@ -117,6 +117,38 @@ def test_numpy_misaligned_refused():
     assert bytes(raw) == bytes(4 * n + 4)
 
 
+def test_q8_conversions_and_int8_numpy_step():
+    from zspeed.ops.adam import q8_dequantize, q8_quantize
+    rng = np.random.default_rng(4)
+    n = 1000
+    nb = ops.qblocks(n)
+    m = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    v = rng.random(n).astype(np.float32)
+    cm, cv = np.zeros(n, np.int8), np.zeros(n, np.uint8)
+    sm, sv = np.zeros(nb, np.float32), np.zeros(nb, np.float32)
+    q8_quantize(m, v, cm, sm, cv, sv)
+    m2, v2 = np.empty_like(m), np.empty_like(v)
+    q8_dequantize(cm, sm, cv, sv, m2, v2)
+    # Square maps: error <= block max * (2 t d + d^2), d = half a code step;
+    # bounded here by the worst case t = 1.
+    for b in range(nb):
+        s = slice(256 * b, 256 * (b + 1))
+        assert np.abs(m2[s] - m[s]).max() <= sm[b] * (2 / 127 * 0.5 + 1e-4) * 1.01
+        assert np.abs(np.sqrt(v2[s]) - np.sqrt(v[s])).max() <= sv[b] * (1 / 255 + 1e-4) * 1.01
+    with pytest.raises(ValueError, match="scales"):
+        q8_quantize(m, v, cm, sm[:-1], cv, sv)
+    # A numpy step on 8-bit states moves the params like an fp32-state step.
+    p = rng.standard_normal(n).astype(np.float32)
+    p32 = p.copy()
+    g = rng.standard_normal(n).astype(np.float32)
+    adam_step(p, g, cm, cv, step=1, lr=1e-2, exp_avg_scale=sm, exp_avg_sq_scale=sv)
+    adam_step(p32, g, m2, v2, step=1, lr=1e-2)
+    assert np.abs(p - p32).max() < 1e-2  # one step of size <= ~lr each
+    with pytest.raises(TypeError, match="uint8"):
+        adam_step(p, g, cm, cm.view(np.int8), step=2, exp_avg_scale=sm,
+                  exp_avg_sq_scale=sv)
+
+
 def test_grad_stats():
     rng = np.random.default_rng(3)
     a = rng.standard_normal(100003).astype(np.float32)

@@ -1,5 +1,6 @@
 """The functional layer under both the numpy API and the torch optimizers:
-validates shapes, fills the C structs and calls one kernel per tensor."""
+validates shapes, fills the C structs and calls one kernel per tensor.
+C messages already name the function, so check() adds no prefix."""
 from __future__ import annotations
 
 import ctypes
@@ -74,7 +75,7 @@ def adam(param, grad, exp_avg, exp_avg_sq, *, step, lr, beta1, beta2, eps,
     c.weight_decay, c.grad_scale, c.step = weight_decay, grad_scale, int(step)
     c.adamw_mode, c.bias_correction = int(bool(adamw_mode)), int(bool(bias_correction))
     c.num_threads = threads(num_threads)
-    check(lib.zs_adam_step(ctypes.byref(c), ctypes.byref(t)), "zs_adam_step")
+    check(lib.zs_adam_step(ctypes.byref(c), ctypes.byref(t)))
 
 
 def adagrad(param, grad, state_sum, *, lr, lr_decay, weight_decay, eps,
@@ -84,7 +85,7 @@ def adagrad(param, grad, state_sum, *, lr, lr_decay, weight_decay, eps,
     lib.zs_adagrad_config_init(ctypes.byref(c))
     c.lr, c.lr_decay, c.weight_decay, c.eps = lr, lr_decay, weight_decay, eps
     c.grad_scale, c.num_threads = grad_scale, threads(num_threads)
-    check(lib.zs_adagrad_step(ctypes.byref(c), ctypes.byref(t)), "zs_adagrad_step")
+    check(lib.zs_adagrad_step(ctypes.byref(c), ctypes.byref(t)))
 
 
 def lion(param, grad, exp_avg, *, lr, beta1, beta2, weight_decay, grad_scale,
@@ -94,7 +95,7 @@ def lion(param, grad, exp_avg, *, lr, beta1, beta2, weight_decay, grad_scale,
     lib.zs_lion_config_init(ctypes.byref(c))
     c.lr, c.beta1, c.beta2, c.weight_decay = lr, beta1, beta2, weight_decay
     c.grad_scale, c.num_threads = grad_scale, threads(num_threads)
-    check(lib.zs_lion_step(ctypes.byref(c), ctypes.byref(t)), "zs_lion_step")
+    check(lib.zs_lion_step(ctypes.byref(c), ctypes.byref(t)))
 
 
 def grad_stats(tensors, scale=1.0, num_threads=None):
@@ -105,31 +106,45 @@ def grad_stats(tensors, scale=1.0, num_threads=None):
         b = buf(x, f"tensors[{i}]")
         s, nf = ctypes.c_double(), ctypes.c_int()
         check(lib.zs_grad_stats(b.ptr, b.dtype, b.n, float(scale), None, nt,
-                                ctypes.byref(s), ctypes.byref(nf)), "zs_grad_stats")
+                                ctypes.byref(s), ctypes.byref(nf)))
         total += s.value
         nonfinite = nonfinite or bool(nf.value)
     return total, nonfinite
 
 
+def _q8_args(codes_m, scale_m, codes_v, scale_v, n):
+    """Addresses of 8-bit states for n elements, checked."""
+    bm = buf(codes_m, "exp_avg", allowed=(Q8,))
+    bv = buf(codes_v, "exp_avg_sq", allowed=(Q8,))
+    sm = buf(scale_m, "exp_avg scale", allowed=(F32,))
+    sv = buf(scale_v, "exp_avg_sq scale", allowed=(F32,))
+    if bm.kind != "int8" or bv.kind != "uint8":
+        raise TypeError("8-bit states are int8 exp_avg and uint8 exp_avg_sq")
+    if bm.n != n or bv.n != n or sm.n != qblocks(n) or sv.n != qblocks(n):
+        raise ValueError(f"8-bit states for {n} elements need {n} codes each "
+                         f"and {qblocks(n)} scales each")
+    return bm.ptr, sm.ptr, bv.ptr, sv.ptr
+
+
 def q8_dequantize(codes_m, scale_m, codes_v, scale_v, m_out, v_out) -> None:
-    n = buf(m_out, "m_out", writable=True, allowed=(F32,)).n
-    args = [buf(x, nm, allowed=(Q8, F32)).ptr for x, nm in
-            ((codes_m, "exp_avg"), (scale_m, "exp_avg scale"),
-             (codes_v, "exp_avg_sq"), (scale_v, "exp_avg_sq scale"))]
-    check(lib.zs_adam_q8_dequantize(args[0], args[1], args[2], args[3], n,
-                                    buf(m_out, "m_out", allowed=(F32,)).ptr,
-                                    buf(v_out, "v_out", allowed=(F32,)).ptr),
-          "zs_adam_q8_dequantize")
+    """fp32 m_out, v_out from 8-bit Adam states (see optim.h for the map)."""
+    mo = buf(m_out, "m_out", writable=True, allowed=(F32,))
+    vo = buf(v_out, "v_out", writable=True, allowed=(F32,))
+    if vo.n != mo.n:
+        raise ValueError("m_out and v_out must have the same length")
+    a = _q8_args(codes_m, scale_m, codes_v, scale_v, mo.n)
+    check(lib.zs_adam_q8_dequantize(a[0], a[1], a[2], a[3], mo.n, mo.ptr, vo.ptr))
 
 
 def q8_quantize(m, v, codes_m, scale_m, codes_v, scale_v) -> None:
-    n = buf(m, "m", allowed=(F32,)).n
-    if buf(v, "v", allowed=(F32,)).n != n or buf(codes_m, "exp_avg", allowed=(Q8,)).n != n:
-        raise ValueError("m, v and the code arrays must have the same length")
-    check(lib.zs_adam_q8_quantize(
-        buf(m, "m", allowed=(F32,)).ptr, buf(v, "v", allowed=(F32,)).ptr, n,
-        buf(codes_m, "exp_avg", writable=True, allowed=(Q8,)).ptr,
-        buf(scale_m, "exp_avg scale", writable=True, allowed=(F32,)).ptr,
-        buf(codes_v, "exp_avg_sq", writable=True, allowed=(Q8,)).ptr,
-        buf(scale_v, "exp_avg_sq scale", writable=True, allowed=(F32,)).ptr),
-        "zs_adam_q8_quantize")
+    """8-bit Adam states from fp32 m and v (v >= 0), e.g. to convert a
+    checkpoint's fp32 states."""
+    bm = buf(m, "m", allowed=(F32,))
+    bv = buf(v, "v", allowed=(F32,))
+    if bv.n != bm.n:
+        raise ValueError("m and v must have the same length")
+    for x, nm in ((codes_m, "exp_avg"), (codes_v, "exp_avg_sq"),
+                  (scale_m, "exp_avg scale"), (scale_v, "exp_avg_sq scale")):
+        buf(x, nm, writable=True, allowed=(Q8, F32))
+    a = _q8_args(codes_m, scale_m, codes_v, scale_v, bm.n)
+    check(lib.zs_adam_q8_quantize(bm.ptr, bv.ptr, bm.n, a[0], a[1], a[2], a[3]))

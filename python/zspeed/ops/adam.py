@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from . import _kernels
 
-__all__ = ["CPUAdam", "adam_step"]
+__all__ = ["CPUAdam", "adam_step", "q8_quantize", "q8_dequantize"]
+
+# Conversions between fp32 Adam states and the 8-bit format (int8 exp_avg,
+# uint8 exp_avg_sq, fp32 scales per 256 elements; zspeed.ops.qblocks(n)):
+# q8_quantize(m, v, exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale)
+# q8_dequantize(exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, m, v)
+q8_quantize = _kernels.q8_quantize
+q8_dequantize = _kernels.q8_dequantize
 
 
 def adam_step(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3,

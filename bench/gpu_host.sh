@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Runs zspeed's tests and benchmarks on the H200 GPU host (16-core Xeon with
+# AVX-512, no network). The rows of bench/RESULTS.md marked "GPU host" come
+# from this script. Usage:
+#   bench/gpu_host.sh setup     build (with liburing if its .debs are given)
+#   bench/gpu_host.sh tests     C tests (every ISA/backend variant) + pytest
+#   bench/gpu_host.sh adam      bench/bench_adam.py at 2^28, 16 threads
+#   bench/gpu_host.sh engine    GPU correctness check of the offload path
+#   bench/gpu_host.sh examples  the two DeepSpeed-guide example scripts
+#   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
+#   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
+#   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
+# Optional: ZS_HOST_DEBS=dir with liburing2/liburing-dev .debs (the host has
+# no liburing), ZS_HOST_WHEELS=dir with deepspeed and its missing deps.
+# Logs go to $OUT (or ./host-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/host-out}
+mkdir -p "$OUT"
+PREFIX=/tmp/zs-host
+if [ -n "${ZS_HOST_DEBS:-}" ] && [ ! -d $PREFIX/usr ]; then
+  for d in "$ZS_HOST_DEBS"/*.deb; do dpkg -x "$d" $PREFIX; done
+fi
+if [ -n "${ZS_HOST_WHEELS:-}" ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    "$ZS_HOST_WHEELS"/*.whl
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$PWD/python:${PYTHONPATH:-}
+export ZSPEED_LIBRARY=$PWD/build/libzspeed.so
+export PYTHONUNBUFFERED=1
+# torch's OpenMP workers spin after each torch op and steal cores from
+# zspeed's pool (bench/RESULTS.md, "Note: torch's OpenMP threads").
+export OMP_WAIT_POLICY=PASSIVE
+
+case "${1:-}" in
+setup)
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH=$PREFIX/usr 2>&1 | tail -2
+  cmake --build build -j 16 2>&1 | grep -E "error|warning" ; build/zspeed report
+  ;;
+tests)
+  (cd build && ctest -j 8 --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -40
+  python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+  ;;
+adam)
+  python3 bench/bench_adam.py --threads 16 --n 268435456 --steps 10 2>&1 | tee "$OUT/bench_adam.log"
+  ;;
+engine)
+  python3 bench/check_engine_cuda.py 2>&1 | tee "$OUT/check_engine_cuda.log" | tail -20
+  ;;
+examples)
+  python3 examples/tiny_mlp.py 2>&1 | tee "$OUT/tiny_mlp.log" | tail -8
+  python3 examples/opt_finetune.py --steps 20 2>&1 | tee "$OUT/opt_finetune.log" | tail -8
+  ;;
+engine-bench)
+  # DeepSpeed outside its launcher: a one-process "distributed" setup.
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29512
+  for impl in zspeed deepspeed torch; do
+    python3 bench/bench_engine.py --impl $impl 2>&1 | tee "$OUT/bench_engine_$impl.log" | tail -6
+  done
+  ;;
+io)
+  python3 bench/bench_io.py --folder /tmp/zs-io --size 4G --loops 5 2>&1 | tee "$OUT/bench_io.log" | tail -12
+  python3 bench/bench_swap.py --params 2^28 --folder /tmp/zs-swap --steps 5 2>&1 | tee "$OUT/bench_swap.log" | tail -12
+  python3 bench/bench_swap.py --params 2^28 --folder /tmp/zs-swap --steps 5 --state q8 2>&1 | tee "$OUT/bench_swap_q8.log" | tail -12
+  ;;
+nvme-bench)
+  mkdir -p /tmp/zs-nvme
+  python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 2>&1 | tee "$OUT/bench_engine_nvme.log" | tail -4
+  python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 --state int8 2>&1 | tee -a "$OUT/bench_engine_nvme.log" | tail -1
+  ;;
+*)
+  sed -n 2,15p "$0"; exit 2 ;;
+esac
