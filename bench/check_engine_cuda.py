@@ -5,7 +5,8 @@ compares each with a GPU-only reference written here (bf16 model, fp32 masters,
 torch AdamW, clipping): offload to the CPU with zspeed's native CPUAdam (pinned and
 pageable buffers, several optimizer chunks, gradient accumulation), with torch's
 AdamW on the CPU, and without offload; plus fp16 overflow skipping and a checkpoint
-round trip on CUDA. Prints one PASS/FAIL line per check; exit status 1 if any fails.
+round trip on CUDA; and offload_optimizer.device nvme against device cpu (bit for
+bit, fp16 overflow, checkpoint nvme -> nvme / cpu). Prints one PASS/FAIL line per check; exit status 1 if any fails.
 
     python bench/check_engine_cuda.py
 """
@@ -94,6 +95,54 @@ def compare(name, ref, got, engine, tol):
           f"max|master diff|={dm:.2e} (bound {tol:.2e}) max rel loss diff={dl:.2e}")
 
 
+class Bad(torch.nn.Module):
+    """The model with an inf loss on its third call (an fp16 overflow)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, ids, tgt):
+        self.calls += 1
+        loss = self.inner(ids, tgt)
+        return loss * float("inf") if self.calls == 3 else loss
+
+
+def nvme_checks(model, batches, off, bad_cls=Bad):
+    """offload_optimizer.device nvme on CUDA: bit for bit the cpu path (same kernels, same grads)."""
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.module.parameters(), b.module.parameters()))  # noqa: E731
+    with tempfile.TemporaryDirectory() as nd, tempfile.TemporaryDirectory() as cd:
+        nv = {"stage": 2, "sub_group_size": 1 << 18,
+              "offload_optimizer": {"device": "nvme", "nvme_path": nd, "pin_memory": True}}
+        ec, lc = run(model, batches, off)
+        en, ln = run(model, batches, nv)
+        check("nvme offload: host buffers pinned", en.offload.pinned and en.offload.flat_grads[0].is_pinned())
+        check("nvme offload == cpu offload bit for bit on CUDA", same(ec, en) and lc == ln,
+              f"{len(en._host.swappers[0].sizes)} partitions; {en.nvme_stats()[0]}")
+        e1, _ = run(bad_cls(model), batches, off, fp16=True)
+        e2, _ = run(bad_cls(model), batches, nv, fp16=True)
+        check("nvme fp16 overflow skip == cpu", e2.skipped_steps == 1 and same(e1, e2))
+        a, _ = run(model, batches, nv)
+        a.save_checkpoint(cd)
+        saved = [p.detach().clone() for p in a.module.parameters()]
+        for ids in batches[STEPS:STEPS + 3]:
+            a.backward(a(ids[:, :-1], ids[:, 1:]))
+            a.step()
+        for dev in ("nvme", "cpu"):
+            b, _ = run(model, batches, nv if dev == "nvme" else off, steps=0)
+            b.load_checkpoint(cd)
+            ok = all(torch.equal(x, y) for x, y in zip(saved, b.module.parameters()))
+            for ids in batches[STEPS:STEPS + 3]:
+                b.backward(b(ids[:, :-1], ids[:, 1:]))
+                b.step()
+            check(f"nvme checkpoint -> {dev} resume on CUDA is bit-exact", ok and same(a, b))
+            if dev == "nvme":
+                b.close()
+        for e in (en, e2, a):
+            e.close()
+        check("nvme swap files removed by close()", not os.listdir(nd), str(os.listdir(nd)))
+
+
 def main():
     if not torch.cuda.is_available():
         sys.exit("check_engine_cuda.py needs a CUDA GPU")
@@ -145,16 +194,6 @@ def main():
     compare("bf16: offload native, gradient accumulation 2", ref2, losses, e, tol)
 
     # fp16 with an injected inf: the step is skipped on the offloaded path too.
-    class Bad(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner, self.calls = inner, 0
-
-        def forward(self, ids, tgt):
-            self.calls += 1
-            loss = self.inner(ids, tgt)
-            return loss * float("inf") if self.calls == 3 else loss
-
     e, _ = run(Bad(model), batches, off, fp16=True)
     check("fp16 overflow skipped on CUDA offload", e.skipped_steps == 1 and
           all(torch.isfinite(p).all() for p in e.module.parameters()), f"skipped={e.skipped_steps}")
@@ -172,6 +211,7 @@ def main():
                 eng.step()
         same = same and all(torch.equal(x, y) for x, y in zip(a.module.parameters(), b.module.parameters()))
         check("checkpoint resume on CUDA is bit-exact", same)
+    nvme_checks(model, batches, off, Bad)
     print(f"{len(FAILS)} failed" if FAILS else "all CUDA engine checks passed")
     return 1 if FAILS else 0
 

@@ -9,6 +9,7 @@
 #   bench/gpu_host.sh examples  the two DeepSpeed-guide example scripts
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
+#   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
 # Optional: ZS_HOST_DEBS=dir with liburing2/liburing-dev .debs (the host has
 # no liburing), ZS_HOST_WHEELS=dir with deepspeed and its missing deps.
 # Logs go to $OUT (or ./host-out).
@@ -66,6 +67,11 @@ io)
   python3 bench/bench_swap.py --params 2^28 --folder /tmp/zs-swap --steps 5 2>&1 | tee "$OUT/bench_swap.log" | tail -12
   python3 bench/bench_swap.py --params 2^28 --folder /tmp/zs-swap --steps 5 --state q8 2>&1 | tee "$OUT/bench_swap_q8.log" | tail -12
   ;;
+nvme-bench)
+  mkdir -p /tmp/zs-nvme
+  python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 2>&1 | tee "$OUT/bench_engine_nvme.log" | tail -4
+  python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 --state int8 2>&1 | tee -a "$OUT/bench_engine_nvme.log" | tail -1
+  ;;
 *)
-  sed -n 2,14p "$0"; exit 2 ;;
+  sed -n 2,15p "$0"; exit 2 ;;
 esac

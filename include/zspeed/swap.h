@@ -110,7 +110,8 @@ typedef struct zs_swap_step_args {
   const void *const *grads;
   int grad_dtype;
   /* NULL, or one pointer per partition (an entry may be NULL) receiving the
-   * updated weights as out_dtype (BF16 or F16; default BF16). */
+   * updated weights as out_dtype (BF16, F16 or F32; default BF16). F32 is a
+   * plain copy of the updated fp32 masters, for models trained in fp32. */
   void *const *outs;
   int out_dtype;
   double grad_scale; /* multiplies every gradient (default 1) */

@@ -115,13 +115,17 @@ static int compute(swap_pipe *p, int i, int b) {
       t.m_scale = (float *)(base + q->ms_off) + k / ZS_OPTIM_QBLOCK;
       t.v_scale = (float *)(base + q->vs_off) + k / ZS_OPTIM_QBLOCK;
     }
-    if (out) {
+    /* The kernels convert to BF16/F16 themselves; an F32 copy-out is the
+     * updated master itself, copied after the kernel. */
+    if (out && a->out_dtype != ZS_DTYPE_F32) {
       t.out = (unsigned char *)out + k * os;
       t.out_dtype = a->out_dtype;
     }
     t0 = zs__now_ns();
     rc = zs__swap_kernel(s, &t, p->lr, s->beta1, s->beta2, s->eps,
                          s->weight_decay, a->grad_scale, p->step);
+    if (rc == 0 && out && a->out_dtype == ZS_DTYPE_F32)
+      memcpy((unsigned char *)out + k * os, t.param, t.n * 4);
     s->stats.compute_ns += zs__now_ns() - t0;
     issue_reads(p, -1, i + s->bufcount - 1);
   }
@@ -141,9 +145,10 @@ static int check_args(swap_pipe *p) {
       a->grad_dtype != ZS_DTYPE_F16)
     return zs__fail(ZS_EDTYPE, "zs_swap_step: grad_dtype %d must be "
                     "ZS_DTYPE_F32, BF16 or F16", a->grad_dtype);
-  if (a->outs && a->out_dtype != ZS_DTYPE_BF16 && a->out_dtype != ZS_DTYPE_F16)
+  if (a->outs && a->out_dtype != ZS_DTYPE_BF16 && a->out_dtype != ZS_DTYPE_F16 &&
+      a->out_dtype != ZS_DTYPE_F32)
     return zs__fail(ZS_EDTYPE, "zs_swap_step: out_dtype %d must be "
-                    "ZS_DTYPE_BF16 or F16", a->out_dtype);
+                    "ZS_DTYPE_BF16, F16 or F32", a->out_dtype);
   if (a->step < 0)
     return zs__fail(ZS_EINVAL, "zs_swap_step: step = %lld must be >= 0 "
                     "(0 = count automatically)", (long long)a->step);

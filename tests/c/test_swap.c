@@ -467,7 +467,7 @@ static void bad_input(void) {
   ZT_ERR(zs_swap_step(h.s, &a), ZS_EDTYPE);
   a.grad_dtype = ZS_DTYPE_F32;
   a.outs = h.outs;
-  a.out_dtype = ZS_DTYPE_F32;
+  a.out_dtype = ZS_DTYPE_Q8; /* copy-out is BF16, F16 or F32 */
   ZT_ERR(zs_swap_step(h.s, &a), ZS_EDTYPE);
   a.outs = NULL;
   a.grad_scale = INFINITY;

@@ -138,7 +138,7 @@ def test_optimizer_and_scheduler_types():
 def test_zero_and_offload_rules():
     err({"train_batch_size": 4, "zero_optimization": {"stage": 3}}, "stage 3", "not yet")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
-        "'nvme' is not yet supported", "later")
+        "nvme_path is required", "directory")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
         "not one of")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},

@@ -255,3 +255,17 @@ def test_matches_zspeed_ops_adam_step(tmp_path, backend, state_dtype):
                 assert st["exp_avg"].tobytes() == conv(m).tobytes()
                 assert st["exp_avg_sq"].tobytes() == conv(v).tobytes()
                 assert outs[i].tobytes() == o.tobytes()
+
+
+def test_fp32_out_is_the_updated_master(tmp_path):
+    """out buffers in float32 receive an exact copy of the updated masters."""
+    sizes = [1000, 333]
+    rng = np.random.default_rng(7)
+    with NVMeOptimizerSwapper(sizes, tmp_path, lr=1e-2) as sw:
+        for i, n in enumerate(sizes):
+            sw.init_partition(i, rng.standard_normal(n).astype(np.float32))
+        grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+        outs = [np.full(n, np.nan, np.float32) for n in sizes]
+        sw.step(grads, out=outs)
+        for i in range(len(sizes)):
+            assert np.array_equal(outs[i], sw.get_state(i)["param"])  # a copy: exact

@@ -124,7 +124,8 @@ class NVMeOptimizerSwapper:
       num_threads: compute threads incl. the caller (0 = all).
       block_size, queue_depth, intra_op_parallelism, backend: the aio
         engine's settings (DeepSpeed's ``aio`` section; backend auto |
-        io_uring | threads | iocp). direct: auto | on | off.
+        io_uring | threads | iocp), single_submit, overlap_events (None:
+        the aio engine's default). direct: auto | on | off.
       sync_each_step: fsync the file before committing each step.
     """
 
@@ -137,7 +138,8 @@ class NVMeOptimizerSwapper:
                  num_threads: int = 0, block_size: int = 4 << 20,
                  queue_depth: int = 32, intra_op_parallelism: int = 1,
                  backend: str = "auto", direct: str = "auto",
-                 sync_each_step: bool = False):
+                 sync_each_step: bool = False, single_submit: bool = False,
+                 overlap_events: bool | None = None):
         self._h = None
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
@@ -181,6 +183,9 @@ class NVMeOptimizerSwapper:
         self._aio.block_size, self._aio.queue_depth = int(block_size), int(queue_depth)
         self._aio.intra_op_parallelism = int(intra_op_parallelism)
         self._aio.backend = _BACKENDS[backend]
+        self._aio.single_submit = int(bool(single_submit))
+        if overlap_events is not None:
+            self._aio.overlap_events = int(bool(overlap_events))
         cfg.aio = ctypes.cast(ctypes.byref(self._aio), ctypes.c_void_p)
         h = ctypes.c_void_p()
         check(lib.zs_swap_create(ctypes.byref(h), ctypes.byref(cfg)), "zs_swap_create")
@@ -235,7 +240,8 @@ class NVMeOptimizerSwapper:
           Each gradient is multiplied by grad_scale (e.g. clip coefficient /
           loss scale) inside the kernel.
         out: None, or one buffer per partition (an entry may be None)
-          receiving the updated weights in bf16 or fp16 (all the same dtype).
+          receiving the updated weights in bf16, fp16 or fp32 (all the same
+          dtype; fp32 is a copy of the updated masters).
         lr: this step's learning rate (None = the current one, see
           :meth:`set_hparams`). step: Adam's step number for bias correction
           (None = :attr:`steps` + 1).
@@ -264,8 +270,6 @@ class NVMeOptimizerSwapper:
                 if o is None:
                     continue
                 addr, dt = _view(o, f"out[{i}]", self.sizes[i], out_dtype)
-                if dt == _F32:
-                    raise ValueError(f"out[{i}] must be bfloat16 or float16")
                 if odt is not None and dt != odt:
                     raise ValueError("every out buffer must have the same dtype")
                 optr[i], odt = addr, dt
@@ -359,6 +363,14 @@ class NVMeOptimizerSwapper:
         check(lib.zs_swap_read_image(self._handle, i, ctypes.c_void_p(buf.ctypes.data), nb),
               "zs_swap_read_image")
         return buf
+
+    def layout(self, i: int) -> dict[str, int]:
+        """Byte offsets in partition i's raw image of "param" (fp32), "m", "v",
+        "m_scale", "v_scale" (-1 when absent) and its "total" bytes."""
+        v = [ctypes.c_int64() for _ in range(6)]
+        check(lib.zs_swap_layout(self._handle, self._part(i), *[ctypes.byref(x) for x in v]),
+              "zs_swap_layout")
+        return dict(zip(("param", "m", "v", "m_scale", "v_scale", "total"), (x.value for x in v)))
 
     def write_image(self, i: int, image: np.ndarray) -> None:
         img = np.ascontiguousarray(image, dtype=np.uint8)

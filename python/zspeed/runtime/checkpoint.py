@@ -163,7 +163,13 @@ def _optimizer_payload(engine) -> tuple[dict, dict]:
                 scalars.setdefault(name, {})[k] = v
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
               for g in sd["param_groups"]]
-    return tensors, {"class": type(engine.optimizer).__name__, "param_groups": groups, "scalars": scalars}
+    return tensors, {"class": _opt_class(engine.optimizer), "param_groups": groups, "scalars": scalars}
+
+
+def _opt_class(opt) -> str:
+    """The optimizer's class as recorded in checkpoints; nvme offload records the CPU path's class
+    (same tensors), so checkpoints move between offload devices."""
+    return getattr(opt, "checkpoint_class", type(opt).__name__)
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
@@ -306,7 +312,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     _check_shapes(f"model weights in '{d}'", {k: v for k, v in model_sd.items() if torch.is_tensor(v)}, saved,
                   load_module_strict)
     masters = _read_tensors(d, "master.safetensors", meta)
-    mine = engine._master_named()
+    mine = engine._master_shapes()
     if load_optimizer_states:
         _check_shapes(f"fp32 master weights in '{d}'", mine, masters, True)
     opt_t = _read_tensors(d, "optim.safetensors", meta) if load_optimizer_states else {}
@@ -314,15 +320,11 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
 
     # Everything is read and validated: now modify the engine.
     engine.module.load_state_dict({k: v for k, v in saved.items() if k in model_sd}, strict=False)
-    with torch.no_grad():
-        if load_optimizer_states:
-            for n, m in mine.items():
-                m.copy_(masters[n].to(m.device))
-        else:  # weights only: masters follow the (possibly low-precision) model weights
-            params = dict(engine.module.named_parameters())
-            for n, m in mine.items():
-                m.copy_(params[n].detach().to(m.device, torch.float32))
-    engine._after_master_load()
+    if load_optimizer_states:
+        engine._load_masters({n: masters[n] for n in mine})
+    else:  # weights only: masters follow the (possibly low-precision) model weights
+        params = dict(engine.module.named_parameters())
+        engine._load_masters({n: params[n].detach().to(torch.float32) for n in mine})
     if load_optimizer_states:
         _load_optimizer(engine, meta, opt_t, d)
         engine.loss_scaler.load_state_dict(meta["loss_scaler"])
@@ -345,9 +347,9 @@ def _load_optimizer(engine, meta: dict, tensors: dict, d: Path) -> None:
                               f"({len(saved_names)} parameters) than this engine has ({len(names)}); "
                               f"pass load_optimizer_states=False to load the weights only.")
     opt = meta["optimizer"]
-    if opt["class"] != type(engine.optimizer).__name__:
+    if opt["class"] != _opt_class(engine.optimizer):
         raise CheckpointError(f"optimizer state in '{d}' belongs to {opt['class']}, but this engine runs "
-                              f"{type(engine.optimizer).__name__}; pass load_optimizer_states=False.")
+                              f"{_opt_class(engine.optimizer)}; pass load_optimizer_states=False.")
     state: dict = {}
     for i, n in enumerate(names):
         st = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(n + "/")

@@ -214,7 +214,7 @@ SCHEMA: dict[str, S] = {
         "load_from_fp32_weights": K(True, (bool,), "restore masters from fp32 copies in checkpoints"),
         "elastic_checkpoint": K(False, (bool,), "accepted (no effect)"),
         "ignore_unused_parameters": K(True, (bool,), "tolerate parameters without gradients"),
-        "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group", auto=AUTO_DEFAULT),
+        "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group (cpu: step chunk, capped at 2^26; nvme: swapper partition, capped at 2^23)", auto=AUTO_DEFAULT),
         "stage3_max_live_parameters": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
         "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
         "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
@@ -225,13 +225,14 @@ SCHEMA: dict[str, S] = {
     }, "zero_optimization"),
     "zero_optimization.offload_optimizer": S({
         "device": K("none", (str,), "where optimizer state lives", choices=("none", "cpu", "nvme")),
-        "nvme_path": K(None, (str, type(None)), "directory for nvme offload"),
+        "nvme_path": K(None, (str, type(None)),
+                       "nvme: existing writable directory for the swap files (required; deleted by engine.close())"),
         "pin_memory": K(False, (bool,), "page-lock host buffers (needed for async copies)"),
-        "buffer_count": K(4, (int,), "staging buffers for nvme offload", check=_pos),
+        "buffer_count": K(4, (int,), "nvme: page-locked pipeline buffers of the swapper (>= 3 overlaps read, step and write)", check=_pos),
         "fast_init": K(False, (bool,), "accepted (no effect)"),
         "ratio": K(1.0, NUM, "fraction of the optimizer step on the CPU (only 1.0)"),
-        "pipeline_read": K(False, (bool,), "nvme: overlap reads (accepted)"),
-        "pipeline_write": K(False, (bool,), "nvme: overlap writes (accepted)"),
+        "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
+        "pipeline_write": K(False, (bool,), "accepted: zspeed's nvme step always overlaps writes with compute"),
     }, "zero_optimization.offload_optimizer"),
     "zero_optimization.offload_param": S({
         "device": K("none", (str,), "where parameters live (stage 3 only)", choices=("none", "cpu", "nvme")),
@@ -242,12 +243,12 @@ SCHEMA: dict[str, S] = {
         "max_in_cpu": K(1000000000, NUM, "parameters kept in CPU memory", auto=AUTO_DEFAULT),
     }, "zero_optimization.offload_param"),
     "aio": S({
-        "block_size": K(1048576, (int,), "bytes per I/O request", check=_pos),
-        "queue_depth": K(8, (int,), "requests in flight per thread", check=_pos),
-        "intra_op_parallelism": K(1, (int,), "I/O threads per operation", check=_pos),
+        "block_size": K(1048576, (int,), "bytes per I/O request (nvme swapper)", check=_pos),
+        "queue_depth": K(8, (int,), "requests in flight per thread (nvme swapper)", check=_pos),
+        "intra_op_parallelism": K(1, (int,), "I/O threads per operation (nvme swapper)", check=_pos),
         "thread_count": K(None, (int, type(None)), "older name of intra_op_parallelism"),
-        "single_submit": K(False, (bool,), "submit requests one at a time"),
-        "overlap_events": K(True, (bool,), "overlap submission and completion"),
+        "single_submit": K(False, (bool,), "submit requests one at a time (nvme swapper, io_uring)"),
+        "overlap_events": K(True, (bool,), "overlap submission and completion (nvme swapper, io_uring)"),
         "use_gds": K(False, (bool,), "GPUDirect Storage (not supported)"),
     }, "aio"),
     "checkpoint": S({
@@ -581,8 +582,7 @@ class ZSpeedConfig:
                               "support yet; remove offload_param (offload_optimizer works with stage 1-2).")
         dev = self.offload["device"]
         if dev == "nvme":
-            raise ConfigError("zero_optimization.offload_optimizer.device 'nvme' is not yet supported: "
-                              "NVMe offload comes in a later zspeed issue. Use device 'cpu' for now.")
+            self._validate_nvme_path()
         if dev == "cpu" and stage == 0:
             raise ConfigError("zero_optimization.offload_optimizer.device 'cpu' needs "
                               "zero_optimization.stage 1 or 2 (DeepSpeed offloads only under ZeRO); "
@@ -605,6 +605,20 @@ class ZSpeedConfig:
         if self.fp16["auto_cast"] and not self.fp16["enabled"]:
             raise ConfigError("fp16.auto_cast needs fp16.enabled true.")
 
+    def _validate_nvme_path(self):
+        """offload_optimizer.device 'nvme' needs an existing, writable directory for the swap files."""
+        path = self.offload["nvme_path"]
+        key = "zero_optimization.offload_optimizer.nvme_path"
+        if not path:
+            raise ConfigError(f"{key} is required with offload_optimizer.device 'nvme': set it to a directory "
+                              f"on a fast local disk (e.g. \"/local_nvme\") where zspeed may write its swap files.")
+        if not os.path.isdir(path):
+            raise ConfigError(f"{key} = {path!r} is not an existing directory; create it (mkdir -p) or point "
+                              f"it at a directory on a local NVMe disk.")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key} = {path!r} is not writable by this process; fix its permissions or "
+                              f"choose another directory.")
+
     # -- convenience ----------------------------------------------------------------------
     @property
     def zero_stage(self) -> int:
@@ -616,7 +630,8 @@ class ZSpeedConfig:
 
     @property
     def offloaded(self) -> bool:
-        return self.offload["device"] == "cpu"
+        """Optimizer state off the device: in CPU memory (cpu) or streamed from NVMe (nvme)."""
+        return self.offload["device"] in ("cpu", "nvme")
 
     @property
     def fp16_enabled(self) -> bool:

@@ -7,7 +7,9 @@ Precision: with fp16 or bf16 enabled the model is converted to that dtype and an
 fp32 copy of every trainable parameter (the master weights) is what the optimizer
 updates; with fp32 the optimizer updates the parameters themselves unless they are
 offloaded. Offloaded (zero_optimization.offload_optimizer.device = cpu) masters and
-optimizer state live in CPU memory (see offload.py).
+optimizer state live in CPU memory (see offload.py); with device = nvme they live
+in swap files under nvme_path and stream through the C swapper (see nvme.py),
+while gradients and weights take the same host path as with cpu.
 
 One optimizer step (the boundary):
   1. gradients of the boundary (device: fp32 master grads; offload: host buffers);
@@ -30,6 +32,7 @@ import torch
 from .config import ConfigError, ZSpeedConfig, parse_config
 from .loss_scaler import build_loss_scaler
 from .lr_schedules import build_scheduler
+from .nvme import NVMeHostOptimizer
 from .offload import CPUOffload
 from .optimizers import HostOptimizer, build_device_optimizer, build_host_optimizer, rebuild_like, \
     torch_grad_stats
@@ -116,19 +119,28 @@ class ZSpeedEngine(torch.nn.Module):
                               "(DeepSpeed refuses this too).")
 
         self.offload: CPUOffload | None = None
-        self._host: HostOptimizer | None = None
+        self._host: HostOptimizer | NVMeHostOptimizer | None = None
+        self._nvme = config.offload_device == "nvme"
         if config.offloaded:
             bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
-            chunk = min(int(config.zero["sub_group_size"]), _CHUNK_CAP)
+            # nvme: the swapper pipelines partitions itself, so the step is one call (one chunk).
+            chunk = 1 << 62 if self._nvme else min(int(config.zero["sub_group_size"]), _CHUNK_CAP)
             self.offload = CPUOffload(groups, self.device, self.dtype, config.offload["pin_memory"], bucket,
-                                      chunk)
-            mgroups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
-                       for g, ms in zip(groups, self.offload.master_groups())]
-            self._host = build_host_optimizer(config.optimizer_name, config.optimizer_params, mgroups,
-                                              client=optimizer,
-                                              force_native=bool(config.top["zero_force_ds_cpu_optimizer"]))
+                                      chunk, flat_host=self._nvme)
+            if self._nvme:
+                self._host = NVMeHostOptimizer(config.optimizer_name, config.optimizer_params, groups,
+                                               self.offload, config.offload, config.aio,
+                                               int(config.zero["sub_group_size"]), client=optimizer)
+                self._masters = None  # on disk: see _master_named / _load_masters
+            else:
+                mgroups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
+                           for g, ms in zip(groups, self.offload.master_groups())]
+                self._host = build_host_optimizer(config.optimizer_name, config.optimizer_params, mgroups,
+                                                  client=optimizer,
+                                                  force_native=bool(config.top["zero_force_ds_cpu_optimizer"]))
             self.optimizer = self._host.optimizer
-            self._masters = [list(g["params"]) for g in self.optimizer.param_groups]
+            if not self._nvme:
+                self._masters = [list(g["params"]) for g in self.optimizer.param_groups]
             self._lowp_masters = False
         else:
             self._lowp_masters = self.dtype != torch.float32
@@ -237,7 +249,8 @@ class ZSpeedEngine(torch.nn.Module):
         return self._config.zero_stage
 
     def zero_cpu_offload(self) -> bool:
-        return self._config.offloaded
+        """True with offload_optimizer.device cpu (DeepSpeed's meaning; nvme is not 'cpu offload')."""
+        return self._config.offload_device == "cpu"
 
     @property
     def loss_scale(self) -> float:
@@ -299,8 +312,8 @@ class ZSpeedEngine(torch.nn.Module):
             sumsq, nonfinite = torch_grad_stats(flat, inv_scale)
         overflow = nonfinite and self._skip_nonfinite
         self._last_overflow = overflow
-        self.loss_scaler.update_scale(overflow)
         if overflow:
+            self.loss_scaler.update_scale(True)
             self.skipped_steps += 1
             self._global_grad_norm = None
             log.info("zspeed: step %d skipped: gradient overflow; loss scale now %g", self.global_steps,
@@ -321,6 +334,9 @@ class ZSpeedEngine(torch.nn.Module):
                 off.end_write_back()
             else:
                 self._device_step(grads, factor)
+            # After the step: if it raised (an NVMe I/O error leaves the state at the previous
+            # step), nothing here has moved and engine.step() can simply be called again.
+            self.loss_scaler.update_scale(False)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
         if self.offload is not None:
@@ -375,14 +391,49 @@ class ZSpeedEngine(torch.nn.Module):
                                load_optimizer_states=load_optimizer_states and not load_module_only,
                                load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only)
 
+    # -- lifetime ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Releases what the engine holds outside Python's memory: with nvme offload the swap
+        files under nvme_path are deleted (also done when the engine is garbage-collected).
+        The engine cannot train afterwards. Idempotent."""
+        if self._nvme and self._host is not None:
+            self._host.close()
+
+    destroy = close  # DeepSpeed's name
+
+    def nvme_stats(self) -> list:
+        """nvme offload: per parameter group, the swapper's cumulative statistics (bytes read and
+        written, compute_ns vs read_wait_ns + write_wait_ns); [] otherwise."""
+        return self._host.stats() if self._nvme else []
+
     # -- internals used by checkpoint.py -------------------------------------------------------------
     def _master_named(self) -> dict:
-        """name -> fp32 master tensor (shaped like the parameter)."""
+        """name -> fp32 master tensor (shaped like the parameter; with nvme offload a fresh copy
+        read from disk)."""
         out = {}
-        for names, ps, ms in zip(self._names, self._model_params, self._masters):
+        masters = self._host.masters() if self._nvme else self._masters
+        for names, ps, ms in zip(self._names, self._model_params, masters):
             for n, p, m in zip(names, ps, ms):
                 out[n] = m.view(p.shape) if m.shape != p.shape else m
         return out
+
+    def _master_shapes(self) -> dict:
+        """name -> a meta tensor shaped like the master (for validation without reading them)."""
+        return {n: torch.empty(p.shape, device="meta")
+                for names, ps in zip(self._names, self._model_params) for n, p in zip(names, ps)}
+
+    def _load_masters(self, src: dict) -> None:
+        """Replaces every fp32 master from ``src`` (name -> tensor) and refreshes the model."""
+        if self._nvme:
+            masters = [[src[n].detach().reshape(-1).to("cpu", torch.float32) for n in names]
+                       for names in self._names]
+            self._host.load_masters(masters)
+            self.offload.reload_from_masters(masters)
+            return
+        with torch.no_grad():
+            for n, m in self._master_named().items():
+                m.copy_(src[n].to(m.device).view(m.shape))
+        self._after_master_load()
 
     def _after_master_load(self) -> None:
         if self.offload is not None:

@@ -25,6 +25,12 @@ Gradient accumulation accumulates on the device (hooks stay idle until the
 boundary). On a CPU-only machine the same object runs without streams: the
 optimizer reads p.grad directly and writes bf16/fp16 weights straight into the
 parameters.
+
+With ``flat_host=True`` (offload_optimizer.device = nvme) no master copy is kept
+here: the masters and states live in the NVMe swapper (nvme.py), which reads the
+gradients from one flat host buffer per group and writes the updated weights
+(in the model's dtype, fp32 included) into another; those two buffers exist on
+the CPU-only path too, and the copy back into the model is the same as above.
 """
 from __future__ import annotations
 
@@ -100,7 +106,7 @@ class CPUOffload:
     """Owns the host buffers, the gradient hooks and the copies of one engine."""
 
     def __init__(self, groups: list, device: torch.device, model_dtype: torch.dtype, pin_memory: bool,
-                 bucket_elems: int, chunk_elems: int = 1 << 26):
+                 bucket_elems: int, chunk_elems: int = 1 << 26, flat_host: bool = False):
         self.device = device
         self.cuda = device.type == "cuda"
         self.lowp = model_dtype in _LOWP
@@ -112,33 +118,12 @@ class CPUOffload:
         self.pinned = False
         pin = self.cuda and pin_memory
         self.masters, self.host_grads, self.lowp_out = [], None, None
-        share_cpu = (not self.cuda and all(p.is_contiguous() for ps in self.params for p in ps))
-        if self.cuda:
-            self.host_grads, self.lowp_out = [], ([] if self.lowp else None)
-        elif self.lowp and share_cpu:
-            self.lowp_out = [[p.data.view(-1) for p in ps] for ps in self.params]
-        for ps in self.params:
-            numels = [p.numel() for p in ps]
-            if not self.cuda and not self.lowp and share_cpu:
-                # fp32 model on the CPU: the parameters are the master weights.
-                self.masters.append([p.data.view(-1) for p in ps])
-                continue
-            mflat = self._alloc(sum(numels), torch.float32, pin)
-            mviews = self._views(mflat, numels)
-            with torch.no_grad():
-                for v, p in zip(mviews, ps):
-                    v.copy_(p.detach().reshape(-1).to("cpu", torch.float32))
-            self.masters.append(mviews)
-            if self.cuda:
-                self.host_grads.append(self._views(self._alloc(sum(numels), model_dtype, pin), numels))
-                if self.lowp:
-                    self.lowp_out.append(self._views(self._alloc(sum(numels), model_dtype, pin), numels))
-        if not self.cuda and self.lowp and self.lowp_out is None:
-            self.lowp_out = [self._views(self._alloc(sum(p.numel() for p in ps), model_dtype, False),
-                                         [p.numel() for p in ps]) for ps in self.params]
-            self._cpu_copy_back = True
+        self.flat_grads: list | None = None
+        self.flat_out: list | None = None
+        if flat_host:
+            self._init_flat(model_dtype, pin)
         else:
-            self._cpu_copy_back = not self.cuda and not self.lowp and not share_cpu
+            self._init_masters(model_dtype, pin)
         if self._pinned:
             weakref.finalize(self, _unpin, list(self._pinned))
         self.pinned = pin and self._pinned_any
@@ -172,6 +157,48 @@ class CPUOffload:
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     # -- buffers ---------------------------------------------------------------------------
+    def _init_masters(self, model_dtype, pin: bool) -> None:
+        """fp32 masters in RAM (device=cpu), plus the grads / low-precision buffers the path needs."""
+        share_cpu = (not self.cuda and all(p.is_contiguous() for ps in self.params for p in ps))
+        if self.cuda:
+            self.host_grads, self.lowp_out = [], ([] if self.lowp else None)
+        elif self.lowp and share_cpu:
+            self.lowp_out = [[p.data.view(-1) for p in ps] for ps in self.params]
+        for ps in self.params:
+            numels = [p.numel() for p in ps]
+            if not self.cuda and not self.lowp and share_cpu:
+                # fp32 model on the CPU: the parameters are the master weights.
+                self.masters.append([p.data.view(-1) for p in ps])
+                continue
+            mflat = self._alloc(sum(numels), torch.float32, pin)
+            mviews = self._views(mflat, numels)
+            with torch.no_grad():
+                for v, p in zip(mviews, ps):
+                    v.copy_(p.detach().reshape(-1).to("cpu", torch.float32))
+            self.masters.append(mviews)
+            if self.cuda:
+                self.host_grads.append(self._views(self._alloc(sum(numels), model_dtype, pin), numels))
+                if self.lowp:
+                    self.lowp_out.append(self._views(self._alloc(sum(numels), model_dtype, pin), numels))
+        if not self.cuda and self.lowp and self.lowp_out is None:
+            self.lowp_out = [self._views(self._alloc(sum(p.numel() for p in ps), model_dtype, False),
+                                         [p.numel() for p in ps]) for ps in self.params]
+            self._cpu_copy_back = True
+        else:
+            self._cpu_copy_back = not self.cuda and not self.lowp and not share_cpu
+
+    def _init_flat(self, model_dtype, pin: bool) -> None:
+        """No masters: one flat grads and one flat out buffer (model dtype) per group (device=nvme)."""
+        self.masters = None
+        self.flat_grads, self.flat_out, self.host_grads, self.lowp_out = [], [], [], []
+        for ps in self.params:
+            numels = [p.numel() for p in ps]
+            for flats, views in ((self.flat_grads, self.host_grads), (self.flat_out, self.lowp_out)):
+                flat = self._alloc(sum(numels), model_dtype, pin)
+                flats.append(flat)
+                views.append(self._views(flat, numels))
+        self._cpu_copy_back = not self.cuda
+
     def _alloc(self, numel: int, dtype, pin: bool) -> torch.Tensor:
         t = torch.empty(numel, dtype=dtype)
         if not pin:
@@ -237,6 +264,15 @@ class CPUOffload:
     # -- step ------------------------------------------------------------------------------
     def gather_grads(self) -> list:
         """Host gradients of the boundary, per group; parameters without one get zeros."""
+        if not self.cuda and self.flat_grads is not None:
+            with torch.no_grad():
+                for gi, ps in enumerate(self.params):
+                    for p, h in zip(ps, self.host_grads[gi]):
+                        if p.grad is None:
+                            h.zero_()
+                        else:
+                            h.copy_(p.grad.reshape(-1))
+            return self.host_grads
         if not self.cuda:
             out = []
             for gi, ps in enumerate(self.params):
@@ -258,9 +294,11 @@ class CPUOffload:
                     p.grad = None
                 else:
                     self.host_grads[gi][pi].zero_()
+                self._copied.add((gi, pi))
         self._issue(cur)
         self.side.synchronize()
-        self._copied.clear()
+        # _copied is cleared by release_grads(): a step that raised (NVMe I/O error) and is called
+        # again gathers the same host gradients instead of zeros.
         return self.host_grads
 
     def device_grad_stats(self, scale: float):
@@ -298,7 +336,7 @@ class CPUOffload:
 
     def write_back(self, chunk: list) -> None:
         """Copy the updated weights of one chunk into the model (asynchronous on CUDA)."""
-        src = self.lowp_out if self.lowp else self.masters
+        src = self.lowp_out if self.lowp_out is not None else self.masters
         if self.cuda:
             with torch.no_grad():
                 for gi, pi in chunk:
@@ -328,15 +366,19 @@ class CPUOffload:
     def master_groups(self) -> list:
         return self.masters
 
-    def reload_from_masters(self) -> None:
-        """After a checkpoint load wrote the masters: refresh the model's weights from them."""
+    def reload_from_masters(self, masters: list | None = None) -> None:
+        """After a checkpoint load wrote the masters: refresh the model's weights from them.
+
+        ``masters`` (per group, per parameter fp32 tensors) replaces the held masters
+        when there are none here (nvme: the swapper holds them)."""
+        masters = self.masters if masters is None else masters
         with torch.no_grad():
-            for ps, ms in zip(self.params, self.masters):
+            for ps, ms in zip(self.params, masters):
                 for p, m in zip(ps, ms):
                     if p.data.data_ptr() != m.data_ptr():
                         p.data.copy_(m.view(p.shape).to(p.device, p.dtype))
             if self.lowp_out is not None:
-                for ms, outs in zip(self.masters, self.lowp_out):
+                for ms, outs in zip(masters, self.lowp_out):
                     for m, o in zip(ms, outs):
                         if o.data_ptr() != m.data_ptr():
                             o.copy_(m)

@@ -1,0 +1,247 @@
+"""Engine with zero_optimization.offload_optimizer.device = nvme.
+
+The nvme path must train bit for bit like the cpu path (same kernels, same
+gradients, same norms), so every comparison here is torch.equal, not a
+tolerance: any difference is a bug in the data path, not rounding.
+"""
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+import zspeed  # noqa: E402
+from zspeed.runtime.config import ConfigError  # noqa: E402
+from zspeed.runtime.nvme import _partitions  # noqa: E402
+
+
+def _model():
+    torch.manual_seed(0)
+    # Odd sizes: partitions of 700 elements split the 37x61 weight and pack the small tensors.
+    return torch.nn.Sequential(torch.nn.Linear(37, 61), torch.nn.ReLU(), torch.nn.Linear(61, 13))
+
+
+def _cfg(device, path, *, opt="AdamW", state_dtype="fp32", precision=None, stage=2, sub=700, sched=True):
+    params = {"lr": 1e-2, "weight_decay": 0.01}
+    if state_dtype != "fp32":
+        params["state_dtype"] = state_dtype
+    if opt == "Adagrad":
+        params["initial_accumulator_value"] = 0.1
+    cfg = {"train_batch_size": 4, "optimizer": {"type": opt, "params": params},
+           "gradient_clipping": 0.5,
+           "zero_optimization": {"stage": stage, "sub_group_size": sub,
+                                 "offload_optimizer": {"device": device, "nvme_path": str(path),
+                                                       "buffer_count": 3, "pipeline_read": True}},
+           "aio": {"block_size": 65536, "queue_depth": 4}}
+    if sched:
+        cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-2,
+                                                           "warmup_num_steps": 4}}
+    if precision:
+        cfg[precision] = {"enabled": True}
+    return cfg
+
+
+def _engine(cfg, groups=False):
+    m = _model()
+    mp = None
+    if groups:  # two groups with different weight decay: one swapper per group
+        mp = [{"params": [m[0].weight, m[2].weight]}, {"params": [m[0].bias, m[2].bias], "weight_decay": 0.0}]
+    e, *_ = zspeed.initialize(model=m, model_parameters=mp, config=cfg)
+    return e
+
+
+def _train(e, steps, start=0, inf_at=()):
+    for i in range(start, start + steps):
+        g = torch.Generator().manual_seed(100 + i)
+        x = torch.randn(4, 37, generator=g).to(e.dtype)
+        y = torch.randn(4, 13, generator=g).to(e.dtype)
+        loss = ((e(x) - y) ** 2).mean()
+        if i in inf_at:
+            loss = loss * float("inf")  # every gradient non-finite: an fp16 overflow
+        e.backward(loss)
+        e.step()
+    return e
+
+
+def _same(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.module.parameters(), b.module.parameters()))
+
+
+@pytest.mark.parametrize("precision", [None, "bf16", "fp16"])
+@pytest.mark.parametrize("opt,state_dtype", [("AdamW", "fp32"), ("AdamW", "bf16"), ("AdamW", "int8"),
+                                             ("Adam", "fp32"), ("Adagrad", "fp32"), ("Lion", "fp32")])
+def test_nvme_matches_cpu_bit_for_bit(tmp_path, precision, opt, state_dtype):
+    a = _train(_engine(_cfg("cpu", tmp_path, opt=opt, state_dtype=state_dtype, precision=precision)), 6)
+    b = _train(_engine(_cfg("nvme", tmp_path, opt=opt, state_dtype=state_dtype, precision=precision)), 6)
+    assert _same(a, b)
+    assert a.get_lr() == b.get_lr() and a.skipped_steps == b.skipped_steps
+    assert a.get_global_grad_norm() == b.get_global_grad_norm()
+    st = b.nvme_stats()[0]
+    assert st["bytes_read"] > 0 and st["bytes_written"] > 0
+    # The parameters really moved (a broken step that skips everything would also "match").
+    fresh = _model()
+    assert not torch.equal(fresh[0].weight.to(b.dtype), b.module[0].weight)
+    b.close()
+
+
+def test_fp16_overflow_skip_groups_and_stage0(tmp_path):
+    # With one rank the stage does not change the numerics: nvme at stage 0 and 2 vs cpu at stage 2.
+    a = _train(_engine(_cfg("cpu", tmp_path, precision="fp16"), groups=True), 7, inf_at=(3,))
+    clean = _train(_engine(_cfg("cpu", tmp_path, precision="fp16"), groups=True), 7)
+    assert a.skipped_steps == clean.skipped_steps + 1  # the injected overflow was skipped
+    for stage in (0, 2):
+        b = _train(_engine(_cfg("nvme", tmp_path, precision="fp16", stage=stage), groups=True), 7, inf_at=(3,))
+        assert len(b.nvme_stats()) == 2  # two param groups -> two swappers
+        assert _same(a, b) and a.skipped_steps == b.skipped_steps and a.loss_scale == b.loss_scale
+        b.close()
+
+
+def test_partitions_cover_params_exactly():
+    numels = [2257, 61, 793, 13, 1]
+    for cap, per_param in ((700, False), (10**9, False), (1000, True)):
+        parts = _partitions(numels, cap, per_param, 256)
+        assert all(0 < p.n <= cap for p in parts)
+        seen = [0] * len(numels)
+        pos = 0
+        for p in parts:
+            assert p.start == pos
+            for pi, off, at, n in p.pieces:
+                assert off == seen[pi]
+                seen[pi] += n
+                if per_param:
+                    assert off % 256 == 0  # int8 blocks start where the per-tensor blocks do
+            pos += p.n
+        assert seen == numels
+        if per_param:
+            assert all(p.pieces[0][1] == 0 or len(p.pieces) == 1 for p in parts)
+            assert all(len({pi for pi, *_ in p.pieces}) == 1 for p in parts)
+
+
+@pytest.mark.parametrize("precision,state_dtype", [("bf16", "bf16"), (None, "fp32"), ("bf16", "int8")])
+def test_checkpoint_resume_nvme_and_cpu(tmp_path, precision, state_dtype):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+
+    def cfg(dev):
+        return _cfg(dev, swap, precision=precision, state_dtype=state_dtype)
+
+    ref = _train(_engine(cfg("nvme")), 8)
+    e = _train(_engine(cfg("nvme")), 4)
+    e.save_checkpoint(tmp_path / "ck")
+    e.close()
+    for dev in ("nvme", "cpu"):
+        r = _engine(cfg(dev))
+        path, _ = r.load_checkpoint(tmp_path / "ck")
+        assert path is not None and r.global_steps == 4
+        _train(r, 4, start=4)
+        assert _same(ref, r), dev
+    # cpu save -> nvme load continues exactly too.
+    c = _train(_engine(cfg("cpu")), 4)
+    c.save_checkpoint(tmp_path / "ck2")
+    n = _engine(cfg("nvme"))
+    n.load_checkpoint(tmp_path / "ck2")
+    _train(n, 4, start=4)
+    assert _same(ref, n)
+
+
+def test_checkpoint_state_dtype_mismatch_is_clear(tmp_path):
+    e = _train(_engine(_cfg("nvme", tmp_path, state_dtype="int8")), 2)
+    e.save_checkpoint(tmp_path / "ck")
+    r = _engine(_cfg("nvme", tmp_path, state_dtype="fp32"))
+    with pytest.raises(Exception, match="state_dtype"):
+        r.load_checkpoint(tmp_path / "ck")
+    r2 = _engine(_cfg("nvme", tmp_path, state_dtype="int8"))
+    r2.load_checkpoint(tmp_path / "ck", load_optimizer_states=False)  # weights only: fine
+
+
+def test_config_reaches_the_swapper_and_masters_are_not_in_ram(tmp_path):
+    c = _cfg("nvme", tmp_path)
+    c["aio"].update({"intra_op_parallelism": 2, "single_submit": True, "overlap_events": False})
+    e = _engine(c)
+    assert e.offload.masters is None  # fp32 masters + states live only in the swap file
+    sw = e._host.swappers[0]
+    aio = sw._aio
+    assert (aio.block_size, aio.queue_depth, aio.intra_op_parallelism) == (65536, 4, 2)
+    assert (aio.single_submit, aio.overlap_events) == (1, 0)
+    # sub_group_size 700: the 2257-element weight is split, its bias joins the tail, the 793-element
+    # weight starts a new partition (it does not fit) and is split, its bias joins the tail.
+    assert sw.sizes == [700, 700, 700, 157 + 61, 700, 93 + 13]
+    assert e.zero_optimization_stage() == 2 and not e.zero_cpu_offload()
+    e.close()
+
+
+@pytest.mark.parametrize("site,err", [("swap.write", "ZS_ENOSPC"), ("swap.read", "ZS_EIO")])
+def test_io_error_leaves_a_retryable_step(tmp_path, site, err):
+    from zspeed import NativeError
+    from zspeed._native import errcode, lib
+    ref = _train(_engine(_cfg("cpu", tmp_path, precision="fp16")), 5)
+    e = _train(_engine(_cfg("nvme", tmp_path, precision="fp16")), 2)
+    g = torch.Generator().manual_seed(102)
+    x, y = torch.randn(4, 37, generator=g).half(), torch.randn(4, 13, generator=g).half()
+    e.backward(((e(x) - y) ** 2).mean())
+    before = [p.detach().clone() for p in e.module.parameters()]
+    scale, lr = e.loss_scale, e.get_lr()
+    lib.zs_fault_set(site.encode(), 2, 1, errcode(err))
+    try:
+        with pytest.raises(NativeError) as ei:
+            e.step()
+    finally:
+        lib.zs_fault_clear()
+    assert ei.value.name == err and "keeps the state of step" in ei.value.detail
+    # Nothing moved: weights, counters, loss scale, lr schedule.
+    assert all(torch.equal(a, b) for a, b in zip(before, e.module.parameters()))
+    assert e.global_steps == 2 and e.loss_scale == scale and e.get_lr() == lr
+    e.step()  # the same gradients again: the run continues as if nothing happened
+    _train(e, 2, start=3)
+    assert _same(ref, e) and ref.loss_scale == e.loss_scale
+
+
+def test_files_removed_on_close_and_gc(tmp_path):
+    e = _engine(_cfg("nvme", tmp_path))
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".swap")]
+    e.close()
+    e.close()  # idempotent
+    assert not os.listdir(tmp_path)
+    e = _train(_engine(_cfg("nvme", tmp_path)), 1)
+    assert os.listdir(tmp_path)
+    del e
+    gc.collect()
+    assert not os.listdir(tmp_path)
+
+
+def test_nvme_config_errors(tmp_path):
+    cfg = _cfg("nvme", tmp_path)
+    del cfg["zero_optimization"]["offload_optimizer"]["nvme_path"]
+    with pytest.raises(ConfigError, match="nvme_path is required"):
+        _engine(cfg)
+    with pytest.raises(ConfigError, match="not an existing directory"):
+        _engine(_cfg("nvme", tmp_path / "missing"))
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="not an existing directory"):
+        _engine(_cfg("nvme", f))
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            with pytest.raises(ConfigError, match="not writable"):
+                _engine(_cfg("nvme", ro))
+        finally:
+            ro.chmod(0o700)
+    m = _model()
+    with pytest.raises(ConfigError, match="client optimizer"):
+        c = _cfg("nvme", tmp_path, sched=False)
+        del c["optimizer"]
+        zspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), config=c)
+    c = _cfg("nvme", tmp_path)
+    c["optimizer"]["params"]["torch_adam"] = True
+    with pytest.raises(ConfigError, match="torch_adam"):
+        _engine(c)
+    with pytest.raises(RuntimeError, match="inside"):
+        e = _engine(_cfg("nvme", tmp_path))
+        e.optimizer.step()
