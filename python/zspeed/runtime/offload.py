@@ -307,7 +307,9 @@ class CPUOffload:
         float64, as torch_grad_stats does); None on the CPU path."""
         if not self.cuda:
             return None
-        norms, self._dev_norms = self._dev_norms, []
+        # Kept until release_grads(): a step that fails (an NVMe I/O error)
+        # and is called again must see the same norms.
+        norms = self._dev_norms
         if not norms:
             return 0.0, False
         total = torch.stack(norms).to(torch.float64).square().sum().item() * float(scale) ** 2
