@@ -7,7 +7,7 @@ CPU optimizer (ZeRO-2 with offload_optimizer cpu); the model runs on the GPU if
 there is one (bf16), else on the CPU (fp32). A progress bar shows loss, tokens/s
 and memory; at the end a text sample is generated and the checkpoint location printed.
 
-    python examples/demo_train.py [--steps 300] [--out runs/demo]
+    python examples/demo_train.py [--steps 1200] [--out runs/demo]
 """
 import argparse
 import math
@@ -48,7 +48,7 @@ def memory_text(device) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--d-model", type=int, default=128)
