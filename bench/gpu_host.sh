@@ -11,7 +11,9 @@
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
 # Optional: ZS_HOST_DEBS=dir with liburing2/liburing-dev .debs (the host has
-# no liburing), ZS_HOST_WHEELS=dir with deepspeed and its missing deps.
+# no liburing), ZS_HOST_WHEELS=dir with deepspeed and its missing deps,
+# ZS_HOST_FIO=a .tar.xz holding .fio/fio (a wrapper) + .fio/lib (the host has
+# no fio; Debian 12's fio with its shared libraries was used).
 # Logs go to $OUT (or ./host-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,10 @@ if [ -n "${ZS_HOST_WHEELS:-}" ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     "$ZS_HOST_WHEELS"/*.whl
 fi
+if [ -n "${ZS_HOST_FIO:-}" ] && [ ! -x /tmp/zs-fio/.fio/fio ]; then
+  mkdir -p /tmp/zs-fio && tar -xJf "$ZS_HOST_FIO" -C /tmp/zs-fio
+fi
+[ -x /tmp/zs-fio/.fio/fio ] && export PATH=/tmp/zs-fio/.fio:$PATH
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$PWD/python:${PYTHONPATH:-}
