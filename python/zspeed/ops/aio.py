@@ -22,6 +22,7 @@ from typing import Any
 
 from .._native import NativeError, ZSpeedError, check, lib
 from .._signatures.aio import AioConfig, AioStats
+from ._lifetime import NativeHandleOwner
 
 __all__ = ["AsyncIOHandle", "aio_handle", "aio_backend", "BACKENDS"]
 
@@ -94,7 +95,7 @@ class _Buffer:
             self.device.copy_(self.host)
 
 
-class AsyncIOHandle:
+class AsyncIOHandle(NativeHandleOwner):
     """DeepSpeed's ``aio_handle`` on zspeed.
 
     Arguments and defaults are DeepSpeed's (``block_size=1 MiB``,
@@ -133,18 +134,6 @@ class AsyncIOHandle:
             lib.zs_aio_destroy(self._h)
             self._h = None
             self._inflight.clear()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from __del__
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _handle(self):
         if not self._h:

@@ -29,6 +29,7 @@ import numpy as np
 from .._native import ZSpeedError, check, lib
 from .._signatures.aio import AioConfig
 from .._signatures.swap import SwapConfig, SwapStats, SwapStepArgs
+from ._lifetime import NativeHandleOwner
 
 __all__ = ["NVMeOptimizerSwapper", "OPTIMIZERS", "STATE_DTYPES"]
 
@@ -104,7 +105,7 @@ def _f32(obj: Any, what: str, n: int, writable: bool = False) -> tuple[int, Any]
     return arr.ctypes.data, arr
 
 
-class NVMeOptimizerSwapper:
+class NVMeOptimizerSwapper(NativeHandleOwner):
     """Optimizer state of ``len(sizes)`` partitions on NVMe, stepped in C.
 
     Arguments:
@@ -197,18 +198,6 @@ class NVMeOptimizerSwapper:
         if self._h is not None:
             h, self._h = self._h, None
             check(lib.zs_swap_destroy(h), "zs_swap_destroy")
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from __del__
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def _handle(self):
