@@ -50,10 +50,13 @@
  * moments are, and v is stored through sqrt(v): the quantity the update
  * divides by, with half the dynamic range of v. Relative to the block maximum
  * the smallest non-zero m is 1/16129 and the smallest non-zero v is
- * 1/4.2e9. Codes are chosen by round-to-nearest-even of the inverse map.
- * A step dequantizes the block, runs the fp32 update, and requantizes with
- * the new block maxima. Quantization can make |m| inconsistent with v (m
- * rounded up while v rounded to zero would give a huge m / eps step), so in
+ * 1/4.2e9. Codes are the nearest ones, ties up: with M the block maximum
+ * and t = fl(|m| * fl(127^2 / M)) (t = fl(sqrt(v) * fl(255^2 / M)) for v),
+ * the code magnitude is the integer q with (q - 1/2)^2 <= t < (q + 1/2)^2,
+ * decided exactly (a NaN state gets code 0). A step dequantizes the block,
+ * runs the fp32 update, and requantizes with the new block maxima.
+ * Quantization can make |m| inconsistent with v (m rounded up while v
+ * rounded to zero would give a huge m / eps step), so in
  * 8-bit mode m is clamped to +-C*sqrt(v) with
  * C = (1-beta1) / sqrt((1-beta2) * (1 - beta1^2/beta2)): exact Adam moments
  * always satisfy this bound (Cauchy-Schwarz), so it only removes quantization

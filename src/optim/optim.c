@@ -385,42 +385,97 @@ void zs__optim_tail(const zs__optim_args *a, size_t i, size_t rem,
 
 /* ----------------------------------------------------------- 8-bit Adam */
 
+/* The last, short block of a range runs on zero-padded copies: zero
+ * params, gradients and codes stay exactly zero through the update, so
+ * they cannot change the block maxima. */
+static void q8_short_block(const zs__q8_ops *ops, const zs__optim_args *a,
+                           size_t b, size_t len) {
+  float mt[ZS_OPTIM_QBLOCK], st[ZS_OPTIM_QBLOCK];
+  float pb[ZS_OPTIM_QBLOCK], gb[ZS_OPTIM_QBLOCK], ob[ZS_OPTIM_QBLOCK];
+  int8_t mq[ZS_OPTIM_QBLOCK];
+  uint8_t vq[ZS_OPTIM_QBLOCK];
+  size_t ps = zs__dtype_size(a->pd), gsz = zs__dtype_size(a->gd);
+  size_t blk = b / ZS_OPTIM_QBLOCK;
+  zs__optim_args s = zs__optim_offset(a, b);
+  float mmax, smax;
+  memset(pb, 0, sizeof pb);
+  memset(gb, 0, sizeof gb);
+  memset(mq, 0, sizeof mq);
+  memset(vq, 0, sizeof vq);
+  memcpy(pb, s.param, len * ps);
+  memcpy(gb, s.grad, len * gsz);
+  memcpy(mq, (int8_t *)a->m + b, len);
+  memcpy(vq, (uint8_t *)a->v + b, len);
+  s.param = (char *)pb;
+  s.grad = (const char *)gb;
+  if (a->out) s.out = (char *)ob;
+  ops->moments(&s, mq, a->m_scale[blk], vq, a->v_scale[blk], mt, st, &mmax,
+               &smax);
+  ops->finish(&s, mt, st, mmax, smax, mq, vq);
+  memcpy(a->param + b * ps, pb, len * ps);
+  if (a->out)
+    memcpy(a->out + b * zs__dtype_size(a->od), ob,
+           len * zs__dtype_size(a->od));
+  memcpy((int8_t *)a->m + b, mq, len);
+  memcpy((uint8_t *)a->v + b, vq, len);
+  a->m_scale[blk] = mmax;
+  a->v_scale[blk] = smax;
+}
+
+#ifndef ZS__Q8_AHEAD
+#  define ZS__Q8_AHEAD 8
+#endif
+#if ZS__Q8_AHEAD > 0
+/* Asks for the cache lines of the block at element b (params, gradients,
+ * codes; out is written only). */
+static void q8_prefetch(const zs__optim_args *a, size_t b) {
+  size_t k, ps = zs__dtype_size(a->pd), gsz = zs__dtype_size(a->gd);
+  for (k = 0; k < ZS_OPTIM_QBLOCK * ps; k += 64)
+    ZS__PREFETCH(a->param + b * ps + k);
+  for (k = 0; k < ZS_OPTIM_QBLOCK * gsz; k += 64)
+    ZS__PREFETCH(a->grad + b * gsz + k);
+  for (k = 0; k < ZS_OPTIM_QBLOCK; k += 64) {
+    ZS__PREFETCH(a->m + b + k);
+    ZS__PREFETCH(a->v + b + k);
+  }
+}
+#endif
+
 void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
                      size_t begin, size_t end) {
-  float mt[ZS_OPTIM_QBLOCK], vt[ZS_OPTIM_QBLOCK];
-  int8_t mpad[ZS_OPTIM_QBLOCK];
-  uint8_t vpad[ZS_OPTIM_QBLOCK];
-  size_t b;
-  for (b = begin; b < end; b += ZS_OPTIM_QBLOCK) {
-    size_t len = ZS_MIN((size_t)ZS_OPTIM_QBLOCK, end - b);
-    size_t blk = b / ZS_OPTIM_QBLOCK;
-    zs__optim_args s = zs__optim_offset(a, b);
-    int8_t *mq = (int8_t *)a->m + b;
-    uint8_t *vq = (uint8_t *)a->v + b;
-    if (len < ZS_OPTIM_QBLOCK) {
-      /* The last, short block works on zero-padded copies: zero codes make
-       * zero scratch past len, which cannot change the block maxima. */
-      memset(mpad, 0, sizeof mpad);
-      memset(vpad, 0, sizeof vpad);
-      memcpy(mpad, mq, len);
-      memcpy(vpad, vq, len);
-      mq = mpad;
-      vq = vpad;
+  /* Two sets of scratch: a software pipeline over the full blocks runs the
+   * moments of block k, then the finish of block k - 1, so the wait for a
+   * block's maxima (the horizontal reduction, the scale division) overlaps
+   * with the next block's work instead of stalling it. The two blocks share
+   * no element, code or scale. */
+  float mt[2][ZS_OPTIM_QBLOCK], st[2][ZS_OPTIM_QBLOCK], mx[2], sx[2];
+  zs__optim_args s[2];
+  size_t nfull = (end - begin) / ZS_OPTIM_QBLOCK, k;
+  for (k = 0; k <= nfull; k++) {
+    if (k < nfull) {
+      size_t b = begin + k * ZS_OPTIM_QBLOCK, blk = b / ZS_OPTIM_QBLOCK;
+      int i = (int)(k & 1);
+#if ZS__Q8_AHEAD > 0
+      if (k + ZS__Q8_AHEAD < nfull)
+        q8_prefetch(a, b + ZS__Q8_AHEAD * ZS_OPTIM_QBLOCK);
+#endif
+      s[i] = zs__optim_offset(a, b);
+      ops->moments(&s[i], (int8_t *)a->m + b, a->m_scale[blk],
+                   (uint8_t *)a->v + b, a->v_scale[blk], mt[i], st[i], &mx[i],
+                   &sx[i]);
     }
-    /* Full blocks are dequantized from and requantized into the state
-     * buffers directly (the codes are consumed before they are rewritten). */
-    ops->dequant(mq, a->m_scale[blk], vq, a->v_scale[blk], mt, vt);
-    s.m = (char *)mt;
-    s.v = (char *)vt;
-    s.sd = ZS_DTYPE_F32;
-    s.store_s = 1;
-    ops->span(&s, len);
-    ops->quant(mt, vt, mq, &a->m_scale[blk], vq, &a->v_scale[blk]);
-    if (len < ZS_OPTIM_QBLOCK) {
-      memcpy((int8_t *)a->m + b, mpad, len);
-      memcpy((uint8_t *)a->v + b, vpad, len);
+    if (k > 0) {
+      size_t b = begin + (k - 1) * ZS_OPTIM_QBLOCK, blk = b / ZS_OPTIM_QBLOCK;
+      int i = (int)((k - 1) & 1);
+      ops->finish(&s[i], mt[i], st[i], mx[i], sx[i], (int8_t *)a->m + b,
+                  (uint8_t *)a->v + b);
+      a->m_scale[blk] = mx[i];
+      a->v_scale[blk] = sx[i];
     }
   }
+  if (begin + nfull * ZS_OPTIM_QBLOCK < end)
+    q8_short_block(ops, a, begin + nfull * ZS_OPTIM_QBLOCK,
+                   end - begin - nfull * ZS_OPTIM_QBLOCK);
 }
 
 int zs_adam_q8_dequantize(const int8_t *m, const float *m_scale,
@@ -470,7 +525,12 @@ int zs_adam_q8_quantize(const float *m, const float *v, size_t n, int8_t *m_q,
     memset(vt, 0, sizeof vt);
     memcpy(mt, m + b, len * sizeof(float));
     for (i = 0; i < len; i++) vt[i] = sqrtf(v[b + i]);
-    zs__q8_quant_scalar(mt, vt, mq, &m_scale[blk], vq, &v_scale[blk]);
+    m_scale[blk] = v_scale[blk] = 0.0f;
+    for (i = 0; i < len; i++) {
+      m_scale[blk] = zs__maxps(fabsf(mt[i]), m_scale[blk]);
+      v_scale[blk] = zs__maxps(vt[i], v_scale[blk]);
+    }
+    zs__q8_quant_scalar(mt, vt, m_scale[blk], v_scale[blk], mq, vq);
     memcpy(m_q + b, mq, len);
     memcpy(v_q + b, vq, len);
   }

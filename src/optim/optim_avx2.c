@@ -50,29 +50,44 @@ static inline __m256 vabs(__m256 x) {
 
 /* ------------------------------------------------------------------ Adam */
 
+/* The Adam update of one vector, in two parts: the moments (g, p in; m,
+ * v updated; returns s = sqrt(v)), then the parameter from m and s (see
+ * optim_scalar.c). */
+ZS__FORCE_INLINE __m256 adam_moments(const zs__optim_args *a, __m256 g,
+                                     __m256 p, __m256 *m, __m256 *v) {
+  __m256 s;
+  if (a->l2) g = _mm256_fmadd_ps(_mm256_set1_ps(a->wd), p, g);
+  *m = _mm256_fmadd_ps(_mm256_set1_ps(a->b1), *m,
+                       _mm256_mul_ps(_mm256_set1_ps(a->omb1), g));
+  *v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(a->omb2), g), g,
+                       _mm256_mul_ps(_mm256_set1_ps(a->b2), *v));
+  s = _mm256_sqrt_ps(*v);
+  if (a->clamp) {
+    __m256 lim = _mm256_mul_ps(_mm256_set1_ps(a->clampc), s);
+    *m = _mm256_max_ps(*m, _mm256_xor_ps(lim, _mm256_set1_ps(-0.0f)));
+    *m = _mm256_min_ps(*m, lim);
+  }
+  return s;
+}
+
+ZS__FORCE_INLINE __m256 adam_param(const zs__optim_args *a, __m256 p,
+                                   __m256 m, __m256 s) {
+  __m256 den =
+      _mm256_fmadd_ps(s, _mm256_set1_ps(a->rbc2), _mm256_set1_ps(a->eps));
+  p = _mm256_mul_ps(p, _mm256_set1_ps(a->decay));
+  return _mm256_fmadd_ps(_mm256_set1_ps(a->neg_step), _mm256_div_ps(m, den),
+                         p);
+}
+
 ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
   __m256 g = _mm256_mul_ps(ld(a->grad, a->gd, i), _mm256_set1_ps(a->gs));
   __m256 p = ld(a->param, a->pd, i);
   __m256 m = ld(a->m, a->sd, i);
   __m256 v = ld(a->v, a->sd, i);
-  __m256 s, den;
-  if (a->l2) g = _mm256_fmadd_ps(_mm256_set1_ps(a->wd), p, g);
-  m = _mm256_fmadd_ps(_mm256_set1_ps(a->b1), m,
-                      _mm256_mul_ps(_mm256_set1_ps(a->omb1), g));
-  v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(a->omb2), g), g,
-                      _mm256_mul_ps(_mm256_set1_ps(a->b2), v));
-  s = _mm256_sqrt_ps(v);
-  if (a->clamp) {
-    __m256 lim = _mm256_mul_ps(_mm256_set1_ps(a->clampc), s);
-    m = _mm256_max_ps(m, _mm256_xor_ps(lim, _mm256_set1_ps(-0.0f)));
-    m = _mm256_min_ps(m, lim);
-  }
-  den = _mm256_fmadd_ps(s, _mm256_set1_ps(a->rbc2), _mm256_set1_ps(a->eps));
-  p = _mm256_mul_ps(p, _mm256_set1_ps(a->decay));
-  p = _mm256_fmadd_ps(_mm256_set1_ps(a->neg_step), _mm256_div_ps(m, den), p);
+  p = adam_param(a, p, m, adam_moments(a, g, p, &m, &v));
   st(a->param, a->pd, i, p);
   st(a->m, a->sd, i, m);
-  st(a->v, a->sd, i, a->store_s ? s : v);
+  st(a->v, a->sd, i, v);
   if (a->out) st(a->out, a->od, i, p);
 }
 
@@ -93,7 +108,7 @@ ZS__FORCE_INLINE size_t adam_vectors(const zs__optim_args *a, size_t n,
 static void adam_span(const zs__optim_args *a, size_t n) {
   size_t i;
   int pd = a->pd, gd = a->gd, sd = a->sd, od = a->out ? a->od : ZS_DTYPE_NONE;
-  /* Specialized: the common master-weight cases (also the 8-bit scratch). */
+  /* Specialized: the common master-weight cases. */
   if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_F32 && sd == ZS_DTYPE_F32 &&
       od == ZS_DTYPE_NONE)
     i = adam_vectors(a, n, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE);
@@ -108,73 +123,121 @@ static void adam_span(const zs__optim_args *a, size_t n) {
   if (i < n) zs__optim_tail(a, i, n - i, adam_body);
 }
 
-static void dequant(const int8_t *mq, float ms, const uint8_t *vq, float vs,
-                    float *m, float *v) {
+/* ------------------------------------------------------- 8-bit Adam */
+
+/* The largest lane of x, whose lanes are >= +0 and never NaN (so the order
+ * of the maxima does not matter). A tree, not a loop over the lanes: the
+ * requantization waits for it. */
+static float hmax(__m256 x) {
+  __m128 y = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  y = _mm_max_ps(y, _mm_movehl_ps(y, y));
+  y = _mm_max_ss(y, _mm_shuffle_ps(y, y, 1));
+  return _mm_cvtss_f32(y);
+}
+
+/* Pass 1 of a block (zs__q8_ops.moments): dequantize in registers, update
+ * the moments, keep the maxima; the gradient dtype fixed as in
+ * adam_vectors. */
+ZS__FORCE_INLINE void q8_moments_vectors(const zs__optim_args *a,
+                                         const int8_t *mq, float ms,
+                                         const uint8_t *vq, float vs,
+                                         float *mt, float *st_, float *mmax,
+                                         float *smax, int gd) {
+  zs__optim_args s = *a;
   const __m256 i127 = _mm256_set1_ps(ZS__Q_INV127);
   const __m256 i255 = _mm256_set1_ps(ZS__Q_INV255);
   const __m256 vms = _mm256_set1_ps(ms), vvs = _mm256_set1_ps(vs);
-  int j;
+  __m256 mx = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
+  size_t j;
+  s.gd = gd;
   for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
     __m128i cm = _mm_loadl_epi64((const __m128i *)(mq + j));
     __m128i cv = _mm_loadl_epi64((const __m128i *)(vq + j));
     __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(cm)), i127);
     __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(cv)), i255);
-    __m256 s = _mm256_mul_ps(_mm256_mul_ps(u, u), vvs);
-    _mm256_storeu_ps(m + j, _mm256_mul_ps(_mm256_mul_ps(t, vabs(t)), vms));
-    _mm256_storeu_ps(v + j, _mm256_mul_ps(s, s));
+    __m256 sq = _mm256_mul_ps(_mm256_mul_ps(u, u), vvs);
+    __m256 m = _mm256_mul_ps(_mm256_mul_ps(t, vabs(t)), vms);
+    __m256 v = _mm256_mul_ps(sq, sq);
+    /* g * 1 is g bit for bit (a NaN stays NaN), so skip the multiply */
+    __m256 g = s.gs == 1.0f ? ld(s.grad, gd, j)
+                            : _mm256_mul_ps(ld(s.grad, gd, j), _mm256_set1_ps(s.gs));
+    __m256 p = s.l2 ? ld(s.param, s.pd, j) : _mm256_setzero_ps();
+    sq = adam_moments(&s, g, p, &m, &v);
+    _mm256_storeu_ps(mt + j, m);
+    _mm256_storeu_ps(st_ + j, sq);
+    mx = _mm256_max_ps(vabs(m), mx);
+    sx = _mm256_max_ps(sq, sx);
   }
+  *mmax = hmax(mx);
+  *smax = hmax(sx);
 }
 
-static float hmax(__m256 x) {
-  float l[W], r = 0.0f;
-  int k;
-  _mm256_storeu_ps(l, x);
-  for (k = 0; k < W; k++) r = zs__maxps(l[k], r);
-  return r;
+static void q8_moments(const zs__optim_args *a, const int8_t *mq, float ms,
+                       const uint8_t *vq, float vs, float *mt, float *st_,
+                       float *mmax, float *smax) {
+  if (a->gd == ZS_DTYPE_F32)
+    q8_moments_vectors(a, mq, ms, vq, vs, mt, st_, mmax, smax, ZS_DTYPE_F32);
+  else if (a->gd == ZS_DTYPE_BF16)
+    q8_moments_vectors(a, mq, ms, vq, vs, mt, st_, mmax, smax, ZS_DTYPE_BF16);
+  else
+    q8_moments_vectors(a, mq, ms, vq, vs, mt, st_, mmax, smax, a->gd);
 }
 
-static void quant(const float *m, const float *v_sqrt, int8_t *mq, float *ms,
-                  uint8_t *vq, float *vs) {
-  __m256 mx = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
-  __m256 minv, sinv;
-  const __m256 c127 = _mm256_set1_ps(127.0f), c255 = _mm256_set1_ps(255.0f);
-  float mmax, smax;
-  int j;
+/* Q(t) of zs__q8_ops for FLT_MIN <= t <= 65025 * (1 + 2^-22): the
+ * estimate t * rsqrt(t), floor(estimate + ZS__Q_OFF) (q or q - 1), and one
+ * exact compare against (q + 1/2)^2 (see optim_internal.h). */
+ZS__FORCE_INLINE __m256i q8_round(__m256 t) {
+  __m256i q = _mm256_cvttps_epi32(
+      _mm256_fmadd_ps(t, _mm256_rsqrt_ps(t), _mm256_set1_ps(ZS__Q_OFF)));
+  __m256 h = _mm256_add_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(0.5f));
+  /* the compare's all-ones mask is -1 */
+  return _mm256_sub_epi32(
+      q, _mm256_castps_si256(_mm256_cmp_ps(t, _mm256_mul_ps(h, h), _CMP_GE_OQ)));
+}
+
+/* Pass 2 (zs__q8_ops.finish): the parameter update and the codes of one
+ * block in one loop; param and out dtypes fixed. */
+ZS__FORCE_INLINE void q8_finish_vectors(const zs__optim_args *a,
+                                        const float *m, const float *s,
+                                        float mmax, float smax, int8_t *mq,
+                                        uint8_t *vq, int pd, int od) {
+  zs__optim_args c = *a;
+  const __m256 cm = _mm256_set1_ps(zs__q8_coef(mmax, 16129.0f));
+  const __m256 cs = _mm256_set1_ps(zs__q8_coef(smax, 65025.0f));
+  const __m256 tmin = _mm256_set1_ps(ZS__Q_TMIN);
+  size_t j;
   for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
-    mx = _mm256_max_ps(vabs(_mm256_loadu_ps(m + j)), mx);
-    sx = _mm256_max_ps(_mm256_loadu_ps(v_sqrt + j), sx);
-  }
-  mmax = hmax(mx);
-  smax = hmax(sx);
-  minv = _mm256_set1_ps(mmax > 0.0f ? 1.0f / mmax : 0.0f);
-  sinv = _mm256_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
-  for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
-    __m256 x = _mm256_loadu_ps(m + j);
-    __m256 y = _mm256_loadu_ps(v_sqrt + j);
-    __m256 qm = _mm256_mul_ps(_mm256_sqrt_ps(_mm256_mul_ps(vabs(x), minv)), c127);
-    __m256 qv = _mm256_mul_ps(
-        _mm256_sqrt_ps(_mm256_mul_ps(y, sinv)), c255);
-    __m256i im, iv;
+    __m256 x = _mm256_loadu_ps(m + j), y = _mm256_loadu_ps(s + j);
+    __m256 p = adam_param(&c, ld(c.param, pd, j), x, y);
+    __m256i im = q8_round(_mm256_max_ps(_mm256_mul_ps(vabs(x), cm), tmin));
+    __m256i iv = q8_round(_mm256_max_ps(_mm256_mul_ps(y, cs), tmin));
     __m128i w;
-    qm = _mm256_min_ps(_mm256_round_ps(qm, _MM_FROUND_TO_NEAREST_INT |
-                                               _MM_FROUND_NO_EXC), c127);
-    qv = _mm256_min_ps(_mm256_round_ps(qv, _MM_FROUND_TO_NEAREST_INT |
-                                               _MM_FROUND_NO_EXC), c255);
-    im = _mm256_cvttps_epi32(qm);
-    im = _mm256_blendv_epi8(
-        im, _mm256_sub_epi32(_mm256_setzero_si256(), im),
-        _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ)));
-    iv = _mm256_cvttps_epi32(qv);
+    st(c.param, pd, j, p);
+    if (od != ZS_DTYPE_NONE) st(c.out, od, j, p);
+    /* The sign of m onto the code: VPSIGND negates where the bits of x read
+     * as a negative integer (sign bit set: m < 0, -0 and negative NaN,
+     * whose codes are 0), keeps positive codes, and zeroes where x = +0
+     * (whose code is 0 too). */
+    im = _mm256_sign_epi32(im, _mm256_castps_si256(x));
     w = _mm_packs_epi32(_mm256_castsi256_si128(im), _mm256_extracti128_si256(im, 1));
     _mm_storel_epi64((__m128i *)(mq + j), _mm_packs_epi16(w, w));
     w = _mm_packus_epi32(_mm256_castsi256_si128(iv), _mm256_extracti128_si256(iv, 1));
     _mm_storel_epi64((__m128i *)(vq + j), _mm_packus_epi16(w, w));
   }
-  *ms = mmax;
-  *vs = smax;
 }
 
-static const zs__q8_ops q8_ops = {adam_span, dequant, quant};
+static void q8_finish(const zs__optim_args *a, const float *m, const float *s,
+                      float mmax, float smax, int8_t *mq, uint8_t *vq) {
+  int pd = a->pd, od = a->out ? a->od : ZS_DTYPE_NONE;
+  if (pd == ZS_DTYPE_F32 && od == ZS_DTYPE_NONE)
+    q8_finish_vectors(a, m, s, mmax, smax, mq, vq, ZS_DTYPE_F32, ZS_DTYPE_NONE);
+  else if (pd == ZS_DTYPE_F32 && od == ZS_DTYPE_BF16)
+    q8_finish_vectors(a, m, s, mmax, smax, mq, vq, ZS_DTYPE_F32, ZS_DTYPE_BF16);
+  else
+    q8_finish_vectors(a, m, s, mmax, smax, mq, vq, pd, od);
+}
+
+static const zs__q8_ops q8_ops = {q8_moments, q8_finish};
 
 static void adam(const zs__optim_args *a, size_t begin, size_t end) {
   zs__optim_args s;

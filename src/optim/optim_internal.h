@@ -23,6 +23,17 @@
 #  define ZS__FORCE_INLINE static inline
 #endif
 
+/* A hint to bring the cache line at p in for reading; nothing where the
+ * compiler has no portable way to say it. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define ZS__PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#  include <xmmintrin.h>
+#  define ZS__PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#else
+#  define ZS__PREFETCH(p) ((void)(p))
+#endif
+
 /* Everything a kernel needs; all arithmetic constants are fp32 so that every
  * ISA computes with the same operands. */
 typedef struct zs__optim_args {
@@ -36,8 +47,6 @@ typedef struct zs__optim_args {
   int pd, gd, sd, od; /* dtypes; od = ZS_DTYPE_NONE without out */
   int l2;             /* add weight_decay * p to the gradient */
   int clamp;          /* 8-bit Adam: clamp |m| <= clampc * sqrt(v) */
-  int store_s;        /* 8-bit Adam: store sqrt(v) (not v) into the v scratch,
-                         which is what quantization needs */
   float gs;           /* gradient multiplier */
   float b1, omb1, b2, omb2; /* beta1, 1 - beta1, beta2, 1 - beta2 */
   float eps, wd;
@@ -196,19 +205,71 @@ static inline zs__optim_args zs__optim_offset(const zs__optim_args *a,
 #define ZS__Q_INV255 (1.0f / 255.0f)
 
 /* Shared by every ISA for the 8-bit path: the block structure is the same,
- * only the inner vector loops differ. A block is dequantized into fp32
- * scratch of ZS_OPTIM_QBLOCK floats (zero beyond its length), updated by the
- * ISA's fp32 body, and quantized back. */
+ * only the inner vector loops differ. One block of ZS_OPTIM_QBLOCK elements
+ * takes two passes over fp32 scratch that stays in L1:
+ *   moments: dequantize the codes in registers, update m and v, store m
+ *            and s = sqrt(v) into the scratch, keep the block maxima of |m|
+ *            and s in registers;
+ *   finish:  update the params from the scratch (the divide) and, in the
+ *            same loop, requantize the scratch against those maxima.
+ * Two passes rather than one: one fused loop chains the square root and
+ * the divide of every element into one long dependency chain that
+ * out-of-order cores cannot overlap across iterations; split, each pass
+ * has one long-latency operation and independent work beside it.
+ * The short last block runs on zero-padded copies (optim.c). */
 typedef struct zs__q8_ops {
-  /* fp32 update of n elements with states in fp32 scratch. */
-  void (*span)(const zs__optim_args *a, size_t n);
-  /* Dequantize / quantize exactly ZS_OPTIM_QBLOCK elements; quant takes
-   * s = sqrt(v), as the fp32 body leaves it with store_s set. */
-  void (*dequant)(const int8_t *mq, float ms, const uint8_t *vq, float vs,
-                  float *m, float *v);
-  void (*quant)(const float *m, const float *s, int8_t *mq, float *ms,
-                uint8_t *vq, float *vs);
+  /* a points at the block (param, grad, out at its first element); mq/vq
+   * and ms/vs are its codes and scales. Writes mt = m and st = sqrt(v) for
+   * all ZS_OPTIM_QBLOCK elements and the maxima of |m| and of s in the
+   * MAXPS sense (NaN never enters a maximum). Reads param only for Adam's
+   * L2 term; writes nothing else. */
+  void (*moments)(const zs__optim_args *a, const int8_t *mq, float ms,
+                  const uint8_t *vq, float vs, float *mt, float *st,
+                  float *mmax, float *smax);
+  /* Updates param (and out) of the block from mt and st, and writes the
+   * codes of mt and st against the maxima mmax and smax. */
+  void (*finish)(const zs__optim_args *a, const float *mt, const float *st,
+                 float mmax, float smax, int8_t *mq, uint8_t *vq);
 } zs__q8_ops;
+
+/* The 8-bit maps in exact terms (every ISA computes exactly this):
+ *   m code: sign(m) * Q(max(|m| * cm, FLT_MIN)), cm = coef(mmax, 16129)
+ *   v code: Q(max(s * cs, FLT_MIN)),             cs = coef(smax, 65025)
+ * where coef(M, K) = min(K / M, FLT_MAX) for M > 0, else 0 (every product
+ * and quotient rounded to fp32), max() follows the MAXPS rule so a NaN
+ * becomes FLT_MIN (code 0), and Q(t) is the integer q >= 0 with
+ * (q - 1/2)^2 <= t < (q + 1/2)^2 (q = 0 for t < 1/4): sqrt(t) rounded
+ * half up, decided exactly. As |m| <= mmax (s <= smax) for every element
+ * of the block, t <= K (1 + 2^-22) < (sqrt(K) + 1/2)^2, so codes stay
+ * within +-127 (0..255) without a clamp. The vector code estimates sqrt(t)
+ * from a reciprocal square root approximation (whose bits differ between
+ * CPU vendors) to within ZS__Q_ERR; then floor(estimate + ZS__Q_OFF) is q
+ * or q - 1, and one compare against the exactly representable (q + 1/2)^2
+ * decides: no ISA needs a full square root here and all agree bit for
+ * bit. */
+static inline float zs__q8_coef(float max, float k) {
+  float c;
+  if (!(max > 0.0f)) return 0.0f;
+  c = k / max;
+  return c < 3.40282347e38f ? c : 3.40282347e38f;
+}
+
+/* sqrt(t) <= 255.01 here, and RSQRTPS (relative error <= 1.5 * 2^-12)
+ * puts t * rsqrt(t) within 0.094 of it (RSQRT14PS: 0.016; a correctly
+ * rounded square root: 2^-15). With |e - sqrt(t)| <= ZS__Q_ERR = 0.1,
+ * e + 3/8 lies in [sqrt(t) + 0.275, sqrt(t) + 0.475], whose floor is q - 1
+ * or q for q = floor(sqrt(t) + 1/2). */
+#define ZS__Q_OFF 0.375f
+
+/* Q(t) for FLT_MIN <= t <= 65025 (1 + 2^-22), given an estimate e of
+ * sqrt(t) within 0.1. */
+static inline int zs__q8_round(float t, float e) {
+  int q = (int)(e + ZS__Q_OFF);
+  float h = (float)q + 0.5f;
+  return q + (t >= h * h ? 1 : 0);
+}
+
+#define ZS__Q_TMIN 1.17549435e-38f /* FLT_MIN */
 
 /* A vector body: updates the W elements starting at i (W <= 16). */
 typedef void (*zs__optim_body)(const zs__optim_args *a, size_t i);
@@ -224,7 +285,7 @@ void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
 /* Scalar block helpers (also used by zs_adam_q8_* conversions). */
 void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
                            float vs, float *m, float *v);
-void zs__q8_quant_scalar(const float *m, const float *s, int8_t *mq,
-                         float *ms, uint8_t *vq, float *vs);
+void zs__q8_quant_scalar(const float *m, const float *s, float mmax,
+                         float smax, int8_t *mq, uint8_t *vq);
 
 #endif

@@ -50,27 +50,42 @@ ZS__FORCE_INLINE float32x4_t vminps(float32x4_t a, float32x4_t b) {
 
 /* ------------------------------------------------------------------ Adam */
 
+/* The Adam update of one vector, in two parts: the moments (g, p in; m,
+ * v updated; returns s = sqrt(v)), then the parameter from m and s (see
+ * optim_scalar.c). */
+ZS__FORCE_INLINE float32x4_t adam_moments(const zs__optim_args *a,
+                                          float32x4_t g, float32x4_t p,
+                                          float32x4_t *m, float32x4_t *v) {
+  float32x4_t s;
+  if (a->l2) g = vfmaq_f32(g, DUP(a->wd), p);
+  *m = vfmaq_f32(vmulq_f32(DUP(a->omb1), g), DUP(a->b1), *m);
+  *v = vfmaq_f32(vmulq_f32(DUP(a->b2), *v), vmulq_f32(DUP(a->omb2), g), g);
+  s = vsqrtq_f32(*v);
+  if (a->clamp) {
+    float32x4_t lim = vmulq_f32(DUP(a->clampc), s);
+    *m = vmaxps(*m, vnegq_f32(lim));
+    *m = vminps(*m, lim);
+  }
+  return s;
+}
+
+ZS__FORCE_INLINE float32x4_t adam_param(const zs__optim_args *a,
+                                        float32x4_t p, float32x4_t m,
+                                        float32x4_t s) {
+  float32x4_t den = vfmaq_f32(DUP(a->eps), s, DUP(a->rbc2));
+  p = vmulq_f32(p, DUP(a->decay));
+  return vfmaq_f32(p, DUP(a->neg_step), vdivq_f32(m, den));
+}
+
 ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
   float32x4_t g = vmulq_f32(ld(a->grad, a->gd, i), DUP(a->gs));
   float32x4_t p = ld(a->param, a->pd, i);
   float32x4_t m = ld(a->m, a->sd, i);
   float32x4_t v = ld(a->v, a->sd, i);
-  float32x4_t s, den;
-  if (a->l2) g = vfmaq_f32(g, DUP(a->wd), p);
-  m = vfmaq_f32(vmulq_f32(DUP(a->omb1), g), DUP(a->b1), m);
-  v = vfmaq_f32(vmulq_f32(DUP(a->b2), v), vmulq_f32(DUP(a->omb2), g), g);
-  s = vsqrtq_f32(v);
-  if (a->clamp) {
-    float32x4_t lim = vmulq_f32(DUP(a->clampc), s);
-    m = vmaxps(m, vnegq_f32(lim));
-    m = vminps(m, lim);
-  }
-  den = vfmaq_f32(DUP(a->eps), s, DUP(a->rbc2));
-  p = vmulq_f32(p, DUP(a->decay));
-  p = vfmaq_f32(p, DUP(a->neg_step), vdivq_f32(m, den));
+  p = adam_param(a, p, m, adam_moments(a, g, p, &m, &v));
   st(a->param, a->pd, i, p);
   st(a->m, a->sd, i, m);
-  st(a->v, a->sd, i, a->store_s ? s : v);
+  st(a->v, a->sd, i, v);
   if (a->out) st(a->out, a->od, i, p);
 }
 
@@ -83,19 +98,7 @@ static void adam_span(const zs__optim_args *a, size_t n) {
   if (i < n) zs__optim_tail(a, i, n - i, adam_body);
 }
 
-static void dequant(const int8_t *mq, float ms, const uint8_t *vq, float vs,
-                    float *m, float *v) {
-  int j;
-  for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
-    int32_t cm[4] = {mq[j], mq[j + 1], mq[j + 2], mq[j + 3]};
-    uint32_t cv[4] = {vq[j], vq[j + 1], vq[j + 2], vq[j + 3]};
-    float32x4_t t = vmulq_f32(vcvtq_f32_s32(vld1q_s32(cm)), DUP(ZS__Q_INV127));
-    float32x4_t u = vmulq_f32(vcvtq_f32_u32(vld1q_u32(cv)), DUP(ZS__Q_INV255));
-    float32x4_t s = vmulq_f32(vmulq_f32(u, u), DUP(vs));
-    vst1q_f32(m + j, vmulq_f32(vmulq_f32(t, vabsq_f32(t)), DUP(ms)));
-    vst1q_f32(v + j, vmulq_f32(s, s));
-  }
-}
+/* ------------------------------------------------------- 8-bit Adam */
 
 static float hmax(float32x4_t x) {
   float l[W], r = 0.0f;
@@ -105,41 +108,72 @@ static float hmax(float32x4_t x) {
   return r;
 }
 
-static void quant(const float *m, const float *v_sqrt, int8_t *mq, float *ms,
-                  uint8_t *vq, float *vs) {
-  float32x4_t mx = DUP(0.0f), sx = DUP(0.0f), minv, sinv;
-  float mmax, smax;
-  int j, k;
+/* Pass 1 of a block (zs__q8_ops.moments): dequantize in registers, update
+ * the moments, keep the maxima. */
+static void q8_moments(const zs__optim_args *a, const int8_t *mq, float ms,
+                       const uint8_t *vq, float vs, float *mt, float *st_,
+                       float *mmax, float *smax) {
+  zs__optim_args s = *a; /* private, never escapes: see optim_avx2.c */
+  float32x4_t mx = DUP(0.0f), sx = DUP(0.0f);
+  size_t j;
   for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
-    mx = vmaxps(vabsq_f32(vld1q_f32(m + j)), mx);
-    sx = vmaxps(vld1q_f32(v_sqrt + j), sx);
+    int32_t cm[4] = {mq[j], mq[j + 1], mq[j + 2], mq[j + 3]};
+    uint32_t cv[4] = {vq[j], vq[j + 1], vq[j + 2], vq[j + 3]};
+    float32x4_t t = vmulq_f32(vcvtq_f32_s32(vld1q_s32(cm)), DUP(ZS__Q_INV127));
+    float32x4_t u = vmulq_f32(vcvtq_f32_u32(vld1q_u32(cv)), DUP(ZS__Q_INV255));
+    float32x4_t sq = vmulq_f32(vmulq_f32(u, u), DUP(vs));
+    float32x4_t m = vmulq_f32(vmulq_f32(t, vabsq_f32(t)), DUP(ms));
+    float32x4_t v = vmulq_f32(sq, sq);
+    float32x4_t g = vmulq_f32(ld(s.grad, s.gd, j), DUP(s.gs));
+    float32x4_t p = s.l2 ? ld(s.param, s.pd, j) : DUP(0.0f);
+    sq = adam_moments(&s, g, p, &m, &v);
+    vst1q_f32(mt + j, m);
+    vst1q_f32(st_ + j, sq);
+    mx = vmaxps(vabsq_f32(m), mx);
+    sx = vmaxps(sq, sx);
   }
-  mmax = hmax(mx);
-  smax = hmax(sx);
-  minv = DUP(mmax > 0.0f ? 1.0f / mmax : 0.0f);
-  sinv = DUP(smax > 0.0f ? 1.0f / smax : 0.0f);
+  *mmax = hmax(mx);
+  *smax = hmax(sx);
+}
+
+/* Q(t) of zs__q8_ops for FLT_MIN <= t <= 65025 * (1 + 2^-22): the square
+ * root (exact here) as the estimate, then as optim_avx2.c. */
+ZS__FORCE_INLINE int32x4_t q8_round(float32x4_t t) {
+  int32x4_t q = vcvtq_s32_f32(vaddq_f32(vsqrtq_f32(t), DUP(ZS__Q_OFF)));
+  float32x4_t h = vaddq_f32(vcvtq_f32_s32(q), DUP(0.5f));
+  uint32x4_t up = vcgeq_f32(t, vmulq_f32(h, h)); /* all ones = -1 */
+  return vsubq_s32(q, vreinterpretq_s32_u32(up));
+}
+
+/* Pass 2 (zs__q8_ops.finish): the parameter update and the codes of one
+ * block in one loop. */
+static void q8_finish(const zs__optim_args *a, const float *m, const float *s,
+                      float mmax, float smax, int8_t *mq, uint8_t *vq) {
+  zs__optim_args c = *a; /* private, never escapes: see optim_avx2.c */
+  const float32x4_t cm = DUP(zs__q8_coef(mmax, 16129.0f));
+  const float32x4_t cs = DUP(zs__q8_coef(smax, 65025.0f));
+  size_t j;
+  int k;
   for (j = 0; j < ZS_OPTIM_QBLOCK; j += W) {
-    float32x4_t x = vld1q_f32(m + j);
-    float32x4_t qm = vmulq_f32(vsqrtq_f32(vmulq_f32(vabsq_f32(x), minv)), DUP(127.0f));
-    float32x4_t qv = vmulq_f32(vsqrtq_f32(vmulq_f32(vld1q_f32(v_sqrt + j), sinv)),
-                               DUP(255.0f));
+    float32x4_t x = vld1q_f32(m + j), y = vld1q_f32(s + j);
+    float32x4_t p = adam_param(&c, ld(c.param, c.pd, j), x, y);
+    float32x4_t tm = vmaxps(vmulq_f32(vabsq_f32(x), cm), DUP(ZS__Q_TMIN));
+    float32x4_t ts = vmaxps(vmulq_f32(y, cs), DUP(ZS__Q_TMIN));
+    int32x4_t qm = q8_round(tm), qv = q8_round(ts);
     int32_t im[4];
     int32_t iv[4];
-    qm = vminps(vrndnq_f32(qm), DUP(127.0f));
-    qv = vminps(vrndnq_f32(qv), DUP(255.0f));
-    vst1q_s32(im, vbslq_s32(vcltq_f32(x, DUP(0.0f)), vnegq_s32(vcvtq_s32_f32(qm)),
-                            vcvtq_s32_f32(qm)));
-    vst1q_s32(iv, vcvtq_s32_f32(qv));
+    st(c.param, c.pd, j, p);
+    if (c.out) st(c.out, c.od, j, p);
+    vst1q_s32(im, vbslq_s32(vcltq_f32(x, DUP(0.0f)), vnegq_s32(qm), qm));
+    vst1q_s32(iv, qv);
     for (k = 0; k < W; k++) {
       mq[j + k] = (int8_t)im[k];
       vq[j + k] = (uint8_t)iv[k];
     }
   }
-  *ms = mmax;
-  *vs = smax;
 }
 
-static const zs__q8_ops q8_ops = {adam_span, dequant, quant};
+static const zs__q8_ops q8_ops = {q8_moments, q8_finish};
 
 static void adam(const zs__optim_args *a, size_t begin, size_t end) {
   zs__optim_args s;

@@ -14,6 +14,32 @@
 #  pragma STDC FP_CONTRACT OFF
 #endif
 
+/* The Adam update of one element, in two parts: the moments (g, p in; m,
+ * v updated; returns s = sqrt(v)), then the parameter from m and s. The
+ * fp32/bf16-state span runs both per element, the 8-bit blocks one pass
+ * each; the arithmetic is the same. */
+static inline float adam_moments(const zs__optim_args *a, float g, float p,
+                                 float *m, float *v) {
+  float s;
+  if (a->l2) g = zs__fmaf(a->wd, p, g);
+  *m = zs__fmaf(a->b1, *m, a->omb1 * g);
+  *v = zs__fmaf(a->omb2 * g, g, a->b2 * *v);
+  s = sqrtf(*v);
+  if (a->clamp) {
+    float lim = a->clampc * s;
+    *m = zs__maxps(*m, -lim);
+    *m = zs__minps(*m, lim);
+  }
+  return s;
+}
+
+static inline float adam_param(const zs__optim_args *a, float p, float m,
+                               float s) {
+  float den = zs__fmaf(s, a->rbc2, a->eps);
+  p = p * a->decay;
+  return zs__fmaf(a->neg_step, m / den, p);
+}
+
 static void adam_span(const zs__optim_args *a, size_t n) {
   size_t i;
   for (i = 0; i < n; i++) {
@@ -21,73 +47,77 @@ static void adam_span(const zs__optim_args *a, size_t n) {
     float p = zs__load(a->param, a->pd, i);
     float m = zs__load(a->m, a->sd, i);
     float v = zs__load(a->v, a->sd, i);
-    float s, den;
-    if (a->l2) g = zs__fmaf(a->wd, p, g);
-    m = zs__fmaf(a->b1, m, a->omb1 * g);
-    v = zs__fmaf(a->omb2 * g, g, a->b2 * v);
-    s = sqrtf(v);
-    if (a->clamp) {
-      float lim = a->clampc * s;
-      m = zs__maxps(m, -lim);
-      m = zs__minps(m, lim);
-    }
-    den = zs__fmaf(s, a->rbc2, a->eps);
-    p = p * a->decay;
-    p = zs__fmaf(a->neg_step, m / den, p);
+    float s = adam_moments(a, g, p, &m, &v);
+    p = adam_param(a, p, m, s);
     zs__store(a->param, a->pd, i, p);
     zs__store(a->m, a->sd, i, m);
-    zs__store(a->v, a->sd, i, a->store_s ? s : v);
+    zs__store(a->v, a->sd, i, v);
     if (a->out) zs__store(a->out, a->od, i, p);
   }
+}
+
+/* Dequantization of one element (the order of operations every ISA uses). */
+static inline void q8_dequant1(int8_t cm, float ms, uint8_t cv, float vs,
+                               float *m, float *v) {
+  float t = (float)cm * ZS__Q_INV127;
+  float u = (float)cv * ZS__Q_INV255;
+  float s = (u * u) * vs;
+  *m = (t * fabsf(t)) * ms;
+  *v = s * s;
 }
 
 void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
                            float vs, float *m, float *v) {
   int i;
-  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
-    float t = (float)mq[i] * ZS__Q_INV127;
-    float u = (float)vq[i] * ZS__Q_INV255;
-    float s = (u * u) * vs;
-    m[i] = (t * fabsf(t)) * ms;
-    v[i] = s * s;
-  }
+  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) q8_dequant1(mq[i], ms, vq[i], vs, m + i, v + i);
 }
 
-void zs__q8_quant_scalar(const float *m, const float *s, int8_t *mq,
-                         float *ms, uint8_t *vq, float *vs) {
-  float mmax = 0.0f, smax = 0.0f, minv, sinv;
+void zs__q8_quant_scalar(const float *m, const float *s, float mmax,
+                         float smax, int8_t *mq, uint8_t *vq) {
+  float cm = zs__q8_coef(mmax, 16129.0f), cs = zs__q8_coef(smax, 65025.0f);
   int i;
   for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
-    mmax = zs__maxps(fabsf(m[i]), mmax);
-    smax = zs__maxps(s[i], smax);
+    float tm = zs__maxps(fabsf(m[i]) * cm, ZS__Q_TMIN);
+    float ts = zs__maxps(s[i] * cs, ZS__Q_TMIN);
+    int qm = zs__q8_round(tm, sqrtf(tm)), qv = zs__q8_round(ts, sqrtf(ts));
+    mq[i] = (int8_t)(m[i] < 0.0f ? -qm : qm);
+    vq[i] = (uint8_t)qv;
   }
-  minv = mmax > 0.0f ? 1.0f / mmax : 0.0f;
-  sinv = smax > 0.0f ? 1.0f / smax : 0.0f;
+}
+
+static void q8_moments(const zs__optim_args *a, const int8_t *mq, float ms,
+                       const uint8_t *vq, float vs, float *mt, float *st,
+                       float *mmax, float *smax) {
+  float mx = 0.0f, sx = 0.0f;
+  int i;
   for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
-    /* nearbyintf rounds to nearest even in the default mode, like CVTPS2DQ;
-     * the min keeps a ratio rounded just above 1 in range. */
-    float qm = zs__minps(nearbyintf(sqrtf(fabsf(m[i]) * minv) * 127.0f),
-                         127.0f);
-    float qv = zs__minps(nearbyintf(sqrtf(s[i] * sinv) * 255.0f),
-                         255.0f);
-    mq[i] = (int8_t)(m[i] < 0.0f ? -(int)qm : (int)qm);
-    vq[i] = (uint8_t)(int)qv;
+    float g = zs__load(a->grad, a->gd, (size_t)i) * a->gs;
+    float p = a->l2 ? zs__load(a->param, a->pd, (size_t)i) : 0.0f;
+    float m, v, s;
+    q8_dequant1(mq[i], ms, vq[i], vs, &m, &v);
+    s = adam_moments(a, g, p, &m, &v);
+    mt[i] = m;
+    st[i] = s;
+    mx = zs__maxps(fabsf(m), mx);
+    sx = zs__maxps(s, sx);
   }
-  *ms = mmax;
-  *vs = smax;
+  *mmax = mx;
+  *smax = sx;
 }
 
-static void dequant(const int8_t *mq, float ms, const uint8_t *vq, float vs,
-                    float *m, float *v) {
-  zs__q8_dequant_scalar(mq, ms, vq, vs, m, v);
+static void q8_finish(const zs__optim_args *a, const float *mt,
+                      const float *st, float mmax, float smax, int8_t *mq,
+                      uint8_t *vq) {
+  int i;
+  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
+    float p = adam_param(a, zs__load(a->param, a->pd, (size_t)i), mt[i], st[i]);
+    zs__store(a->param, a->pd, (size_t)i, p);
+    if (a->out) zs__store(a->out, a->od, (size_t)i, p);
+  }
+  zs__q8_quant_scalar(mt, st, mmax, smax, mq, vq);
 }
 
-static void quant(const float *m, const float *s, int8_t *mq, float *ms,
-                  uint8_t *vq, float *vs) {
-  zs__q8_quant_scalar(m, s, mq, ms, vq, vs);
-}
-
-static const zs__q8_ops q8_ops = {adam_span, dequant, quant};
+static const zs__q8_ops q8_ops = {q8_moments, q8_finish};
 
 static void adam(const zs__optim_args *a, size_t begin, size_t end) {
   zs__optim_args s;

@@ -560,6 +560,24 @@ static void q8_roundtrip(void) {
   ZT_CHECK(m2[0] == -0.5f && v2[999] == 0.25f);
   v[5] = -1.0f;
   ZT_ERR(zs_adam_q8_quantize(m, v, n, mq, ms, vq, vs), ZS_EINVAL);
+  /* The rounding rule at every tie: with the block maximum 127^2, t = |m|
+   * exactly, and the code of (q + 1/2)^2 is q + 1 (ties up) while the float
+   * just below it gets q. */
+  {
+    int q;
+    for (q = 0; q < 127; q++) {
+      float tie = (float)((q + 0.5) * (q + 0.5));
+      for (i = 0; i < 256; i++) m[i] = 0.0f, v[i] = 0.0f;
+      m[0] = 16129.0f;
+      m[1] = tie;
+      m[2] = -nextafterf(tie, 0.0f);
+      m[3] = -tie;
+      ZT_OK(zs_adam_q8_quantize(m, v, 256, mq, ms, vq, vs));
+      ZT_CHECKF(mq[0] == 127 && mq[1] == q + 1 && mq[2] == -q &&
+                    mq[3] == -(q + 1) && mq[4] == 0,
+                "tie %d: codes %d %d %d %d", q, mq[0], mq[1], mq[2], mq[3]);
+    }
+  }
 }
 
 /* Train the same quadratic with fp32 and 8-bit states: the 8-bit run must
