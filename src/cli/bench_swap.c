@@ -1,17 +1,24 @@
 /* bench_swap.c - `zspeed bench swap`: the NVMe optimizer step against its
  * bound, all measured in one run on one file:
  *
- *   disk    bytes a step moves (every partition read, then written), moved
- *           by a plain aio pass over the swap file itself with reads and
- *           writes in flight together, as in the pipeline -> GB/s
+ *   disk    bytes a step moves (every partition's active slot read, its
+ *           inactive slot written), moved by a plain aio pass over the swap
+ *           file itself (zs__swap_io_pass: the same blocks, written one
+ *           step earlier, as the step reads and writes), with every request
+ *           in flight at once -> GB/s
  *   RAM     the same optimizer step on the same partitions with the state
  *           in RAM (what CPU offload does) -> seconds
  *   swap    zs_swap_step -> seconds, with its compute / read-wait /
  *           write-wait split
  *
  * bound = max(bytes_moved / disk GB/s, RAM step); the report is the median
- * swap step over that bound (1.00 = the pipeline hides the smaller side
- * completely). */
+ * over rounds of swap step / that round's bound (1.00 = the pipeline hides
+ * the smaller side completely). Every round measures disk and swap step
+ * next to each other, in alternating order (disk first in odd rounds, step
+ * first in even ones), so a disk whose speed drifts within a run (a virtual
+ * disk's burst budget or host cache running out, another job's I/O) slows
+ * the bound and the step alike and favours neither. See bench/RESULTS.md,
+ * "Development VM, repeated runs", for why this matters. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +28,7 @@
 #include "zspeed/aio.h"
 #include "zspeed/optim.h"
 #include "zspeed/swap.h"
+#include "swap/swap_internal.h"
 
 typedef struct {
   const char *folder, *backend, *state;
@@ -75,21 +83,13 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* Reads `half` bytes from the first half of the file while writing `half`
- * bytes to the second half, in 64 MiB requests all in flight; returns the
- * seconds, or < 0 on error. */
-static double disk_pass(zs_aio *h, zs_aio_file *f, void *rbuf, void *wbuf,
-                        int64_t chunk, int64_t half, int reads, int writes,
-                        int64_t woff) {
-  uint64_t t0 = zs__now_ns();
-  int64_t off;
-  for (off = 0; off < half; off += chunk) {
-    int64_t len = ZS_MIN(chunk, half - off);
-    if (reads && zs_aio_pread(h, f, rbuf, len, off) < 0) return -1;
-    if (writes && zs_aio_pwrite(h, f, wbuf, len, woff + off) < 0) return -1;
-  }
-  if (zs_aio_wait_all(h) < 0) return -1;
-  return (double)(zs__now_ns() - t0) / 1e9;
+/* One I/O-only pass over the swap file (see zs__swap_io_pass); seconds,
+ * or < 0 on error. */
+static double disk_pass(zs_swap *sw, void *rbuf, void *wbuf, int64_t chunk,
+                        int reads, int writes) {
+  uint64_t ns = 0;
+  if (zs__swap_io_pass(sw, rbuf, wbuf, chunk, reads, writes, &ns) < 0) return -1;
+  return (double)ns / 1e9;
 }
 
 /* The in-RAM state of every partition, stepped with the same kernel. */
@@ -151,10 +151,7 @@ static int bsw_run(const zs__bsw_opts *o) {
   zs_swap_config c;
   zs_aio_config ac;
   zs_swap *sw = NULL;
-  zs_aio *h = NULL;
-  zs_aio_file *f = NULL;
   zs_swap_stats st_med;
-  char bwpath[1024];
   zs_swap_step_args a;
   void *rbuf = NULL, *wbuf = NULL;
   int64_t chunk = 64 << 20, bytes_step;
@@ -210,27 +207,11 @@ static int bsw_run(const zs__bsw_opts *o) {
            o->buffers, zs_swap_buffers_locked(sw) ? " (page-locked)" : " (not locked)",
            zs_swap_file_path(sw), (double)zs_swap_file_bytes(sw) / (1 << 30),
            zs_swap_backend(sw), zs_swap_direct_why(sw));
-  /* Disk bandwidth, on a second file of the same size in the same folder
-   * (the swap file holds state): both halves written once first, since
-   * reading never-written (preallocated) blocks returns zeros without
-   * touching the device. */
-  what = "measuring the disk";
-  snprintf(bwpath, sizeof bwpath, "%s/zspeed_bench_swap_bw.bin", o->folder);
-  if ((rc = zs_aio_create(&h, &ac)) < 0) goto fail;
-  if ((rc = zs_aio_file_open(&f, bwpath, ZS_AIO_RDWR | ZS_AIO_CREATE |
-                             ZS_AIO_TRUNCATE)) < 0)
-    goto fail;
-  if ((rc = zs_aio_file_preallocate(f, 2 * bytes_step)) < 0) goto fail;
+  what = "allocating the disk pass buffers";
   if ((rc = zs_alloc_pinned(&rbuf, (size_t)chunk, ZS_PIN_FALLBACK, NULL)) < 0 ||
       (rc = zs_alloc_pinned(&wbuf, (size_t)chunk, ZS_PIN_FALLBACK, NULL)) < 0)
     goto fail;
   memset(wbuf, 0x3C, (size_t)chunk);
-  if (disk_pass(h, f, rbuf, wbuf, chunk, bytes_step, 0, 1, 0) < 0 ||
-      disk_pass(h, f, rbuf, wbuf, chunk, bytes_step, 0, 1, bytes_step) < 0)
-    goto fail_io;
-  t_r = disk_pass(h, f, rbuf, wbuf, chunk, bytes_step, 1, 0, 0);
-  t_w = disk_pass(h, f, rbuf, wbuf, chunk, bytes_step, 0, 1, bytes_step);
-  if (t_r < 0 || t_w < 0) goto fail_io;
   /* State: weights as above, zero moments, in RAM and on disk. */
   what = "initializing partitions";
   for (i = 0; i < nparts; i++)
@@ -242,30 +223,44 @@ static int bsw_run(const zs__bsw_opts *o) {
   a.outs = o->out ? outs : NULL;
   a.out_dtype = ZS_DTYPE_BF16;
   what = "stepping";
-  /* One untimed step each (page faults, pool start). Then every round
-   * measures all three back to back, so a disk or CPU shared with other
-   * work slows the bound and the step alike; the ratio is per round. */
+  /* One untimed step each (page faults, pool start); after it both slots
+   * of every partition hold written data, so no pass below reads
+   * never-written (preallocated) blocks, which return zeros without
+   * touching the device. */
   if ((rc = zs_swap_step(sw, &a)) < 0) goto fail;
   if ((rc = ram_step(o, sd, &r, grads, o->out ? outs : NULL, sz, nparts, 1)) < 0)
     goto fail;
+  what = "measuring the disk";
+  t_r = disk_pass(sw, rbuf, wbuf, chunk, 1, 0);
+  t_w = t_r < 0 ? -1 : disk_pass(sw, rbuf, wbuf, chunk, 0, 1);
+  if (t_r < 0 || t_w < 0) goto fail_io;
+  what = "stepping";
   memset(&st_med, 0, sizeof st_med);
   for (s = 0; s < o->steps; s++) {
     uint64_t t0;
-    tio[s] = disk_pass(h, f, rbuf, wbuf, chunk, bytes_step, 1, 1, bytes_step);
-    if (tio[s] < 0) goto fail_io;
+    int k;
+    /* Disk pass and swap step next to each other, in alternating order. */
+    for (k = 0; k < 2; k++) {
+      if (k == s % 2) {
+        tio[s] = disk_pass(sw, rbuf, wbuf, chunk, 1, 1);
+        if (tio[s] < 0) goto fail_io;
+      } else {
+        t0 = zs__now_ns();
+        zs_swap_stats_reset(sw);
+        if ((rc = zs_swap_step(sw, &a)) < 0) goto fail;
+        tswap[s] = (double)(zs__now_ns() - t0) / 1e9;
+        zs_swap_stats_get(sw, &sts[s]);
+      }
+    }
     t0 = zs__now_ns();
     if ((rc = ram_step(o, sd, &r, grads, o->out ? outs : NULL, sz, nparts, s + 2)) < 0)
       goto fail;
     tram[s] = (double)(zs__now_ns() - t0) / 1e9;
-    t0 = zs__now_ns();
-    zs_swap_stats_reset(sw);
-    if ((rc = zs_swap_step(sw, &a)) < 0) goto fail;
-    tswap[s] = (double)(zs__now_ns() - t0) / 1e9;
-    zs_swap_stats_get(sw, &sts[s]);
     ratio[s] = tswap[s] / ZS_MAX(tio[s], tram[s]);
     if (!o->json)
-      printf("  round %d: disk %.3f s, RAM %.3f s, swap %.3f s (compute %.3f, "
-             "read wait %.3f, write wait %.3f) -> %.3fx\n", s + 1, tio[s], tram[s],
+      printf("  round %d (%s): disk %.3f s, RAM %.3f s, swap %.3f s (compute %.3f, "
+             "read wait %.3f, write wait %.3f) -> %.3fx\n", s + 1,
+             s % 2 ? "step first" : "disk first", tio[s], tram[s],
              tswap[s], (double)sts[s].compute_ns / 1e9,
              (double)sts[s].read_wait_ns / 1e9, (double)sts[s].write_wait_ns / 1e9,
              ratio[s]);
@@ -315,11 +310,6 @@ fail:
           rc ? zs_last_error() : "out of memory");
   if (!rc) rc = ZS_ENOMEM;
 done:
-  if (f) {
-    zs_aio_file_close(f);
-    zs__file_remove(bwpath);
-  }
-  zs_aio_destroy(h);
   if (rbuf) zs_free_pinned(rbuf, (size_t)chunk);
   if (wbuf) zs_free_pinned(wbuf, (size_t)chunk);
   zs_swap_destroy(sw);

@@ -34,6 +34,35 @@ int zs__swap_io(zs_swap *s, int part, int slot, void *buf, int write) {
   return 0;
 }
 
+int zs__swap_io_pass(zs_swap *s, void *rbuf, const void *wbuf, int64_t buflen,
+                     int reads, int writes, uint64_t *ns) {
+  uint64_t t0 = zs__now_ns();
+  int i, rc = 0;
+  for (i = 0; i < s->nparts && rc == 0; i++) {
+    const zs__swap_part *p = &s->parts[i];
+    int64_t k, id;
+    for (k = 0; k < p->slot && rc == 0; k += buflen) {
+      int64_t len = ZS_MIN(buflen, p->slot - k);
+      if (reads) {
+        id = zs_aio_pread(s->aio, s->file, rbuf, len,
+                          p->off + p->active * p->slot + k);
+        if (id < 0) rc = (int)id;
+      }
+      if (writes && rc == 0) {
+        id = zs_aio_pwrite(s->aio, s->file, wbuf, len,
+                           p->off + (!p->active) * p->slot + k);
+        if (id < 0) rc = (int)id;
+      }
+    }
+  }
+  {
+    int64_t w = zs_aio_wait_all(s->aio);
+    if (rc == 0 && w < 0) rc = (int)w;
+  }
+  if (ns) *ns = zs__now_ns() - t0;
+  return rc < 0 ? zs__fail_prefix(rc, "zs__swap_io_pass on %s", s->path) : 0;
+}
+
 /* Writes buffer 0 to part's inactive slot and makes it the active one. */
 static int commit_buf0(zs_swap *s, int part) {
   zs__swap_part *p = &s->parts[part];
