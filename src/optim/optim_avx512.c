@@ -82,7 +82,8 @@ ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
   __m512 p = ld(a->param, a->pd, i);
   __m512 m = ld(a->m, a->sd, i);
   __m512 v = ld(a->v, a->sd, i);
-  p = adam_param(a, p, m, adam_moments(a, g, p, &m, &v));
+  __m512 s = adam_moments(a, g, p, &m, &v); /* before m is read below */
+  p = adam_param(a, p, m, s);
   st(a->param, a->pd, i, p);
   st(a->m, a->sd, i, m);
   st(a->v, a->sd, i, v);
