@@ -10,8 +10,12 @@
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
-# Optional: ZS_HOST_DEBS=dir with liburing2/liburing-dev .debs (the host has
-# no liburing), ZS_HOST_WHEELS=dir with deepspeed and its missing deps,
+# Optional: ZS_HOST_DEBS=dir (or dir:dir...) with .debs to unpack under
+# /tmp/zs-host: liburing2/liburing-dev (the host has no liburing) and, for
+# DeepSpeed's NVMe offload, libaio1/libaio-dev (the host has no libaio, which DeepSpeed's
+# async_io op needs: CPATH/LIBRARY_PATH/LD_LIBRARY_PATH then point into the
+# prefix, so its is_compatible() test and its JIT build find libaio.h and
+# -laio), ZS_HOST_WHEELS=dir with deepspeed and its missing deps,
 # ZS_HOST_FIO=a .tar.xz holding .fio/fio (a wrapper) + .fio/lib (the host has
 # no fio; Debian 12's fio with its shared libraries was used).
 # Logs go to $OUT (or ./host-out).
@@ -20,8 +24,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/host-out}
 mkdir -p "$OUT"
 PREFIX=/tmp/zs-host
-if [ -n "${ZS_HOST_DEBS:-}" ] && [ ! -d $PREFIX/usr ]; then
-  for d in "$ZS_HOST_DEBS"/*.deb; do dpkg -x "$d" $PREFIX; done
+if [ -n "${ZS_HOST_DEBS:-}" ]; then
+  mkdir -p $PREFIX/.debs
+  IFS=: read -ra _dirs <<<"$ZS_HOST_DEBS"
+  for dir in "${_dirs[@]}"; do
+    for d in "$dir"/*.deb; do  # each .deb once per machine (a later call may add more)
+      [ -e "$d" ] && [ ! -e "$PREFIX/.debs/$(basename "$d")" ] && dpkg -x "$d" $PREFIX \
+        && touch "$PREFIX/.debs/$(basename "$d")"
+    done
+  done
 fi
 if [ -n "${ZS_HOST_WHEELS:-}" ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
@@ -33,6 +44,12 @@ fi
 [ -x /tmp/zs-fio/.fio/fio ] && export PATH=/tmp/zs-fio/.fio:$PATH
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ -e $PREFIX/usr/include/libaio.h ]; then
+  # gcc/c++ read these: DeepSpeed's has_function('io_submit', ['aio']) test and
+  # its torch JIT build of async_io (-laio) then find the unpacked libaio.
+  export CPATH=$PREFIX/usr/include${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+fi
 export PYTHONPATH=$PWD/python:${PYTHONPATH:-}
 export ZSPEED_LIBRARY=$PWD/build/libzspeed.so
 export PYTHONUNBUFFERED=1
@@ -79,5 +96,5 @@ nvme-bench)
   python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 --state int8 2>&1 | tee -a "$OUT/bench_engine_nvme.log" | tail -1
   ;;
 *)
-  sed -n 2,15p "$0"; exit 2 ;;
+  sed -n 2,21p "$0"; exit 2 ;;
 esac
