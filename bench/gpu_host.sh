@@ -10,9 +10,11 @@
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
+#   bench/gpu_host.sh ds-nvme   zspeed vs DeepSpeed ZeRO-3, optimizer state on NVMe
+#                   (bench/bench_ds_nvme.py; ZS_DSNVME_PARAMS, default 2^28; ZS_DSNVME_ARGS: more flags)
 # Optional: ZS_HOST_DEBS=dir (or dir:dir...) with .debs to unpack under
 # /tmp/zs-host: liburing2/liburing-dev (the host has no liburing) and, for
-# DeepSpeed's NVMe offload, libaio1/libaio-dev (the host has no libaio, which DeepSpeed's
+# ds-nvme, libaio1/libaio-dev (the host has no libaio, which DeepSpeed's
 # async_io op needs: CPATH/LIBRARY_PATH/LD_LIBRARY_PATH then point into the
 # prefix, so its is_compatible() test and its JIT build find libaio.h and
 # -laio), ZS_HOST_WHEELS=dir with deepspeed and its missing deps,
@@ -95,6 +97,24 @@ nvme-bench)
   python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 2>&1 | tee "$OUT/bench_engine_nvme.log" | tail -4
   python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 --state int8 2>&1 | tee -a "$OUT/bench_engine_nvme.log" | tail -1
   ;;
+ds-nvme)
+  # DeepSpeed outside its launcher (one-process "distributed" setup); its
+  # async_io op is JIT-built on first use (~1 min) and links -lcuda: when no
+  # libcuda.so is on the linker's path, the CUDA toolkit's stub is used for
+  # linking (at run time the driver's libcuda.so.1 is loaded).
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29513
+  if ! echo 'int main(void){return 0;}' | cc -x c - -lcuda -o /dev/null 2>/dev/null; then
+    ch=$(python3 -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")' 2>/dev/null)
+    for s in "$ch/lib64/stubs" "$ch/targets/x86_64-linux/lib/stubs"; do
+      [ -n "$ch" ] && [ -e "$s/libcuda.so" ] && export LIBRARY_PATH=${LIBRARY_PATH:+$LIBRARY_PATH:}$s && break
+    done
+  fi
+  [ -e $PREFIX/usr/include/libaio.h ] || echo "ds-nvme: no libaio in $PREFIX (ZS_HOST_DEBS): DeepSpeed will be skipped"
+  mkdir -p /tmp/zs-dsnvme; df -h /tmp/zs-dsnvme | tail -1; free -g | head -2
+  python3 bench/bench_ds_nvme.py --params "${ZS_DSNVME_PARAMS:-2^28}" --folder /tmp/zs-dsnvme --steps 5 ${ZS_DSNVME_ARGS:-} \
+    2>&1 | tee "$OUT/bench_ds_nvme.log" | grep --line-buffered -v -E '\[(INFO|WARNING)\]'
+  rm -rf /tmp/zs-dsnvme
+  ;;
 *)
-  sed -n 2,21p "$0"; exit 2 ;;
+  sed -n 2,23p "$0"; exit 2 ;;
 esac
