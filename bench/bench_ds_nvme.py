@@ -31,8 +31,9 @@ ds-nvme`` provides libaio from .debs and DeepSpeed from wheels, then runs:
 
     python3 bench/bench_ds_nvme.py --params 2^28 --folder /tmp/zs-dsnvme --steps 5
 
-Disk per side at 2^28 params: zspeed 6 GiB (12 B/param of fp32 master+m+v, A/B
-slots), DeepSpeed about 4 GiB (12 B/param + 4 B/param of swapped fp32 gradients).
+Disk per side at 2^28 params (one side at a time): zspeed 6 GiB (12 B/param of fp32
+master+m+v, A/B slots), DeepSpeed 3-4 GiB (12 B/param, plus 4 B/param where it swaps
+fp32 gradients). Host RAM: a few GiB per side (printed as peak RSS).
 Local smoke test (CPU, no DeepSpeed):
 
     python3 bench/bench_ds_nvme.py --params 2^20 --width 256 --tokens 64 --steps 2 --warmup 1
