@@ -10,8 +10,14 @@
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
-# Optional: ZS_HOST_DEBS=dir with liburing2/liburing-dev .debs (the host has
-# no liburing), ZS_HOST_WHEELS=dir with deepspeed and its missing deps,
+#   bench/gpu_host.sh ds-nvme   zspeed vs DeepSpeed ZeRO-3, optimizer state on NVMe
+#                   (bench/bench_ds_nvme.py; ZS_DSNVME_PARAMS, default 2^28; ZS_DSNVME_ARGS: more flags)
+# Optional: ZS_HOST_DEBS=dir (or dir:dir...) with .debs to unpack under
+# /tmp/zs-host: liburing2/liburing-dev (the host has no liburing) and, for
+# ds-nvme, libaio1/libaio-dev (the host has no libaio, which DeepSpeed's
+# async_io op needs: CPATH/LIBRARY_PATH/LD_LIBRARY_PATH then point into the
+# prefix, so its is_compatible() test and its JIT build find libaio.h and
+# -laio), ZS_HOST_WHEELS=dir with deepspeed and its missing deps,
 # ZS_HOST_FIO=a .tar.xz holding .fio/fio (a wrapper) + .fio/lib (the host has
 # no fio; Debian 12's fio with its shared libraries was used).
 # Logs go to $OUT (or ./host-out).
@@ -20,8 +26,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/host-out}
 mkdir -p "$OUT"
 PREFIX=/tmp/zs-host
-if [ -n "${ZS_HOST_DEBS:-}" ] && [ ! -d $PREFIX/usr ]; then
-  for d in "$ZS_HOST_DEBS"/*.deb; do dpkg -x "$d" $PREFIX; done
+if [ -n "${ZS_HOST_DEBS:-}" ]; then
+  mkdir -p $PREFIX/.debs
+  IFS=: read -ra _dirs <<<"$ZS_HOST_DEBS"
+  for dir in "${_dirs[@]}"; do
+    for d in "$dir"/*.deb; do  # each .deb once per machine (a later call may add more)
+      [ -e "$d" ] && [ ! -e "$PREFIX/.debs/$(basename "$d")" ] && dpkg -x "$d" $PREFIX \
+        && touch "$PREFIX/.debs/$(basename "$d")"
+    done
+  done
 fi
 if [ -n "${ZS_HOST_WHEELS:-}" ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
@@ -33,6 +46,12 @@ fi
 [ -x /tmp/zs-fio/.fio/fio ] && export PATH=/tmp/zs-fio/.fio:$PATH
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ -e $PREFIX/usr/include/libaio.h ]; then
+  # gcc/c++ read these: DeepSpeed's has_function('io_submit', ['aio']) test and
+  # its torch JIT build of async_io (-laio) then find the unpacked libaio.
+  export CPATH=$PREFIX/usr/include${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+fi
 export PYTHONPATH=$PWD/python:${PYTHONPATH:-}
 export ZSPEED_LIBRARY=$PWD/build/libzspeed.so
 export PYTHONUNBUFFERED=1
@@ -78,6 +97,24 @@ nvme-bench)
   python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 2>&1 | tee "$OUT/bench_engine_nvme.log" | tail -4
   python3 bench/bench_engine_nvme.py --params 2^28 --folder /tmp/zs-nvme --steps 3 --state int8 2>&1 | tee -a "$OUT/bench_engine_nvme.log" | tail -1
   ;;
+ds-nvme)
+  # DeepSpeed outside its launcher (one-process "distributed" setup); its
+  # async_io op is JIT-built on first use (~1 min) and links -lcuda: when no
+  # libcuda.so is on the linker's path, the CUDA toolkit's stub is used for
+  # linking (at run time the driver's libcuda.so.1 is loaded).
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29513
+  if ! echo 'int main(void){return 0;}' | cc -x c - -lcuda -o /dev/null 2>/dev/null; then
+    ch=$(python3 -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")' 2>/dev/null)
+    for s in "$ch/lib64/stubs" "$ch/targets/x86_64-linux/lib/stubs"; do
+      [ -n "$ch" ] && [ -e "$s/libcuda.so" ] && export LIBRARY_PATH=${LIBRARY_PATH:+$LIBRARY_PATH:}$s && break
+    done
+  fi
+  [ -e $PREFIX/usr/include/libaio.h ] || echo "ds-nvme: no libaio in $PREFIX (ZS_HOST_DEBS): DeepSpeed will be skipped"
+  mkdir -p /tmp/zs-dsnvme; df -h /tmp/zs-dsnvme | tail -1; free -g | head -2
+  python3 bench/bench_ds_nvme.py --params "${ZS_DSNVME_PARAMS:-2^28}" --folder /tmp/zs-dsnvme --steps 5 ${ZS_DSNVME_ARGS:-} \
+    2>&1 | tee "$OUT/bench_ds_nvme.log" | grep --line-buffered -v -E '\[(INFO|WARNING)\]'
+  rm -rf /tmp/zs-dsnvme
+  ;;
 *)
-  sed -n 2,15p "$0"; exit 2 ;;
+  sed -n 2,23p "$0"; exit 2 ;;
 esac
