@@ -109,6 +109,11 @@ ds-nvme)
       [ -n "$ch" ] && [ -e "$s/libcuda.so" ] && export LIBRARY_PATH=${LIBRARY_PATH:+$LIBRARY_PATH:}$s && break
     done
   fi
+  # torch names the H200's architecture "9.0a", which DeepSpeed 0.19.8's
+  # compute_capability_args cannot parse (ValueError: '0a'); give it the
+  # plain major.minor.
+  [ -n "${TORCH_CUDA_ARCH_LIST:-}" ] || export TORCH_CUDA_ARCH_LIST=$(python3 -c \
+    'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null)
   [ -e $PREFIX/usr/include/libaio.h ] || echo "ds-nvme: no libaio in $PREFIX (ZS_HOST_DEBS): DeepSpeed will be skipped"
   mkdir -p /tmp/zs-dsnvme; df -h /tmp/zs-dsnvme | tail -1; free -g | head -2
   python3 bench/bench_ds_nvme.py --params "${ZS_DSNVME_PARAMS:-2^28}" --folder /tmp/zs-dsnvme --steps 5 ${ZS_DSNVME_ARGS:-} \
