@@ -524,6 +524,76 @@ static void isa_bit_identical(void) {
   ZT_OK(zs_simd_force(env ? env : "auto"));
 }
 
+/* Special values through every ISA: NaN, +-inf, +-0, subnormal and huge
+ * gradients and params (and blocks whose maxima are tiny or huge) must give
+ * the same bits as the scalar reference, for fp32 and 8-bit states. The
+ * step is not skipped here, as it would be after an overflow check. */
+static uint64_t special_run(int sd, size_t n, uint64_t seed) {
+  static const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-42f, 1e30f,
+                                   -3e38f, 1e-20f, 7.0f};
+  bufs b;
+  zs_optim_tensors t;
+  zs_adam_config c;
+  uint64_t h = 1469598103934665603ull;
+  size_t i;
+  int step;
+  g_state = seed;
+  if (bufs_alloc(&b, n, ZS_DTYPE_F32, ZS_DTYPE_F32, sd, ZS_DTYPE_BF16, 1, 1) != 0)
+    return 0;
+  for (i = 0; i < n; i++) {
+    float *g = b.g, *p = b.p;
+    int r = (int)urand(0, 23); /* the seeded generator: same data per ISA */
+    if (r < (int)ZS_ARRAY_SIZE(specials)) g[i] = specials[r];
+    else if (r == 8) g[i] = NAN;
+    else if (r == 9) g[i] = -INFINITY;
+    else if (r == 10) g[i] = INFINITY;
+    else if (r == 11) p[i] = 1e-41f;
+    else if (r == 12) p[i] = -0.0f;
+    /* A block of tiny gradients next to blocks of normal ones. */
+    if (i / ZS_OPTIM_QBLOCK == 3) g[i] = (float)(urand(-1, 1) * 1e-30);
+  }
+  bufs_tensors(&b, &t);
+  for (step = 1; step <= 3; step++) {
+    zs_adam_config_init(&c);
+    c.step = step, c.num_threads = 2, c.pool = test_pool();
+    c.weight_decay = 0.01;
+    c.adamw_mode = step != 2; /* also Adam's L2 term */
+    if (zs_adam_step(&c, &t) != 0) {
+      bufs_free(&b);
+      return 0;
+    }
+  }
+  h = fnv(h, b.p, n * 4);
+  h = fnv(h, b.m, n * esz(sd));
+  h = fnv(h, b.v, n * esz(sd));
+  if (b.ms) h = fnv(fnv(h, b.ms, zs_optim_qblocks(n) * 4), b.vs,
+                    zs_optim_qblocks(n) * 4);
+  h = fnv(h, b.out, n * 2);
+  bufs_free(&b);
+  return h;
+}
+
+static void special_values_bit_identical(void) {
+  static const char *levels[] = {"scalar", "avx2", "avx512", "neon"};
+  static const int sds[] = {ZS_DTYPE_F32, ZS_DTYPE_Q8};
+  const char *env = zs__getenv("ZSPEED_SIMD");
+  int k, li;
+  REQUIRE_LEVEL();
+  for (k = 0; k < 2; k++) {
+    uint64_t seed = zt_rand() | 1, ref = 0, got;
+    for (li = 0; li < 4; li++) {
+      if (zs_simd_force(levels[li]) != 0) continue; /* CPU lacks it */
+      got = special_run(sds[k], 3001, seed);
+      ZT_CHECKF(got != 0, "%s: the step failed: %s", levels[li], zs_last_error());
+      if (li == 0) ref = got;
+      else
+        ZT_CHECKF(got == ref, "state dtype %d: %s differs from scalar on "
+                  "special values", sds[k], levels[li]);
+    }
+  }
+  ZT_OK(zs_simd_force(env ? env : "auto"));
+}
+
 /* --------------------------------------------------------------- 8-bit */
 
 /* Quantize/dequantize round trip: the error bound of the maps, zero codes
@@ -868,6 +938,7 @@ static void fmaf_correctly_rounded(void) {
 ZT_MAIN(ZT_CASE(conversions_round_to_nearest_even), ZT_CASE(fmaf_correctly_rounded), ZT_CASE(adam_reference_matrix),
         ZT_CASE(adam_large), ZT_CASE(adagrad_lion_reference),
         ZT_CASE(grad_stats_reference), ZT_CASE(thread_count_determinism),
-        ZT_CASE(isa_bit_identical), ZT_CASE(q8_roundtrip), ZT_CASE(q8_converges),
+        ZT_CASE(isa_bit_identical), ZT_CASE(special_values_bit_identical),
+        ZT_CASE(q8_roundtrip), ZT_CASE(q8_converges),
         ZT_CASE(errors_modify_nothing), ZT_CASE(grad_stats_errors_and_faults),
         ZT_CASE(simd_unusable_refused))
