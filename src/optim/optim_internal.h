@@ -212,10 +212,10 @@ static inline zs__optim_args zs__optim_offset(const zs__optim_args *a,
  *            and s in registers;
  *   finish:  update the params from the scratch (the divide) and, in the
  *            same loop, requantize the scratch against those maxima.
- * Two passes rather than one: one fused loop chains the square root and
- * the divide of every element into one long dependency chain that
- * out-of-order cores cannot overlap across iterations; split, each pass
- * has one long-latency operation and independent work beside it.
+ * The requantization needs the block maxima, so a second pass over the
+ * scratch is unavoidable; the parameter update (the divide) goes there
+ * rather than into the first pass, so that each pass has one long-latency
+ * operation (the square root, the divide) with independent work beside it.
  * The short last block runs on zero-padded copies (optim.c). */
 typedef struct zs__q8_ops {
   /* a points at the block (param, grad, out at its first element); mq/vq
