@@ -4,8 +4,8 @@
  *   disk    bytes a step moves (every partition's active slot read, its
  *           inactive slot written), moved by a plain aio pass over the swap
  *           file itself (zs__swap_io_pass: the same blocks, written one
- *           step earlier, as the step reads and writes), with every request
- *           in flight at once -> GB/s
+ *           step earlier, as the step reads and writes), with every write
+ *           and ZS__BSW_RSLOTS reads of 16 MiB (256 MiB) in flight -> GB/s
  *   RAM     the same optimizer step on the same partitions with the state
  *           in RAM (what CPU offload does) -> seconds
  *   swap    zs_swap_step -> seconds, with its compute / read-wait /
@@ -83,12 +83,19 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* Reads in flight in the disk pass, each into its own chunk of memory: 16
+ * x 16 MiB keeps far more bytes queued than the step itself (its
+ * buffer_count partitions) while staying a modest pinned allocation. */
+#define ZS__BSW_RSLOTS 16
+
 /* One I/O-only pass over the swap file (see zs__swap_io_pass); seconds,
  * or < 0 on error. */
 static double disk_pass(zs_swap *sw, void *rbuf, void *wbuf, int64_t chunk,
                         int reads, int writes) {
   uint64_t ns = 0;
-  if (zs__swap_io_pass(sw, rbuf, wbuf, chunk, reads, writes, &ns) < 0) return -1;
+  if (zs__swap_io_pass(sw, rbuf, ZS__BSW_RSLOTS, wbuf, chunk, reads, writes,
+                       &ns) < 0)
+    return -1;
   return (double)ns / 1e9;
 }
 
@@ -154,7 +161,7 @@ static int bsw_run(const zs__bsw_opts *o) {
   zs_swap_stats st_med;
   zs_swap_step_args a;
   void *rbuf = NULL, *wbuf = NULL;
-  int64_t chunk = 64 << 20, bytes_step;
+  int64_t chunk = 16 << 20, bytes_step;
   double t_r = 0, t_w = 0, gbs_rw, ratio_med, gbs_r, gbs_w, swap_med, ram_med;
   double io_bound, bound, best_gap = 1e300;
   const char *what = "out of memory";
@@ -208,7 +215,8 @@ static int bsw_run(const zs__bsw_opts *o) {
            zs_swap_file_path(sw), (double)zs_swap_file_bytes(sw) / (1 << 30),
            zs_swap_backend(sw), zs_swap_direct_why(sw));
   what = "allocating the disk pass buffers";
-  if ((rc = zs_alloc_pinned(&rbuf, (size_t)chunk, ZS_PIN_FALLBACK, NULL)) < 0 ||
+  if ((rc = zs_alloc_pinned(&rbuf, (size_t)chunk * ZS__BSW_RSLOTS,
+                            ZS_PIN_FALLBACK, NULL)) < 0 ||
       (rc = zs_alloc_pinned(&wbuf, (size_t)chunk, ZS_PIN_FALLBACK, NULL)) < 0)
     goto fail;
   memset(wbuf, 0x3C, (size_t)chunk);
@@ -310,7 +318,7 @@ fail:
           rc ? zs_last_error() : "out of memory");
   if (!rc) rc = ZS_ENOMEM;
 done:
-  if (rbuf) zs_free_pinned(rbuf, (size_t)chunk);
+  if (rbuf) zs_free_pinned(rbuf, (size_t)chunk * ZS__BSW_RSLOTS);
   if (wbuf) zs_free_pinned(wbuf, (size_t)chunk);
   zs_swap_destroy(sw);
   free(sz), free(grads), free(outs), free(tswap), free(tram), free(traw), free(sts), free(tio), free(ratio);
