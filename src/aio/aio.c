@@ -408,6 +408,20 @@ int zs_aio_wait(zs_aio *h, int64_t id) {
   return zs__aio_release(r);
 }
 
+uint64_t zs__aio_completions(zs_aio *h) {
+  uint64_t n;
+  zs__mutex_lock(&h->mu);
+  n = h->completions;
+  zs__mutex_unlock(&h->mu);
+  return n;
+}
+
+void zs__aio_wait_completion(zs_aio *h, uint64_t seen) {
+  zs__mutex_lock(&h->mu);
+  while (h->completions == seen) zs__cond_wait(&h->cv_done, &h->mu);
+  zs__mutex_unlock(&h->mu);
+}
+
 int zs_aio_test(zs_aio *h, int64_t id) {
   zs__aio_req *r;
   int done;

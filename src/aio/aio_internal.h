@@ -82,6 +82,7 @@ struct zs_aio {
   zs__aio_op *qhead, *qtail;
   zs__aio_req *rhead, *rtail;
   int64_t next_id, live;
+  uint64_t completions; /* requests completed, never reset */
   int stop;
   uint64_t busy_since;
   int64_t inflight_reqs;

@@ -80,6 +80,7 @@ static void zs__aio_op_finish(zs_aio *h, zs__aio_op *op, int err,
   else h->st.bytes_read += (uint64_t)r->len;
   zs__aio_busy_end(h);
   r->done = 1;
+  h->completions++;
   zs__cond_broadcast(&h->cv_done);
   zs__mutex_unlock(&h->mu);
 }

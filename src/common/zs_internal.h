@@ -196,4 +196,13 @@ int zs__uring_probe(const char **why);
  * out; returns 1 if at least one device is usable. */
 int zs__cuda_probe(char *out, size_t cap);
 
+/* ------------------------------------------------- aio, for other areas */
+
+typedef struct zs_aio zs_aio;
+/* Requests completed on h since it was created (never reset). */
+uint64_t zs__aio_completions(zs_aio *h);
+/* Blocks until zs__aio_completions(h) != seen, i.e. until some request
+ * completes after the caller read `seen` (returns at once if one did). */
+void zs__aio_wait_completion(zs_aio *h, uint64_t seen);
+
 #endif /* ZS_INTERNAL_H */
