@@ -235,27 +235,28 @@ class AsyncIOHandle(NativeHandleOwner):
         self._submit(buffer, filename, file_offset, True)
         return 0
 
-    def pread(self, buffer: Any, filename: Any, validate: bool, async_op: bool,
-              file_offset: int = 0) -> int:
-        """DeepSpeed's pread(buffer, filename, validate, async, file_offset)."""
+    def _transfer(self, buffer: Any, filename: Any, validate: bool, async_op: bool,
+                  file_offset: int, write: bool) -> int:
+        """pread/pwrite: an async submit (returns 0), or a sync transfer, then the
+        optional validation against the file."""
         if async_op:
-            self._submit(buffer, filename, file_offset, False)
+            self._submit(buffer, filename, file_offset, write)
             return 0
-        n = self.sync_pread(buffer, filename, file_offset)
+        sync = self.sync_pwrite if write else self.sync_pread
+        n = sync(buffer, filename, file_offset)
         if validate:
             _validate(buffer, filename, file_offset)
         return n
 
+    def pread(self, buffer: Any, filename: Any, validate: bool, async_op: bool,
+              file_offset: int = 0) -> int:
+        """DeepSpeed's pread(buffer, filename, validate, async, file_offset)."""
+        return self._transfer(buffer, filename, validate, async_op, file_offset, False)
+
     def pwrite(self, buffer: Any, filename: Any, validate: bool, async_op: bool,
                file_offset: int = 0) -> int:
         """DeepSpeed's pwrite(buffer, filename, validate, async, file_offset)."""
-        if async_op:
-            self._submit(buffer, filename, file_offset, True)
-            return 0
-        n = self.sync_pwrite(buffer, filename, file_offset)
-        if validate:
-            _validate(buffer, filename, file_offset)
-        return n
+        return self._transfer(buffer, filename, validate, async_op, file_offset, True)
 
     def read(self, buffer: Any, filename: Any, validate: bool = False,
              file_offset: int = 0) -> int:
