@@ -13,13 +13,6 @@
 #define KiB ((int64_t)1024)
 #define MiB (1024 * KiB)
 
-static void path_in(char *out, size_t cap, const char *dir, const char *name) {
-#ifdef _WIN32
-  snprintf(out, cap, "%s\\%s", dir, name);
-#else
-  snprintf(out, cap, "%s/%s", dir, name);
-#endif
-}
 
 /* Creates a handle for the backend the environment asks for. Returns 1 on
  * success, 0 after recording a skip or failure. */
@@ -118,7 +111,7 @@ static void roundtrip_random(void) {
   cfg.queue_depth = 8;
   if (!make_handle(&h, &cfg)) goto out_mem;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "r.bin");
+  zt_path_in(path, sizeof path, dir, "r.bin");
   fill_random(ref, fsize);
   ZT_OK(zs_aio_file_open(&f, path, ZS_AIO_RDWR | ZS_AIO_CREATE | ZS_AIO_TRUNCATE));
   /* Write: consecutive chunks of random size, each from a misaligned copy. */
@@ -182,7 +175,7 @@ static void random_reads_verified(void) {
     return;
   }
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "v.bin");
+  zt_path_in(path, sizeof path, dir, "v.bin");
   fill_random(ref, fsize);
   ZT_OK(zs_aio_file_open(&f, path, ZS_AIO_RDWR | ZS_AIO_CREATE | ZS_AIO_TRUNCATE));
   ZT_OK(zs_aio_write(h, f, ref, (int64_t)fsize, 0));
@@ -231,7 +224,7 @@ static void direct_alignment_rules(void) {
   cfg.queue_depth = 4;
   if (!make_handle(&h, &cfg)) return;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "a.bin");
+  zt_path_in(path, sizeof path, dir, "a.bin");
   ZT_OK(zs_aio_file_open(&f, path, ZS_AIO_RDWR | ZS_AIO_CREATE | ZS_AIO_TRUNCATE));
   if (!zs_aio_file_direct(f)) {
     ZT_CHECK(strstr(zs_aio_file_why(f), "buffered") != NULL);
@@ -298,7 +291,7 @@ static void large_file_reused_buffers(void) {
   zs_aio_file *f;
   if (!make_handle(&h, NULL)) return;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "big.bin");
+  zt_path_in(path, sizeof path, dir, "big.bin");
   ZT_OK(zs_aio_file_open(&f, path, ZS_AIO_RDWR | ZS_AIO_CREATE | ZS_AIO_TRUNCATE));
   ZT_OK(zs_aio_file_preallocate(f, chunk * nchunks));
   ZT_OK(zs_alloc_aligned((void **)&b[0], (size_t)chunk, 4096));
@@ -347,8 +340,8 @@ static void errors_per_request(void) {
   cfg.queue_depth = 4;
   if (!make_handle(&h, &cfg)) goto out;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "e.bin");
-  path_in(missing, sizeof missing, dir, "missing.bin");
+  zt_path_in(path, sizeof path, dir, "e.bin");
+  zt_path_in(missing, sizeof missing, dir, "missing.bin");
   fill_random(buf, MiB);
   ZT_OK(zs_aio_file_open(&f, path, ZS_AIO_RDWR | ZS_AIO_CREATE | ZS_AIO_TRUNCATE));
   ZT_OK(zs_aio_write(h, f, buf, MiB, 0));
@@ -459,7 +452,7 @@ static void by_path(void) {
   ZT_CHECK(buf && back);
   if (!make_handle(&h, NULL)) goto out;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "p.bin");
+  zt_path_in(path, sizeof path, dir, "p.bin");
   fill_random(buf, 300 * KiB);
   id = zs_aio_pwrite_path(h, path, buf, 200 * KiB, 0);
   ZT_CHECK(id > 0);
@@ -525,7 +518,7 @@ static void many_threads_one_handle(void) {
   cfg.single_submit = 1;
   if (!make_handle(&h, &cfg)) return;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "t.bin");
+  zt_path_in(path, sizeof path, dir, "t.bin");
   ZT_OK(zs_aio_file_open(&f, path, ZS_AIO_RDWR | ZS_AIO_CREATE | ZS_AIO_TRUNCATE));
   for (i = 0; i < 4; i++) {
     a[i].h = h;
@@ -551,7 +544,7 @@ static void direct_fallback(void) {
   unsigned char buf[5000], back[5000];
   int injected = 1;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "fb.bin");
+  zt_path_in(path, sizeof path, dir, "fb.bin");
 #ifdef __linux__
   {
     char shm[128];

@@ -7,13 +7,6 @@
 #include "zs_internal.h"
 #include "zt.h"
 
-static void path_in(char *out, size_t cap, const char *dir, const char *name) {
-#ifdef _WIN32
-  snprintf(out, cap, "%s\\%s", dir, name);
-#else
-  snprintf(out, cap, "%s/%s", dir, name);
-#endif
-}
 
 static void roundtrip_buffered(void) {
   char dir[512], path[600];
@@ -22,7 +15,7 @@ static void roundtrip_buffered(void) {
   size_t done, i;
   uint64_t size;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "a.bin");
+  zt_path_in(path, sizeof path, dir, "a.bin");
   for (i = 0; i < sizeof wbuf; i++) wbuf[i] = (unsigned char)zt_rand();
   ZT_OK(zs__file_open(&f, path, ZS__O_RDWR | ZS__O_CREAT | ZS__O_TRUNC));
   ZT_OK(zs__file_pwrite(&f, wbuf, sizeof wbuf, 123, &done));
@@ -53,7 +46,7 @@ static void direct_io_roundtrip(void) {
   size_t len = 1 << 20, done, i;
   unsigned char *w = NULL, *r = NULL;
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "d.bin");
+  zt_path_in(path, sizeof path, dir, "d.bin");
   ZT_OK(zs__file_dio_alignment(dir, &mem_align, &off_align));
   ZT_CHECK(mem_align >= 1 && (mem_align & (mem_align - 1)) == 0);
   ZT_CHECK(off_align >= 512 && off_align <= 65536);
@@ -101,9 +94,9 @@ static void atomic_replace_and_errors(void) {
   size_t done;
   char buf[8] = {0};
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(a, sizeof a, dir, "new.tmp");
-  path_in(b, sizeof b, dir, "ckpt");
-  path_in(missing, sizeof missing, dir, "nope/none");
+  zt_path_in(a, sizeof a, dir, "new.tmp");
+  zt_path_in(b, sizeof b, dir, "ckpt");
+  zt_path_in(missing, sizeof missing, dir, "nope/none");
   ZT_OK(zs__file_open(&f, b, ZS__O_WRONLY | ZS__O_CREAT | ZS__O_TRUNC));
   ZT_OK(zs__file_pwrite(&f, "old", 3, 0, &done));
   ZT_OK(zs__file_close(&f));
@@ -132,7 +125,7 @@ static void injected_io_faults(void) {
   size_t done = 99;
   char buf[16] = "abcdefghijklmno";
   snprintf(dir, sizeof dir, "%s", zt_tmpdir());
-  path_in(path, sizeof path, dir, "f.bin");
+  zt_path_in(path, sizeof path, dir, "f.bin");
   ZT_OK(zs__file_open(&f, path, ZS__O_RDWR | ZS__O_CREAT | ZS__O_TRUNC));
   ZT_OK(zs_fault_set("file.write", 1, 1, ZS_ENOSPC));
   ZT_ERR(zs__file_pwrite(&f, buf, sizeof buf, 0, &done), ZS_ENOSPC);

@@ -73,6 +73,14 @@ const char *zt_tmpdir(void) {
   return zt_dir;
 }
 
+void zt_path_in(char *out, size_t cap, const char *dir, const char *name) {
+#ifdef _WIN32
+  snprintf(out, cap, "%s\\%s", dir, name);
+#else
+  snprintf(out, cap, "%s/%s", dir, name);
+#endif
+}
+
 void zt_rmtree(const char *dir) {
 #ifdef _WIN32
   char pat[600], path[900];

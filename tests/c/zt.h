@@ -33,6 +33,8 @@ double zt_randf(void); /* uniform in [0, 1) */
  * with zt_rmdir); returns a pointer to a static buffer. */
 const char *zt_tmpdir(void);
 void zt_rmtree(const char *dir);
+/* out = dir + the platform's separator + name (truncated to cap). */
+void zt_path_in(char *out, size_t cap, const char *dir, const char *name);
 
 #define ZT_CHECK(cond)                                         \
   do {                                                         \
