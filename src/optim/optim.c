@@ -422,10 +422,10 @@ static void q8_short_block(const zs__q8_ops *ops, const zs__optim_args *a,
   a->v_scale[blk] = smax;
 }
 
-#ifndef ZS__Q8_AHEAD
-#  define ZS__Q8_AHEAD 8
-#endif
-#if ZS__Q8_AHEAD > 0
+/* Blocks ahead whose lines the 8-bit step asks for (bench/RESULTS.md:
+ * 0, 8 and 24 measured, 8 kept). */
+#define ZS__Q8_AHEAD 8
+
 /* Asks for the cache lines of the block at element b (params, gradients,
  * codes; out is written only). */
 static void q8_prefetch(const zs__optim_args *a, size_t b) {
@@ -439,7 +439,6 @@ static void q8_prefetch(const zs__optim_args *a, size_t b) {
     ZS__PREFETCH(a->v + b + k);
   }
 }
-#endif
 
 void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
                      size_t begin, size_t end) {
@@ -455,10 +454,8 @@ void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
     if (k < nfull) {
       size_t b = begin + k * ZS_OPTIM_QBLOCK, blk = b / ZS_OPTIM_QBLOCK;
       int i = (int)(k & 1);
-#if ZS__Q8_AHEAD > 0
       if (k + ZS__Q8_AHEAD < nfull)
         q8_prefetch(a, b + ZS__Q8_AHEAD * ZS_OPTIM_QBLOCK);
-#endif
       s[i] = zs__optim_offset(a, b);
       ops->moments(&s[i], (int8_t *)a->m + b, a->m_scale[blk],
                    (uint8_t *)a->v + b, a->v_scale[blk], mt[i], st[i], &mx[i],
