@@ -1,11 +1,13 @@
 # zspeed's two front doors: `make demo` and `make test`. Both set up what they
 # need (Debian/Ubuntu packages when run as root or with sudo, a Python venv in
-# .venv) and build everything with CMake + Ninja.
+# .venv) and build everything with CMake + Ninja. The demo installs only what
+# building and training need; the test toolchains come with `make test`
+# (scripts/setup.sh says which package serves what).
 #
-#   make demo        set up, build, print the report, run the demo
-#   make test        every test: C (plain, ASan+UBSan, TSan), Windows cross
-#                    build under Wine, arm64 cross build under qemu, Python
-#                    package + pytest
+#   make demo        set up (demo level), build, print the report, run the demo
+#   make test        set up (test level), then every test: C (plain,
+#                    ASan+UBSan, TSan), Windows cross build under Wine, arm64
+#                    cross build under qemu, Python package + pytest
 #   make build       the native library, command and C tests in build/
 #   make test-c | test-asan | test-tsan | test-windows | test-arm64 | test-python
 
@@ -15,28 +17,34 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CMAKE_GEN := -G Ninja
-# Set FORCE_SETUP=1 to re-run the package set-up even if the stamp exists.
-SETUP_STAMP := $(VENV)/.zspeed-setup
+# Delete the stamps (or .venv) to re-run the set-up.
+SETUP_DEMO := $(VENV)/.zspeed-setup-demo
+SETUP_TEST := $(VENV)/.zspeed-setup-test
 
-.PHONY: all setup build demo test test-c test-asan test-tsan test-windows \
+.PHONY: all setup setup-test build demo test test-c test-asan test-tsan test-windows \
         test-arm64 test-python install-python clean
 
 all: build
 
-$(SETUP_STAMP): scripts/setup.sh pyproject.toml
-	bash scripts/setup.sh $(VENV)
+$(SETUP_DEMO): scripts/setup.sh requirements.txt
+	bash scripts/setup.sh demo $(VENV)
 	touch $@
 
-setup: $(SETUP_STAMP)
+$(SETUP_TEST): scripts/setup.sh requirements.txt requirements-dev.txt
+	bash scripts/setup.sh test $(VENV)
+	touch $@ $(SETUP_DEMO)
+
+setup: $(SETUP_DEMO)
+setup-test: $(SETUP_TEST)
 
 build: setup
 	cmake -S . -B build $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
 	cmake --build build -j $(JOBS)
 
-test-c: build
+test-c: setup-test build
 	cd build && ctest --output-on-failure -j $(JOBS)
 
-test-asan: setup
+test-asan: setup-test
 	cmake -S . -B build-asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug \
 	  -DZSPEED_SANITIZE='address;undefined' -DCMAKE_C_COMPILER=clang
 	cmake --build build-asan -j $(JOBS)
@@ -46,7 +54,7 @@ test-asan: setup
 
 # TSan needs a fixed address-space layout on kernels with many ASLR bits;
 # setarch -R runs ctest (and the tests it starts) without randomization.
-test-tsan: setup
+test-tsan: setup-test
 	cmake -S . -B build-tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug \
 	  -DZSPEED_SANITIZE=thread -DCMAKE_C_COMPILER=clang
 	cmake --build build-tsan -j $(JOBS)
@@ -56,7 +64,7 @@ test-tsan: setup
 # Cross-build for Windows with MinGW-w64 and run the C tests under Wine.
 # Wine's helper processes (wineserver, services) must be started before
 # ctest with their output detached, or ctest waits for them forever.
-test-windows: setup
+test-windows: setup-test
 	cmake -S . -B build-mingw $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64-x86_64.cmake
 	cmake --build build-mingw -j $(JOBS)
@@ -68,13 +76,13 @@ install-python: setup
 	$(PY) -m pip wheel --no-build-isolation --no-deps -q -w dist .
 	$(PY) -m pip install --force-reinstall --no-deps -q dist/zspeed-*.whl
 
-test-python: install-python
+test-python: setup-test install-python
 	cd tests/python && ZSPEED_WHEEL="$$(ls $(CURDIR)/dist/zspeed-*.whl)" \
 	  ../../$(PY) -m pytest -q -p no:cacheprovider .
 
 # Cross-build for 64-bit Arm and run the C tests under qemu-user: the NEON
 # paths get the same tests as the x86 ones.
-test-arm64: setup
+test-arm64: setup-test
 	cmake -S . -B build-arm64 $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
 	cmake --build build-arm64 -j $(JOBS)

@@ -12,10 +12,20 @@ __all__ = ["__version__", "ZSpeedError", "NativeError", "initialize", "add_confi
            "init_distributed", "ConfigError", "ZSpeedEngine", "DeepSpeedEngine"]
 
 
+def _require_torch() -> None:
+    """The training runtime needs torch; say which package and how to get it."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"zspeed's training runtime needs PyTorch (any version >= 2.1), which is not "
+                          f"installed ({e}): pip install torch (or pip install zspeed[torch]).") from None
+
+
 def initialize(*args, **kwargs):
     """DeepSpeed's initialize(): returns (engine, optimizer, dataloader, lr_scheduler).
 
     See zspeed.runtime.engine.initialize for the arguments."""
+    _require_torch()
     from .runtime.engine import initialize as _initialize
     return _initialize(*args, **kwargs)
 
@@ -45,6 +55,7 @@ def __getattr__(name):
         from .runtime.config import ConfigError
         return ConfigError
     if name in ("ZSpeedEngine", "DeepSpeedEngine"):
+        _require_torch()
         from .runtime.engine import ZSpeedEngine
         return ZSpeedEngine
     raise AttributeError(f"module 'zspeed' has no attribute {name!r}")
