@@ -239,3 +239,89 @@ def test_config_doc_is_current():
     res = subprocess.run([sys.executable, str(root / "scripts" / "gen_config_doc.py"), "--check"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+# -- strict input: duplicates, non-finite and absurd values, unreadable files ------------------
+def test_duplicate_keys_in_a_json_file_are_refused(tmp_path):
+    p = tmp_path / "ds.json"
+    p.write_text('{"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "lr": 1e-5}}}')
+    with pytest.raises(ConfigError) as ei:
+        parse_config(str(p), world_size=1)
+    assert "'lr' appears twice" in str(ei.value) and "0.1" in str(ei.value) and str(p) in str(ei.value)
+
+
+@pytest.mark.parametrize("const", ["Infinity", "-Infinity", "NaN"])
+def test_json_infinity_and_nan_are_refused(tmp_path, const):
+    p = tmp_path / "ds.json"
+    p.write_text('{"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": %s}}}' % const)
+    with pytest.raises(ConfigError) as ei:
+        parse_config(str(p), world_size=1)
+    assert const in str(ei.value) and "finite number" in str(ei.value)
+
+
+def test_binary_and_deeply_nested_files_are_config_errors(tmp_path):
+    p = tmp_path / "ds.bin"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        parse_config(str(p), world_size=1)
+    p.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        parse_config(str(p), world_size=1)
+    deep: dict = {}
+    cur = deep
+    for _ in range(100000):
+        cur["a"] = {}
+        cur = cur["a"]
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        parse_config({"train_batch_size": 4, "x": deep}, world_size=1)
+
+
+def _opt(**params):
+    return {"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": params}}
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    (_opt(lr=float("inf")), "optimizer.params.lr"),
+    (_opt(lr=float("nan")), "not a finite number"),
+    (_opt(lr=1e308), "between 0 and 1000"),
+    (_opt(weight_decay=float("inf")), "optimizer.params.weight_decay"),
+    (_opt(weight_decay=1e9), "between 0 and 1000"),
+    (_opt(eps=0.0), "optimizer.params.eps"),
+    ({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": float("nan")}}},
+     "warmup_max_lr"),
+    ({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": -1e-3}}},
+     "warmup_max_lr"),
+    ({"train_batch_size": 4, "fp16": {"enabled": True, "loss_scale": float("inf")}}, "fp16.loss_scale"),
+    ({"train_batch_size": 4, "fp16": {"enabled": True, "loss_scale": 1e-300}}, "2^-24"),
+    ({"train_batch_size": 4, "fp16": {"enabled": True, "initial_scale_power": 5000}}, "between 0 and 64"),
+    ({"train_batch_size": 4, "fp16": {"enabled": True, "min_loss_scale": 0.0}}, "min_loss_scale"),
+    ({"train_batch_size": 4, "zero_optimization": {"reduce_bucket_size": float("nan")}}, "reduce_bucket_size"),
+    ({"train_batch_size": 4, "zero_optimization": {"sub_group_size": float("inf")}}, "sub_group_size"),
+    ({"train_batch_size": 4, "zero_optimization": {"reduce_bucket_size": 0}}, "reduce_bucket_size"),
+    ({"train_batch_size": 4, "seed": 2 ** 70}, "64-bit"),
+    ({"train_batch_size": 4, "gradient_clipping": float("inf")}, "gradient_clipping"),
+    ({"train_batch_size": 4, "steps_per_print": float("nan")}, "steps_per_print"),
+    ({"train_batch_size": 4, "steps_per_print": 2.5}, "whole number"),
+])
+def test_non_finite_and_absurd_values_are_refused(cfg, needle):
+    err(cfg, needle)
+
+
+def test_steps_per_print_infinity_means_never():
+    """HF accelerate writes steps_per_print: inf to silence DeepSpeed's progress log."""
+    assert ok({"train_batch_size": 4, "steps_per_print": float("inf")}).top["steps_per_print"] == float("inf")
+    assert ok({"train_batch_size": 4, "steps_per_print": 0}).top["steps_per_print"] == 0
+
+
+def test_bad_world_size_env_is_a_config_error(monkeypatch):
+    from zspeed.runtime.config import world_size_from_env
+    for bad in ("0", "-2"):
+        monkeypatch.setenv("WORLD_SIZE", bad)
+        with pytest.raises(ConfigError, match="must be >= 1"):
+            world_size_from_env()
+
+
+def test_any_offload_needs_a_zero_stage(tmp_path):
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 0, "offload_optimizer":
+                                                      {"device": "nvme", "nvme_path": str(tmp_path)}}},
+        "'nvme' needs", "stage 1 or 2")

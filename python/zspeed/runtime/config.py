@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "SCHEMA", "schema_rows",
+__all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "load_json_config", "SCHEMA", "schema_rows",
            "world_size_from_env"]
 
 
@@ -49,6 +50,7 @@ class K:
     choices: tuple | None = None
     auto: str = AUTO_REFUSE
     check: Callable[[Any], str | None] | None = None  # returns an error or None
+    allow_inf: bool = False  # +infinity is a meaningful value ("never") for this key
 
 
 @dataclass
@@ -65,6 +67,33 @@ _pos = lambda v: None if v > 0 else "must be > 0"          # noqa: E731
 _nonneg = lambda v: None if v >= 0 else "must be >= 0"     # noqa: E731
 
 
+def _between(lo, hi, why: str = ""):
+    """A check for lo <= v <= hi; ``why`` says what a value outside means."""
+    def check(v):
+        if lo <= v <= hi:
+            return None
+        return f"must be between {lo:g} and {hi:g}" + (f" ({why})" if why else "")
+    return check
+
+
+# Bounds that catch typos and overflows, not taste: no optimizer trains with a
+# learning rate or weight decay above 1000, and fp16 loss scales live between
+# the smallest fp16 subnormal and 2^64 (beyond which 1/scale is not an fp32 number
+# that unscales anything).
+_lr = _between(0, 1e3, "a learning rate above 1000 is almost certainly a typo")
+_wd = _between(0, 1e3, "a weight decay above 1000 is almost certainly a typo")
+_eps = lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"   # noqa: E731
+_ratio = _between(0, 1)
+_count = _between(1, 2 ** 62, "a number of elements")
+_SCALE_MIN, _SCALE_MAX = 2.0 ** -24, 2.0 ** 64
+
+
+def _steps_per_print(v):
+    if v == math.inf or (v >= 0 and float(v).is_integer()):
+        return None
+    return "must be a whole number >= 0 (0 or infinity: never print)"
+
+
 def _betas(v):
     if len(v) != 2 or not all(isinstance(b, NUM) and not isinstance(b, bool) for b in v):
         return "must be a list of two numbers, e.g. [0.9, 0.999]"
@@ -74,10 +103,10 @@ def _betas(v):
 
 
 _ADAM = {
-    "lr": K(1e-3, NUM, "learning rate", check=_nonneg),
+    "lr": K(1e-3, NUM, "learning rate", check=_lr),
     "betas": K([0.9, 0.999], (list, tuple), "coefficients of the running averages", check=_betas),
-    "eps": K(1e-8, NUM, "term added to the denominator", check=_pos),
-    "weight_decay": K(0.0, NUM, "weight decay (decoupled when adam_w_mode is true)", check=_nonneg),
+    "eps": K(1e-8, NUM, "term added to the denominator", check=_eps),
+    "weight_decay": K(0.0, NUM, "weight decay (decoupled when adam_w_mode is true)", check=_wd),
     "amsgrad": K(False, (bool,), "AMSGrad variant (not supported when offloaded)"),
     "bias_correction": K(True, (bool,), "apply Adam's bias correction"),
     "adam_w_mode": K(True, (bool,), "decoupled weight decay (AdamW); DeepSpeed's default for Adam too"),
@@ -90,17 +119,17 @@ _OPTIMIZER_PARAMS = {
     "adam": _ADAM,
     "adamw": _ADAM,
     "adagrad": {
-        "lr": K(1e-2, NUM, "learning rate", check=_nonneg),
+        "lr": K(1e-2, NUM, "learning rate", check=_lr),
         "lr_decay": K(0.0, NUM, "learning rate decay", check=_nonneg),
-        "eps": K(1e-10, NUM, "term added to the denominator", check=_pos),
-        "weight_decay": K(0.0, NUM, "L2 penalty", check=_nonneg),
+        "eps": K(1e-10, NUM, "term added to the denominator", check=_eps),
+        "weight_decay": K(0.0, NUM, "L2 penalty", check=_wd),
         "initial_accumulator_value": K(0.0, NUM, "starting value of the sum of squares", check=_nonneg),
         "torch_adam": K(False, (bool,), "use torch.optim.Adagrad on the CPU instead of the native one"),
     },
     "lion": {
-        "lr": K(1e-4, NUM, "learning rate", check=_nonneg),
+        "lr": K(1e-4, NUM, "learning rate", check=_lr),
         "betas": K([0.9, 0.99], (list, tuple), "interpolation / running-average coefficients", check=_betas),
-        "weight_decay": K(0.0, NUM, "decoupled weight decay", check=_nonneg),
+        "weight_decay": K(0.0, NUM, "decoupled weight decay", check=_wd),
         "torch_adam": K(False, (bool,), "use zspeed's torch Lion on the CPU instead of the native one"),
     },
 }
@@ -111,41 +140,42 @@ _DS_OPTIMIZERS_UNSUPPORTED = ("onebitadam", "zerooneadam", "onebitlamb", "lamb",
 _WARMUP_TYPE = ("log", "linear")
 _SCHEDULER_PARAMS = {
     "WarmupLR": {
-        "warmup_min_lr": K(0.0, NUM, "learning rate at step 0"),
-        "warmup_max_lr": K(None, NUM + (type(None),), "learning rate after warmup (default: optimizer lr)"),
+        "warmup_min_lr": K(0.0, NUM, "learning rate at step 0", check=_lr),
+        "warmup_max_lr": K(None, NUM + (type(None),), "learning rate after warmup (default: optimizer lr)",
+                           check=_lr),
         "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
         "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "WarmupDecayLR": {
         "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
-        "warmup_min_lr": K(0.0, NUM, "learning rate at step 0"),
-        "warmup_max_lr": K(0.001, NUM, "learning rate after warmup"),
+        "warmup_min_lr": K(0.0, NUM, "learning rate at step 0", check=_lr),
+        "warmup_max_lr": K(0.001, NUM, "learning rate after warmup", check=_lr),
         "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
         "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "WarmupCosineLR": {
         "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
-        "warmup_min_ratio": K(0.0, NUM, "start ratio of the optimizer lr"),
+        "warmup_min_ratio": K(0.0, NUM, "start ratio of the optimizer lr", check=_ratio),
         "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
-        "cos_min_ratio": K(0.0001, NUM, "end ratio of the cosine decay"),
+        "cos_min_ratio": K(0.0001, NUM, "end ratio of the cosine decay", check=_ratio),
         "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "OneCycle": {
-        "cycle_min_lr": K(None, NUM, "lower lr boundary of the cycle (required)"),
-        "cycle_max_lr": K(None, NUM, "upper lr boundary of the cycle (required)"),
-        "decay_lr_rate": K(0.0, NUM, "lr decay rate after the cycle"),
+        "cycle_min_lr": K(None, NUM, "lower lr boundary of the cycle (required)", check=_lr),
+        "cycle_max_lr": K(None, NUM, "upper lr boundary of the cycle (required)", check=_lr),
+        "decay_lr_rate": K(0.0, NUM, "lr decay rate after the cycle", check=_nonneg),
         "cycle_first_step_size": K(2000, (int,), "steps of the increasing half", check=_pos),
         "cycle_second_step_size": K(None, (int, type(None)), "steps of the decreasing half (default: first)"),
         "cycle_first_stair_count": K(0, (int,), "accepted like DeepSpeed (which does not use it)"),
         "cycle_second_stair_count": K(None, (int, type(None)), "accepted like DeepSpeed (unused)"),
         "decay_step_size": K(0, (int,), "interval of post-cycle decay (0: no decay)", check=_nonneg),
         "cycle_momentum": K(True, (bool,), "cycle beta1 inversely to the lr"),
-        "cycle_min_mom": K(0.8, NUM, "lower beta1 boundary"),
-        "cycle_max_mom": K(0.9, NUM, "upper beta1 boundary"),
-        "decay_mom_rate": K(0.0, NUM, "beta1 decay rate after the cycle"),
+        "cycle_min_mom": K(0.8, NUM, "lower beta1 boundary", check=_between(0, 1)),
+        "cycle_max_mom": K(0.9, NUM, "upper beta1 boundary", check=_between(0, 1)),
+        "decay_mom_rate": K(0.0, NUM, "beta1 decay rate after the cycle", check=_nonneg),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
 }
@@ -162,17 +192,20 @@ SCHEMA: dict[str, S] = {
         "gradient_accumulation_steps": K(None, (int, type(None)), "micro-batches per optimizer step",
                                          auto=AUTO_DERIVE, check=_pos),
         "gradient_clipping": K(0.0, NUM, "clip the global gradient L2 norm to this (0: off)", check=_nonneg),
-        "steps_per_print": K(10, (int,), "log progress every N optimizer steps", auto=AUTO_DEFAULT),
+        "steps_per_print": K(10, NUM, "log progress every N optimizer steps (infinity, as HF accelerate "
+                             "writes, or 0: never)", auto=AUTO_DEFAULT, check=_steps_per_print, allow_inf=True),
         "wall_clock_breakdown": K(False, (bool,), "log forward/backward/step times", auto=AUTO_DEFAULT),
         "dump_state": K(False, (bool,), "log the engine state after initialize"),
         "prescale_gradients": K(False, (bool,), "scale gradients before reduction (no effect on one rank)"),
-        "gradient_predivide_factor": K(1.0, NUM, "pre-reduction divisor (no effect on one rank)", check=_pos),
+        "gradient_predivide_factor": K(1.0, NUM, "pre-reduction divisor (no effect on one rank)",
+                                       check=_between(2.0 ** -24, 2.0 ** 24)),
         "zero_allow_untested_optimizer": K(False, (bool,), "allow a client optimizer with ZeRO"),
         "zero_force_ds_cpu_optimizer": K(True, (bool,), "require zspeed's CPU optimizer when offloading"),
         "dataloader_drop_last": K(False, (bool,), "drop the last incomplete batch"),
         "communication_data_type": K(None, (str, type(None)), "reduction dtype (no effect on one rank)"),
         "memory_breakdown": K(False, (bool,), "log memory use"),
-        "seed": K(None, (int, type(None)), "zspeed extension: torch.manual_seed before the dataloader"),
+        "seed": K(None, (int, type(None)), "zspeed extension: torch.manual_seed before the dataloader",
+                  check=_between(-2 ** 63, 2 ** 64 - 1, "torch seeds are 64-bit integers")),
     }, "top level"),
     "optimizer": S({
         "type": K(None, (str,), "Adam, AdamW, Adagrad or Lion"),
@@ -186,12 +219,14 @@ SCHEMA: dict[str, S] = {
     "fp16": S({
         "enabled": K(False, (bool,), "train with fp16 weights and dynamic loss scaling"),
         "auto_cast": K(False, (bool,), "cast floating-point inputs of forward to fp16"),
-        "loss_scale": K(0.0, NUM, "static loss scale; 0 means dynamic", check=_nonneg),
-        "initial_scale_power": K(16, (int,), "dynamic scaling starts at 2**power", check=_nonneg),
+        "loss_scale": K(0.0, NUM, "static loss scale; 0 means dynamic",
+                        check=lambda v: None if v == 0 or _SCALE_MIN <= v <= _SCALE_MAX else
+                        "must be 0 (dynamic) or a static scale between 2^-24 and 2^64"),
+        "initial_scale_power": K(16, (int,), "dynamic scaling starts at 2**power", check=_between(0, 64)),
         "loss_scale_window": K(1000, (int,), "steps without overflow before the scale doubles", check=_pos),
         "hysteresis": K(2, (int,), "overflows tolerated before the scale is lowered", check=_pos),
         "consecutive_hysteresis": K(False, (bool,), "refill hysteresis on every good step"),
-        "min_loss_scale": K(1, NUM, "lower bound of the dynamic scale", check=_pos),
+        "min_loss_scale": K(1, NUM, "lower bound of the dynamic scale", check=_between(_SCALE_MIN, _SCALE_MAX)),
         "fp16_master_weights_and_grads": K(False, (bool,), "fp16 master weights (not supported)"),
     }, "fp16"),
     "bf16": S({
@@ -207,18 +242,19 @@ SCHEMA: dict[str, S] = {
         "contiguous_gradients": K(True, (bool,), "copy gradients into one buffer (accepted)"),
         "overlap_comm": K(False, (bool,), "overlap reduction with backward (accepted)"),
         "reduce_scatter": K(True, (bool,), "reduce-scatter instead of all-reduce (one rank: no effect)"),
-        "reduce_bucket_size": K(500000000, NUM, "elements per reduction bucket", auto=AUTO_DEFAULT),
+        "reduce_bucket_size": K(500000000, NUM, "elements per reduction bucket", auto=AUTO_DEFAULT, check=_count),
         "allgather_partitions": K(True, (bool,), "all-gather of partitions (one rank: no effect)"),
-        "allgather_bucket_size": K(500000000, NUM, "elements per all-gather", auto=AUTO_DEFAULT),
+        "allgather_bucket_size": K(500000000, NUM, "elements per all-gather", auto=AUTO_DEFAULT, check=_count),
         "round_robin_gradients": K(False, (bool,), "accepted (no effect on one rank)"),
         "load_from_fp32_weights": K(True, (bool,), "restore masters from fp32 copies in checkpoints"),
         "elastic_checkpoint": K(False, (bool,), "accepted (no effect)"),
         "ignore_unused_parameters": K(True, (bool,), "tolerate parameters without gradients"),
-        "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group (cpu: step chunk, capped at 2^26; nvme: swapper partition, capped at 2^23)", auto=AUTO_DEFAULT),
-        "stage3_max_live_parameters": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
-        "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
-        "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
-        "stage3_param_persistence_threshold": K(100000, NUM, "stage 3 only", auto=AUTO_DEFAULT),
+        "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group (cpu: step chunk, capped at 2^26; nvme: swapper partition, capped at 2^23)", auto=AUTO_DEFAULT, check=_count),
+        "stage3_max_live_parameters": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3 only", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_param_persistence_threshold": K(100000, NUM, "stage 3 only", auto=AUTO_DEFAULT,
+                                                check=_between(0, 2 ** 62)),
         "stage3_gather_16bit_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
         "stage3_gather_fp16_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
         "memory_efficient_linear": K(True, (bool,), "stage 3 only"),
@@ -239,8 +275,9 @@ SCHEMA: dict[str, S] = {
         "nvme_path": K(None, (str, type(None)), "directory for nvme offload"),
         "pin_memory": K(False, (bool,), "page-lock host buffers"),
         "buffer_count": K(5, (int,), "staging buffers", check=_pos),
-        "buffer_size": K(100000000, NUM, "elements per staging buffer", auto=AUTO_DEFAULT),
-        "max_in_cpu": K(1000000000, NUM, "parameters kept in CPU memory", auto=AUTO_DEFAULT),
+        "buffer_size": K(100000000, NUM, "elements per staging buffer", auto=AUTO_DEFAULT, check=_count),
+        "max_in_cpu": K(1000000000, NUM, "parameters kept in CPU memory", auto=AUTO_DEFAULT,
+                        check=_between(0, 2 ** 62)),
     }, "zero_optimization.offload_param"),
     "aio": S({
         "block_size": K(1048576, (int,), "bytes per I/O request (nvme swapper)", check=_pos),
@@ -297,9 +334,13 @@ def world_size_from_env() -> int:
         v = os.environ.get(var)
         if v:
             try:
-                return int(v)
+                ws = int(v)
             except ValueError:
                 raise ConfigError(f"environment variable {var}={v!r} is not an integer world size") from None
+            if ws < 1:
+                raise ConfigError(f"environment variable {var}={v!r}: the world size must be >= 1 "
+                                  f"(it counts the processes of the job); fix or unset it.")
+            return ws
     try:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
@@ -356,6 +397,9 @@ def _check_value(path: str, spec: K, value: Any) -> Any:
     if not ok:
         raise ConfigError(f"config key '{path}' = {value!r} has the wrong type: expected "
                           f"{_type_name(spec.types)} (default {spec.default!r}).")
+    if isinstance(value, float) and not math.isfinite(value) and not (spec.allow_inf and value > 0):
+        raise ConfigError(f"config key '{path}' = {value!r} is not a finite number; give a number "
+                          f"(default {spec.default!r}).")
     if spec.choices is not None and value not in spec.choices:
         raise ConfigError(f"config key '{path}' = {value!r} is not one of "
                           f"{', '.join(repr(c) for c in spec.choices)}.")
@@ -583,8 +627,8 @@ class ZSpeedConfig:
         dev = self.offload["device"]
         if dev == "nvme":
             self._validate_nvme_path()
-        if dev == "cpu" and stage == 0:
-            raise ConfigError("zero_optimization.offload_optimizer.device 'cpu' needs "
+        if dev != "none" and stage == 0:
+            raise ConfigError(f"zero_optimization.offload_optimizer.device '{dev}' needs "
                               "zero_optimization.stage 1 or 2 (DeepSpeed offloads only under ZeRO); "
                               "set \"stage\": 2.")
         if float(self.offload["ratio"]) != 1.0:
@@ -684,15 +728,48 @@ def parse_config(config: Any = None, args: Any = None, world_size: int | None = 
     if isinstance(config, ZSpeedConfig):
         return config
     if isinstance(config, (str, os.PathLike)):
-        path = Path(config)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read the DeepSpeed config file '{path}': {e.strerror or e}. "
-                              f"Check the path.") from None
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"the DeepSpeed config file '{path}' is not valid JSON: {e.msg} at line "
-                              f"{e.lineno} column {e.colno}.") from None
-    return ZSpeedConfig(config, world_size=world_size)
+        config = load_json_config(Path(config))
+    try:
+        return ZSpeedConfig(config, world_size=world_size)
+    except RecursionError:
+        raise ConfigError("the DeepSpeed config is nested too deeply to be a config; check how it "
+                          "was generated.") from None
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ConfigError(f"the key '{k}' appears twice in one object ({out[k]!r}, then {v!r}); "
+                              f"JSON would silently keep the last. Keep one.")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str):
+    raise ConfigError(f"'{name}' is not a number a config may hold (it is not standard JSON); "
+                      f"write a finite number.")
+
+
+def load_json_config(path: Path) -> dict:
+    """Reads a JSON config file strictly: UTF-8, no duplicate keys, no NaN/Infinity."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read the DeepSpeed config file '{path}': {e.strerror or e}. "
+                          f"Check the path.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the DeepSpeed config file '{path}' is not UTF-8 text (byte {e.start}: "
+                          f"{raw[e.start:e.start + 1]!r}); is it the right file?") from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except ConfigError as e:
+        raise ConfigError(f"the DeepSpeed config file '{path}': {e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"the DeepSpeed config file '{path}' is not valid JSON: {e.msg} at line "
+                          f"{e.lineno} column {e.colno}.") from None
+    except RecursionError:
+        raise ConfigError(f"the DeepSpeed config file '{path}' is nested too deeply to be a "
+                          f"config.") from None
