@@ -40,20 +40,21 @@ def add_config_arguments(parser):
 
 
 def init_distributed(*args, **kwargs):
-    """DeepSpeed's init_distributed(). zspeed trains in one process for now: this checks
-    that no multi-process launch was requested and otherwise does nothing."""
-    del args, kwargs
-    from .runtime.config import ConfigError, world_size_from_env
-    ws = world_size_from_env()
-    if ws > 1:
-        raise ConfigError(f"world size is {ws}, but zspeed trains in one process for now "
-                          f"(multi-rank ZeRO comes in a later release).")
+    """DeepSpeed's init_distributed(): creates or adopts the torch.distributed process group
+    (see zspeed.comm.init_distributed)."""
+    _require_torch()
+    from .comm import init_distributed as _init
+    return _init(*args, **kwargs)
 
 
 def __getattr__(name):
     if name == "ConfigError":
         from .runtime.config import ConfigError
         return ConfigError
+    if name == "comm":
+        _require_torch()
+        import importlib
+        return importlib.import_module(".comm", __name__)
     if name in ("ZSpeedEngine", "DeepSpeedEngine"):
         _require_torch()
         from .runtime.engine import ZSpeedEngine

@@ -1,0 +1,355 @@
+"""DeepSpeed's ``deepspeed.comm`` over ``torch.distributed``: process-group set-up and
+the collectives training scripts call (``import zspeed.comm as dist``).
+
+zspeed has no transport of its own. :func:`init_distributed` creates (or adopts) the
+default torch.distributed process group the way DeepSpeed's does, from the variables
+that launchers export (torchrun, DeepSpeed's launcher, ``zspeed launch``: RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or, when none are set, a
+one-process group over an in-memory store (no port is opened). The backend is NCCL
+for CUDA on Linux and Gloo everywhere else (Windows has no NCCL); ``dist_backend`` or
+``ZSPEED_DIST_BACKEND`` overrides it.
+
+The collectives forward to torch.distributed with its signatures; DeepSpeed's extra
+keyword arguments (``prof``, ``log_name``, ``debug``) are accepted and ignored, since
+zspeed has no communication logger. Unlike torch.distributed, the queries
+(:func:`get_rank`, :func:`get_world_size`, :func:`get_local_rank`) answer 0 / 1 / 0
+before any group exists, so rank-0 reporting in scripts works in one process too.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as _td
+
+from ._native import ZSpeedError
+
+log = logging.getLogger("zspeed.comm")
+
+__all__ = ["init_distributed", "is_initialized", "is_available", "destroy_process_group", "new_group",
+           "get_rank", "get_world_size", "get_local_rank", "get_local_world_size", "get_global_rank",
+           "get_all_ranks_from_group", "get_world_group", "get_backend", "default_backend",
+           "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "all_reduce",
+           "inference_all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "all_gather_object",
+           "all_gather_into_tensor", "allgather_fn", "all_gather_coalesced", "reduce_scatter",
+           "reduce_scatter_tensor", "reduce_scatter_fn", "has_all_gather_into_tensor",
+           "has_reduce_scatter_tensor", "has_all_reduce_coalesced", "has_coalescing_manager",
+           "all_to_all_single", "all_to_all", "gather", "scatter", "send", "recv", "isend", "irecv",
+           "ReduceOp", "DistributedError", "TORCH_DISTRIBUTED_DEFAULT_PORT", "default_pg_timeout"]
+
+ReduceOp = _td.ReduceOp if _td.is_available() else None
+TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class DistributedError(ZSpeedError, RuntimeError):
+    """The process group cannot be set up as asked (bad launcher variables, backend, ...)."""
+
+
+def _timeout_from_env() -> timedelta:
+    """DeepSpeed's default collective timeout: DEEPSPEED_TIMEOUT minutes, else 10."""
+    raw = os.environ.get("DEEPSPEED_TIMEOUT", "10")
+    try:
+        minutes = float(raw)
+    except ValueError:
+        raise DistributedError(f"DEEPSPEED_TIMEOUT={raw!r} is not a number of minutes; fix or unset it.") from None
+    if not minutes > 0:
+        raise DistributedError(f"DEEPSPEED_TIMEOUT={raw!r} must be a positive number of minutes.")
+    return timedelta(minutes=minutes)
+
+
+default_pg_timeout = timedelta(minutes=10)
+
+
+def _env_int(name: str, lo: int = 0) -> Optional[int]:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        v = int(raw)
+    except ValueError:
+        raise DistributedError(f"environment variable {name}={raw!r} is not an integer; it is set by the "
+                               f"launcher (torchrun, deepspeed, zspeed launch): fix or unset it.") from None
+    if v < lo:
+        raise DistributedError(f"environment variable {name}={raw!r} must be >= {lo}.")
+    return v
+
+
+def is_available() -> bool:
+    return _td.is_available()
+
+
+def is_initialized() -> bool:
+    return _td.is_available() and _td.is_initialized()
+
+
+def default_backend(device: Optional[torch.device] = None) -> str:
+    """The backend zspeed picks: ZSPEED_DIST_BACKEND if set, else NCCL for CUDA on Linux
+    (when torch has it), else Gloo."""
+    forced = os.environ.get("ZSPEED_DIST_BACKEND")
+    if forced:
+        return forced
+    cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+    if cuda and sys.platform.startswith("linux") and _td.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def get_local_rank() -> int:
+    """The process's rank on its host: LOCAL_RANK as launchers export it (0 without one)."""
+    v = _env_int("LOCAL_RANK")
+    return 0 if v is None else v
+
+
+_local_ws_cache: Optional[int] = None
+
+
+def get_local_world_size() -> int:
+    """Processes on this host: LOCAL_WORLD_SIZE as torchrun exports it, else counted once
+    by gathering every rank's host name (1 before any group exists)."""
+    global _local_ws_cache
+    v = _env_int("LOCAL_WORLD_SIZE", 1)
+    if v is not None:
+        return v
+    if not is_initialized() or get_world_size() == 1:
+        return 1
+    if _local_ws_cache is None:
+        import socket
+        names: list = [None] * get_world_size()
+        _td.all_gather_object(names, socket.gethostname())
+        _local_ws_cache = names.count(socket.gethostname())
+    return _local_ws_cache
+
+
+def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: bool = True,
+                     distributed_port: int = TORCH_DISTRIBUTED_DEFAULT_PORT, verbose: bool = True,
+                     timeout: Optional[timedelta] = None, init_method: Optional[str] = None,
+                     dist_init_required: Optional[bool] = None, config: Any = None, rank: int = -1,
+                     world_size: int = -1) -> None:
+    """DeepSpeed's ``init_distributed``: sets up the default process group once.
+
+    An existing group (created by the script or an earlier call) is used as it is.
+    ``dist_init_required=False`` requires one to exist. Otherwise the group is created
+    from ``init_method`` (with ``rank``/``world_size``), or from the launcher variables
+    (``env://``), or, with none of them set, as a one-process group. MPI discovery
+    (DeepSpeed's ``auto_mpi_discovery``) is not done: launch with torchrun,
+    ``zspeed launch`` or DeepSpeed's launcher, which export the variables."""
+    del auto_mpi_discovery, config
+    if not _td.is_available():
+        raise DistributedError("this torch build has no torch.distributed; zspeed's multi-process "
+                               "training needs it (every official torch wheel has it).")
+    if is_initialized():
+        return
+    if dist_init_required is False:
+        raise DistributedError("dist_init_required=False, but no torch.distributed process group exists; "
+                               "create one first (zspeed.init_distributed()) or leave dist_init_required unset.")
+    timeout = timeout if timeout is not None else _timeout_from_env()
+    backend = dist_backend or default_backend()
+    missing = [v for v in _LAUNCH_VARS if v not in os.environ]
+    if init_method is not None:
+        _td.init_process_group(backend, init_method=init_method, timeout=timeout, rank=rank,
+                               world_size=world_size)
+    elif not missing:
+        ws, r = _env_int("WORLD_SIZE", 1), _env_int("RANK")
+        if r is not None and ws is not None and r >= ws:
+            raise DistributedError(f"RANK={r} is not below WORLD_SIZE={ws}; check the launcher's settings.")
+        _td.init_process_group(backend, init_method="env://", timeout=timeout)
+    elif len(missing) == len(_LAUNCH_VARS) or (_env_int("WORLD_SIZE", 1) or 1) == 1:
+        # One process and no launcher: a group over an in-memory store, no port opened.
+        os.environ.setdefault("LOCAL_RANK", "0")
+        store = _td.HashStore()
+        _td.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+    else:
+        raise DistributedError(f"the launcher variables are incomplete: {', '.join(missing)} not set while "
+                               f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}. Start the job with torchrun, "
+                               f"`zspeed launch` or DeepSpeed's launcher, or set {', '.join(missing)} "
+                               f"(MASTER_PORT is usually {distributed_port}).")
+    if verbose and get_rank() == 0:
+        log.info("zspeed: torch.distributed initialized: backend %s, world size %d", get_backend(),
+                 get_world_size())
+
+
+def destroy_process_group(group=None) -> None:
+    if is_initialized():
+        _td.destroy_process_group(group)
+
+
+def new_group(ranks, **kwargs):
+    return _td.new_group(ranks, **kwargs)
+
+
+def get_world_group():
+    return _td.group.WORLD
+
+
+def get_backend(group=None) -> str:
+    return str(_td.get_backend(group))
+
+
+def get_rank(group=None) -> int:
+    """This process's rank in ``group`` (the default group), 0 before any group exists."""
+    return _td.get_rank(group) if is_initialized() else 0
+
+
+def get_world_size(group=None) -> int:
+    """Processes in ``group`` (the default group), 1 before any group exists."""
+    return _td.get_world_size(group) if is_initialized() else 1
+
+
+def get_global_rank(group=None, group_rank: int = 0) -> int:
+    if group is None or not is_initialized():
+        return group_rank
+    return _td.get_global_rank(group, group_rank)
+
+
+def get_all_ranks_from_group(group=None) -> list:
+    return [get_global_rank(group, r) for r in range(get_world_size(group))]
+
+
+# -- collectives: torch.distributed's signatures, DeepSpeed's extra keywords ignored ---------------
+def _ds(kwargs: dict) -> dict:
+    for k in ("prof", "log_name", "debug"):
+        kwargs.pop(k, None)
+    return kwargs
+
+
+def barrier(group=None, async_op=False, device_ids=None, **kw):
+    _ds(kw)
+    return _td.barrier(group=group, async_op=async_op, device_ids=device_ids)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False, **kw):
+    _ds(kw)
+    return _td.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+def broadcast(tensor, src, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.broadcast(tensor, src, group=group, async_op=async_op)
+
+
+def broadcast_object_list(object_list, src, group=None, device=None):
+    return _td.broadcast_object_list(object_list, src, group=group, device=device)
+
+
+def all_reduce(tensor, op=None, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.all_reduce(tensor, op=ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
+
+
+inference_all_reduce = all_reduce
+
+
+def all_reduce_coalesced(tensors, op=None, group=None, async_op=False, **kw):
+    _ds(kw)
+    works = [_td.all_reduce(t, op=ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
+             for t in tensors]
+    return works[-1] if async_op and works else None
+
+
+def reduce(tensor, dst, op=None, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.reduce(tensor, dst, op=ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+
+
+def all_gather_object(object_list, obj, group=None, **kw):
+    _ds(kw)
+    return _td.all_gather_object(object_list, obj, group=group)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, **kw):
+    return all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op, **kw)
+
+
+def all_gather_coalesced(output_tensors, input_tensors, group=None, async_op=False):
+    works = [_td.all_gather_into_tensor(o, i, group=group, async_op=async_op)
+             for o, i in zip(output_tensors, input_tensors)]
+    return works[-1] if async_op and works else None
+
+
+def reduce_scatter(output, input_list, op=None, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.reduce_scatter(output, input_list, op=ReduceOp.SUM if op is None else op, group=group,
+                              async_op=async_op)
+
+
+def reduce_scatter_tensor(output_tensor, input_tensor, op=None, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.reduce_scatter_tensor(output_tensor, input_tensor, op=ReduceOp.SUM if op is None else op,
+                                     group=group, async_op=async_op)
+
+
+def reduce_scatter_fn(output_tensor, tensor, op=None, group=None, async_op=False, prof=False, debug=None):
+    del prof, debug
+    return reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
+
+
+def has_all_gather_into_tensor() -> bool:
+    return hasattr(_td, "all_gather_into_tensor")
+
+
+def has_reduce_scatter_tensor() -> bool:
+    return hasattr(_td, "reduce_scatter_tensor")
+
+
+def has_all_reduce_coalesced() -> bool:
+    return True
+
+
+def has_coalescing_manager() -> bool:
+    return False
+
+
+def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False, **kw):
+    _ds(kw)
+    return _td.all_to_all_single(output, tensor, output_split_sizes=output_split_sizes,
+                                 input_split_sizes=input_split_sizes, group=group, async_op=async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    return _td.all_to_all(output_tensor_list, input_tensor_list, group=group, async_op=async_op)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.gather(tensor, gather_list=gather_list, dst=dst, group=group, async_op=async_op)
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, **kw):
+    _ds(kw)
+    return _td.scatter(tensor, scatter_list=scatter_list, src=src, group=group, async_op=async_op)
+
+
+def send(tensor, dst, group=None, tag=0, **kw):
+    _ds(kw)
+    return _td.send(tensor, dst, group=group, tag=tag)
+
+
+def recv(tensor, src=None, group=None, tag=0, **kw):
+    _ds(kw)
+    return _td.recv(tensor, src=src, group=group, tag=tag)
+
+
+def isend(tensor, dst, group=None, tag=0, **kw):
+    _ds(kw)
+    return _td.isend(tensor, dst, group=group, tag=tag)
+
+
+def irecv(tensor, src=None, group=None, tag=0, **kw):
+    _ds(kw)
+    return _td.irecv(tensor, src=src, group=group, tag=tag)
