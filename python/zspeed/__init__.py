@@ -47,14 +47,19 @@ def init_distributed(*args, **kwargs):
     return _init(*args, **kwargs)
 
 
+# Submodules that DeepSpeed scripts reach as attributes (deepspeed.comm.get_rank(), ...);
+# imported on first use because they need torch.
+_TORCH_SUBMODULES = ("comm", "accelerator")
+
+
 def __getattr__(name):
     if name == "ConfigError":
         from .runtime.config import ConfigError
         return ConfigError
-    if name == "comm":
+    if name in _TORCH_SUBMODULES:
         _require_torch()
         import importlib
-        return importlib.import_module(".comm", __name__)
+        return importlib.import_module("." + name, __name__)
     if name in ("ZSpeedEngine", "DeepSpeedEngine"):
         _require_torch()
         from .runtime.engine import ZSpeedEngine
