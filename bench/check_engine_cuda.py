@@ -116,9 +116,10 @@ def nvme_checks(model, batches, off, bad_cls=Bad):
               "offload_optimizer": {"device": "nvme", "nvme_path": nd, "pin_memory": True}}
         ec, lc = run(model, batches, off)
         en, ln = run(model, batches, nv)
-        check("nvme offload: host buffers pinned", en.offload.pinned and en.offload.flat_grads[0].is_pinned())
+        check("nvme offload: host buffers pinned", en.optimizer_path.pinned and
+              en.optimizer_path.buffers.flat_grads[0].is_pinned())
         check("nvme offload == cpu offload bit for bit on CUDA", same(ec, en) and lc == ln,
-              f"{len(en._host.swappers[0].sizes)} partitions; {en.nvme_stats()[0]}")
+              f"{len(en.optimizer_path.swappers[0].sizes)} partitions; {en.nvme_stats()[0]}")
         e1, _ = run(bad_cls(model), batches, off, fp16=True)
         e2, _ = run(bad_cls(model), batches, nv, fp16=True)
         check("nvme fp16 overflow skip == cpu", e2.skipped_steps == 1 and same(e1, e2))
@@ -175,13 +176,14 @@ def main():
     print(f"bf16 spread between torch AdamW foreach=False and fused: {spread:.2e}", flush=True)
     off = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     e, losses = run(model, batches, off)
-    check("offload native: buffers pinned", e.offload.pinned and
-          all(t.is_pinned() for t in (e.offload.masters[0][0], e.offload.host_grads[0][0])))
+    check("offload native: buffers pinned", e.optimizer_path.pinned and
+          all(t.is_pinned() for t in (e.optimizer_path.host_masters[0][0], e.optimizer_path.buffers.grads[0][0])))
     check("offload native: hooks released device grads", all(p.grad is None for p in e.module.parameters()))
     compare("bf16: offload native CPUAdam vs GPU reference", ref, losses, e, tol)
     e, losses = run(model, batches, {"stage": 2, "sub_group_size": 200_000,
                                      "offload_optimizer": {"device": "cpu", "pin_memory": True}})
-    check("offload native: several chunks", len(e.offload.chunks) > 3, f"{len(e.offload.chunks)} chunks")
+    check("offload native: several chunks", len(e.optimizer_path.chunks) > 3,
+          f"{len(e.optimizer_path.chunks)} chunks")
     compare("bf16: offload native, chunked copy back", ref, losses, e, tol)
     e, losses = run(model, batches, {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}})
     compare("bf16: offload native, pageable buffers", ref, losses, e, tol)

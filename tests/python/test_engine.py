@@ -423,7 +423,7 @@ def test_chunked_offload_step_is_identical(native):
                                                             "offload_optimizer": {"device": "cpu"}})
         c["optimizer"]["params"]["torch_adam"] = not native
         e, *_ = zspeed.initialize(model=mlp(), config=c)
-        assert len(e.offload.chunks) == (1 if sub > 1000 else 4)
+        assert len(e.optimizer_path.chunks) == (1 if sub > 1000 else 4)
         train_engine(e, data, 8, dtype=torch.bfloat16)
         out.append([p.detach().clone() for p in e.module.parameters()])
     for a, b in zip(*out):

@@ -162,8 +162,8 @@ def test_config_reaches_the_swapper_and_masters_are_not_in_ram(tmp_path):
     c = _cfg("nvme", tmp_path)
     c["aio"].update({"intra_op_parallelism": 2, "single_submit": True, "overlap_events": False})
     e = _engine(c)
-    assert e.offload.masters is None  # fp32 masters + states live only in the swap file
-    sw = e._host.swappers[0]
+    assert e.optimizer_path.host_masters is None  # fp32 masters + states live only in the swap file
+    sw = e.optimizer_path.swappers[0]
     aio = sw._aio
     assert (aio.block_size, aio.queue_depth, aio.intra_op_parallelism) == (65536, 4, 2)
     assert (aio.single_submit, aio.overlap_events) == (1, 0)
