@@ -148,6 +148,21 @@ def test_checkpoint_resume_nvme_and_cpu(tmp_path, precision, state_dtype):
     assert _same(ref, n)
 
 
+@pytest.mark.parametrize("opt,state_dtype", [("AdamW", "fp32"), ("AdamW", "int8"), ("Adagrad", "fp32")])
+def test_checkpoint_without_optimizer_state_starts_fresh(tmp_path, opt, state_dtype):
+    # A checkpoint saved before the first step holds no optimizer state: loading it into an engine
+    # that has trained gives fresh states (zeros; Adagrad's initial sum) on both paths alike.
+    out = []
+    for dev in ("cpu", "nvme"):
+        e = _engine(_cfg(dev, tmp_path, opt=opt, state_dtype=state_dtype, sched=False))
+        e.save_checkpoint(tmp_path / dev)
+        _train(e, 3)
+        e.load_checkpoint(tmp_path / dev)
+        out.append(_train(e, 2, start=3))
+    assert _same(*out)
+    out[1].close()
+
+
 def test_checkpoint_state_dtype_mismatch_is_clear(tmp_path):
     e = _train(_engine(_cfg("nvme", tmp_path, state_dtype="int8")), 2)
     e.save_checkpoint(tmp_path / "ck")

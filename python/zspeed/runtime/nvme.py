@@ -166,7 +166,9 @@ class NVMePath(OptimizerPath):
             for i, part in enumerate(self.parts[gi]):
                 sw.init_partition(i, _assemble(
                     part, lambda pi: params_g[pi].detach().reshape(-1).to("cpu", torch.float32)))
-            self._reset_states(gi)
+            iav = float(group.get("initial_accumulator_value", 0.0))
+            if iav:  # init_partition zeroed the states; Adagrad's sum starts at this value
+                self._reset_states(gi)
         self._grads: list | None = None
 
     @property
@@ -214,12 +216,15 @@ class NVMePath(OptimizerPath):
         return self.swappers[0].state_keys
 
     def _reset_states(self, gi: int) -> None:
-        """Fresh state as the CPU path creates it: zeros, Adagrad's sum = initial_accumulator_value."""
+        """Fresh state as the CPU path creates it: zeros (8-bit: zero codes and scales), and
+        Adagrad's sum = initial_accumulator_value. The masters stay."""
         iav = float(self.optimizer.param_groups[gi].get("initial_accumulator_value", 0.0))
         sw = self.swappers[gi]
-        if iav:
-            for i, part in enumerate(self.parts[gi]):
-                sw.write_arrays(i, sum=np.full(part.n, iav, np.float32))
+        for i in range(len(self.parts[gi])):
+            fresh = {k: np.zeros_like(a) for k, a in sw.read_arrays(i).items() if k != "param"}
+            if "sum" in fresh:
+                fresh["sum"][:] = iav
+            sw.write_arrays(i, **fresh)
         sw.steps = 0
 
     def _gather(self, gi: int, keys: tuple) -> dict:
