@@ -17,12 +17,16 @@ pytest.importorskip("safetensors")
 import zspeed  # noqa: E402
 from zspeed.runtime.config import ConfigError  # noqa: E402
 from zspeed.runtime.nvme import _partitions  # noqa: E402
+from engine_helpers import mlp, mse_loss, regression_data, same_weights as _same, train  # noqa: E402
+
+# Targets of unit size (x @ W has variance 37), so that fp16 training at the default loss scale
+# overflows only where a test injects it.
+DATA = [(x, y / 37 ** 0.5) for x, y in regression_data(16, bs=4, d_in=37, d_out=13, seed=100)]
 
 
 def _model():
-    torch.manual_seed(0)
     # Odd sizes: partitions of 700 elements split the 37x61 weight and pack the small tensors.
-    return torch.nn.Sequential(torch.nn.Linear(37, 61), torch.nn.ReLU(), torch.nn.Linear(61, 13))
+    return mlp(37, 61, 13, act=torch.nn.ReLU)
 
 
 def _cfg(device, path, *, opt="AdamW", state_dtype="fp32", precision=None, stage=2, sub=700, sched=True):
@@ -55,20 +59,8 @@ def _engine(cfg, groups=False):
 
 
 def _train(e, steps, start=0, inf_at=()):
-    for i in range(start, start + steps):
-        g = torch.Generator().manual_seed(100 + i)
-        x = torch.randn(4, 37, generator=g).to(e.dtype)
-        y = torch.randn(4, 13, generator=g).to(e.dtype)
-        loss = ((e(x) - y) ** 2).mean()
-        if i in inf_at:
-            loss = loss * float("inf")  # every gradient non-finite: an fp16 overflow
-        e.backward(loss)
-        e.step()
+    train(e, DATA, steps, start=start, inf_at=inf_at)
     return e
-
-
-def _same(a, b):
-    return all(torch.equal(p, q) for p, q in zip(a.module.parameters(), b.module.parameters()))
 
 
 @pytest.mark.parametrize("precision", [None, "bf16", "fp16"])
@@ -195,9 +187,7 @@ def test_io_error_leaves_a_retryable_step(tmp_path, site, err):
     from zspeed._native import errcode, lib
     ref = _train(_engine(_cfg("cpu", tmp_path, precision="fp16")), 5)
     e = _train(_engine(_cfg("nvme", tmp_path, precision="fp16")), 2)
-    g = torch.Generator().manual_seed(102)
-    x, y = torch.randn(4, 37, generator=g).half(), torch.randn(4, 13, generator=g).half()
-    e.backward(((e(x) - y) ** 2).mean())
+    e.backward(mse_loss(e, DATA[2]))
     before = [p.detach().clone() for p in e.module.parameters()]
     scale, lr = e.loss_scale, e.get_lr()
     lib.zs_fault_set(site.encode(), 2, 1, errcode(err))
