@@ -22,22 +22,21 @@ from __future__ import annotations
 import torch
 
 from .layout import FlatLayout
-from .offload import HostBuffers
+from .offload import HostBuffers, OffloadedPath
 from .optimizers import build_host_optimizer
-from .paths import OptimizerPath
+from .paths import copy_masters
 
 __all__ = ["HostPath", "CHUNK_CAP"]
 
 CHUNK_CAP = 1 << 26  # elements per optimizer chunk at most
 
 
-class HostPath(OptimizerPath):
+class HostPath(OffloadedPath):
     """The CPU optimizer over fp32 masters in host memory."""
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
                  client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int):
-        super().__init__(layout)
-        self.buffers = buffers
+        super().__init__(layout, buffers)
         lowp = buffers.model_dtype != torch.float32
         shared = not buffers.cuda and all(p.is_contiguous() for ps in layout.params for p in ps)
         own = [[p.data.view(-1) for p in ps] for ps in layout.params] if shared else None
@@ -61,23 +60,9 @@ class HostPath(OptimizerPath):
                                          force_native=force_native)
         self.optimizer = self.host.optimizer
         self.chunks = _chunks(layout, chunk_elems)
-        self._grads: list | None = None
 
-    @property
-    def pinned(self) -> bool:
-        return self.buffers.pinned
-
-    def before_backward(self, boundary: bool) -> None:
-        self.buffers.before_backward(boundary)
-
-    def after_backward(self) -> None:
-        self.buffers.after_backward()
-
-    def gather(self) -> None:
-        self._grads = self.buffers.gather()
-
-    def grad_stats(self, scale: float) -> tuple[float, bool]:
-        return self.buffers.grad_stats(self._grads, scale, self.host.grad_stats)
+    def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
+        return self.host.grad_stats(tensors, scale)
 
     def apply(self, factor: float) -> None:
         self.buffers.wait_host_buffers()
@@ -95,18 +80,11 @@ class HostPath(OptimizerPath):
             out[gi][pi] = self._grads[gi][pi]
         return out
 
-    def release(self) -> None:
-        self._grads = None
-        self.buffers.release()
-
     def masters(self) -> list:
         return self.host_masters
 
     def load_masters(self, masters: list) -> None:
-        with torch.no_grad():
-            for ms, srcs in zip(self.host_masters, masters):
-                for m, s in zip(ms, srcs):
-                    m.copy_(s.to(m.device).reshape(m.shape))
+        copy_masters(self.host_masters, masters)
         self.buffers.refresh(self.host_masters, self._lowp_out)
 
 

@@ -39,8 +39,7 @@ import torch
 from .._signatures.optim import OPTIM_QBLOCK
 from .config import ConfigError
 from .layout import FlatLayout
-from .offload import HostBuffers
-from .paths import OptimizerPath
+from .offload import HostBuffers, OffloadedPath
 
 __all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP"]
 
@@ -109,12 +108,12 @@ def _partitions(numels: list, cap: int, per_param: bool, align: int) -> list:
     return parts
 
 
-class NVMePath(OptimizerPath):
+class NVMePath(OffloadedPath):
     """The optimizer path of offload_optimizer.device nvme (see the module docstring)."""
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):
-        super().__init__(layout)
+        super().__init__(layout, buffers)
         if client is not None:
             raise ConfigError("a client optimizer was passed to zspeed.initialize with offload_optimizer.device "
                               "'nvme': configure the optimizer in the config's 'optimizer' section instead "
@@ -125,7 +124,6 @@ class NVMePath(OptimizerPath):
         from ..ops.swap import NVMeOptimizerSwapper
         from ..ops import grad_stats
         self._grad_stats = grad_stats
-        self.buffers = buffers
         self._out_flat, self._out = buffers.alloc(buffers.model_dtype)
         if name in ("Adam", "AdamW"):
             kind = "adamw" if params["adam_w_mode"] else "adam"
@@ -169,27 +167,10 @@ class NVMePath(OptimizerPath):
             iav = float(group.get("initial_accumulator_value", 0.0))
             if iav:  # init_partition zeroed the states; Adagrad's sum starts at this value
                 self._reset_states(gi)
-        self._grads: list | None = None
-
-    @property
-    def pinned(self) -> bool:
-        return self.buffers.pinned
 
     # -- the step ----------------------------------------------------------------------------------
-    def before_backward(self, boundary: bool) -> None:
-        self.buffers.before_backward(boundary)
-
-    def after_backward(self) -> None:
-        self.buffers.after_backward()
-
-    def gather(self) -> None:
-        self._grads = self.buffers.gather()
-
-    def grad_stats(self, scale: float) -> tuple[float, bool]:
-        """The CPU path's kernel on the same per-parameter tensors, so the norm is identical."""
-        return self.buffers.grad_stats(self._grads, scale, self._host_grad_stats)
-
     def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
+        """The CPU path's kernel on the same per-parameter tensors, so the norm is identical."""
         s, bad = self._grad_stats(tensors, scale=scale)
         return float(s), bool(bad)
 
@@ -206,10 +187,6 @@ class NVMePath(OptimizerPath):
                     out=[fo[p.start:p.start + p.n] for p in self.parts[gi]], lr=float(group["lr"]))
         self.buffers.write_back(self._out, self.layout.keys)
         self.buffers.end_write_back()
-
-    def release(self) -> None:
-        self._grads = None
-        self.buffers.release()
 
     # -- masters and state (checkpoints) ----------------------------------------------------------
     def _state_keys(self) -> tuple:

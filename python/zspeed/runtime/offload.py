@@ -36,6 +36,7 @@ weight buffer that is the parameter's own storage is not copied back.
 """
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import sys
@@ -45,10 +46,11 @@ import weakref
 import torch
 
 from .layout import FlatLayout
+from .paths import OptimizerPath
 
 log = logging.getLogger("zspeed.offload")
 
-__all__ = ["HostBuffers", "pin_in_place"]
+__all__ = ["HostBuffers", "OffloadedPath", "pin_in_place"]
 
 _warned_pin = False
 
@@ -255,6 +257,40 @@ class HostBuffers:
                 for m, o in zip(ms, os_):
                     if o.data_ptr() != m.data_ptr():
                         o.copy_(m)
+
+
+class OffloadedPath(OptimizerPath):
+    """What the cpu and nvme paths share: their gradients and weights go through HostBuffers,
+    and the gradient statistics come from the device (CUDA) or from ``_host_grad_stats``."""
+
+    def __init__(self, layout: FlatLayout, buffers: HostBuffers):
+        super().__init__(layout)
+        self.buffers = buffers
+        self._grads: list | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.buffers.pinned
+
+    def before_backward(self, boundary: bool) -> None:
+        self.buffers.before_backward(boundary)
+
+    def after_backward(self) -> None:
+        self.buffers.after_backward()
+
+    def gather(self) -> None:
+        self._grads = self.buffers.gather()
+
+    def grad_stats(self, scale: float) -> tuple[float, bool]:
+        return self.buffers.grad_stats(self._grads, scale, self._host_grad_stats)
+
+    @abc.abstractmethod
+    def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
+        """(sum of squares of scale*g, any non-finite value) over host gradient tensors."""
+
+    def release(self) -> None:
+        self._grads = None
+        self.buffers.release()
 
 
 class _GradCopier:

@@ -32,7 +32,7 @@ import torch
 from .layout import FlatLayout
 from .optimizers import build_device_optimizer, rebuild_like, torch_grad_stats
 
-__all__ = ["OptimizerPath", "DevicePath"]
+__all__ = ["OptimizerPath", "DevicePath", "copy_masters"]
 
 
 class OptimizerPath(abc.ABC):
@@ -163,10 +163,7 @@ class DevicePath(OptimizerPath):
         return self._masters
 
     def load_masters(self, masters: list) -> None:
-        with torch.no_grad():
-            for ms, srcs in zip(self._masters, masters):
-                for m, s in zip(ms, srcs):
-                    m.copy_(s.to(m.device).reshape(m.shape))
+        copy_masters(self._masters, masters)
         if self._lowp:
             self._copy_to_model()
 
@@ -175,3 +172,12 @@ class DevicePath(OptimizerPath):
             for ps, ms in zip(self.layout.params, self._masters):
                 for p, m in zip(ps, ms):
                     p.data.copy_(m)
+
+
+def copy_masters(dst: list, src: list) -> None:
+    """Copies per group, per parameter tensors ``src`` into the masters ``dst`` (any shape of
+    the same number of elements, any device)."""
+    with torch.no_grad():
+        for ms, srcs in zip(dst, src):
+            for m, s in zip(ms, srcs):
+                m.copy_(s.to(m.device).reshape(m.shape))
