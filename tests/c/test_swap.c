@@ -213,6 +213,47 @@ static int h_same(harness *h, int check_outs, int line) {
   return 1;
 }
 
+/* Steps t = from, ..., to on new gradients (lr 1e-3), the swapper and the
+ * reference alike; 0 or the first error. */
+static int h_train(harness *h, int from, int to) {
+  int t, rc = 0;
+  for (t = from; t <= to && rc == 0; t++) {
+    h_new_grads(h);
+    rc = h_step(h, 1e-3, 1.0);
+    if (rc == 0) rc = h_ref_step(h, 1e-3, 1.0, t);
+  }
+  return rc;
+}
+
+/* A second swapper with the harness's configuration, in file `name`. */
+static int h_create_other(const harness *h, const char *name, zs_swap **out) {
+  zs_swap_config c;
+  base_config(&c, h);
+  c.name = name;
+  return zs_swap_create(out, &c);
+}
+
+/* Steps another swapper with the same sizes on the harness's gradients. */
+static int h_step_on(harness *h, zs_swap *other, double lr) {
+  zs_swap *first = h->s;
+  int rc;
+  h->s = other;
+  rc = h_step(h, lr, 1.0);
+  h->s = first;
+  return rc;
+}
+
+/* h_same for another swapper with the same sizes (for the out copies: the
+ * ones its last step left in h->outs). */
+static int h_same_other(harness *h, zs_swap *other, int check_outs, int line) {
+  zs_swap *first = h->s;
+  int same;
+  h->s = other;
+  same = h_same(h, check_outs, line);
+  h->s = first;
+  return same;
+}
+
 /* Many steps, odd sizes (1, 3, not multiples of the alignment, one larger
  * than a compute slice), every optimizer and state dtype, every buffer
  * count from 1 to 5, changing lr and grad_scale: bit-exact. */
@@ -423,17 +464,6 @@ static void checkpoint_roundtrip(void) {
   }
 }
 
-/* Steps the harness's swapper and then `other` with the same gradients;
- * the out copies left in h->outs are other's. */
-static int h_step_both(harness *h, zs_swap *other, double lr) {
-  zs_swap *first = h->s;
-  int rc = h_step(h, lr, 1.0);
-  h->s = other;
-  if (rc == 0) rc = h_step(h, lr, 1.0);
-  h->s = first;
-  return rc;
-}
-
 /* Typed array access: reading returns each array exactly as the in-RAM
  * reference stores it; writing every array into a fresh swapper
  * reproduces the state, which then steps like the reference; writing the
@@ -452,7 +482,6 @@ static void typed_arrays(void) {
     setup su = {0, 0, ZS_DTYPE_F32, ZS_DTYPE_BF16, 3, 3, {NMAX, 5, 4097}};
     harness h;
     zs_swap *s2 = NULL;
-    zs_swap_config cfg;
     int q8 = combos[c][1] == ZS_DTYPE_Q8;
     size_t es;
     float *p = malloc(NMAX * 4), *ms = malloc(NMAX * 4), *vs = malloc(NMAX * 4);
@@ -464,14 +493,8 @@ static void typed_arrays(void) {
       goto out_mem;
     }
     if (!h_open(&h, &su)) goto out_mem;
-    for (i = 1; i <= 2; i++) {
-      h_new_grads(&h);
-      ZT_OK(h_step(&h, 1e-3, 1.0));
-      ZT_OK(h_ref_step(&h, 1e-3, 1.0, i));
-    }
-    base_config(&cfg, &h);
-    cfg.name = "typed";
-    ZT_OK(zs_swap_create(&s2, &cfg));
+    ZT_OK(h_train(&h, 1, 2));
+    ZT_OK(h_create_other(&h, "typed", &s2));
     for (i = 0; i < su.nparts; i++) {
       size_t n = (size_t)su.sizes[i], qb = zs_optim_qblocks(n) * 4;
       const unsigned char *r = h.ref[i];
@@ -487,17 +510,10 @@ static void typed_arrays(void) {
     }
     /* Both swappers step on and match the reference. */
     ZT_OK(zs_swap_set_steps(s2, 2));
-    h_new_grads(&h);
-    ZT_OK(h_step_both(&h, s2, 1e-3));
-    ZT_OK(h_ref_step(&h, 1e-3, 1.0, 3));
-    if (!h_same(&h, 0, __LINE__)) goto out;
-    {
-      zs_swap *first = h.s;
-      h.s = s2;
-      i = h_same(&h, 1, __LINE__);
-      h.s = first;
-      if (!i) goto out;
-    }
+    ZT_OK(h_train(&h, 3, 3));
+    if (!h_same(&h, 1, __LINE__)) goto out;
+    ZT_OK(h_step_on(&h, s2, 1e-3));
+    if (!h_same_other(&h, s2, 1, __LINE__)) goto out;
     /* New master weights alone: every state byte stays, and the next step
      * starts from the new weights. */
     for (i = 0; i < su.nparts; i++) {
@@ -507,9 +523,7 @@ static void typed_arrays(void) {
       memcpy(h.ref[i] + h.po[i], p, n * 4);
     }
     if (!h_same(&h, 0, __LINE__)) goto out;
-    h_new_grads(&h);
-    ZT_OK(h_step(&h, 1e-3, 1.0));
-    ZT_OK(h_ref_step(&h, 1e-3, 1.0, 4));
+    ZT_OK(h_train(&h, 4, 4));
     if (!h_same(&h, 1, __LINE__)) goto out;
     /* Refused, changing nothing: scales without codes or for states that
      * are not 8-bit, Adagrad's m, Lion's v, a partition out of range, and
@@ -536,8 +550,8 @@ static void typed_arrays(void) {
     /* A partition that holds no state yet: reading is refused, and the
      * weights written alone come with zero states. */
     zs_swap_destroy(s2);
-    cfg.name = "typed_fresh";
-    ZT_OK(zs_swap_create(&s2, &cfg));
+    s2 = NULL;
+    ZT_OK(h_create_other(&h, "typed_fresh", &s2));
     ZT_ERR(zs_swap_read_arrays(s2, 1, p, NULL, NULL, NULL, NULL), ZS_ESTATE);
     ZT_OK(zs_swap_write_arrays(s2, 1, p, NULL, NULL, NULL, NULL));
     {
