@@ -131,8 +131,10 @@ class HostBuffers:
         self.grads: list | None = None
         if self.cuda or flat_grads:
             self.flat_grads, self.grads = self.alloc(model_dtype)
-        self._zeros: dict = {}
-        self._copier = _GradCopier(layout, self.grads, device, bucket_elems) if self.cuda else None
+        # Where the gradients come from: copies made during backward (CUDA), or the
+        # parameters' .grad read at the step (CPU).
+        self._source = (_CudaGradCopies(layout, self.grads, device, bucket_elems) if self.cuda
+                        else _CpuGrads(layout, self.grads))
         self._h2d_done = None
 
     @property
@@ -167,60 +169,29 @@ class HostBuffers:
 
     # -- gradients: model -> host ---------------------------------------------------------
     def before_backward(self, boundary: bool) -> None:
-        """Hooks copy gradients only in the backward of the boundary micro-batch."""
-        if self._copier is not None:
-            self._copier.arm(boundary)
+        """Gradients are taken only from the backward of the boundary micro-batch."""
+        self._source.before_backward(boundary)
 
     def after_backward(self) -> None:
-        if self._copier is not None:
-            self._copier.flush()
+        self._source.after_backward()
 
     def gather(self) -> list:
         """Host gradients of the boundary, per group, per parameter (flat, the model's dtype);
         a parameter without a gradient gets zeros."""
-        if self._copier is not None:
-            return self._copier.gather()
-        out = []
-        with torch.no_grad():
-            for gi, ps in enumerate(self.layout.params):
-                row = []
-                for pi, p in enumerate(ps):
-                    g = p.grad
-                    if self.grads is not None:  # into the flat buffer
-                        h = self.grads[gi][pi]
-                        if g is None:
-                            h.zero_()
-                        else:
-                            h.copy_(g.reshape(-1))
-                    elif g is None:
-                        h = self._zero(gi, pi, p)
-                    else:  # where autograd left it
-                        h = g.detach().contiguous().view(-1)
-                    row.append(h)
-                out.append(row)
-        return out
-
-    def _zero(self, gi, pi, p):
-        z = self._zeros.get((gi, pi))
-        if z is None:
-            z = self._zeros[(gi, pi)] = torch.zeros(p.numel(), dtype=p.dtype)
-        return z
+        return self._source.gather()
 
     def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
         """(sum of squares of scale*g, any inf/NaN) over the gathered gradients: on CUDA from
         the norms taken on the device, else ``host_stats(tensors, scale)`` over the host
         gradients (the path's CPU kernel)."""
-        if self._copier is not None:
-            return self._copier.grad_stats(scale)
-        return host_stats([g for row in grads for g in row], scale)
+        return self._source.grad_stats(grads, scale, host_stats)
 
     def release(self) -> None:
         """The step is over (applied or skipped): drop every gradient."""
         for ps in self.layout.params:
             for p in ps:
                 p.grad = None
-        if self._copier is not None:
-            self._copier.reset()
+        self._source.reset()
 
     # -- weights: host -> model ----------------------------------------------------------------
     def wait_host_buffers(self) -> None:
@@ -293,7 +264,56 @@ class OffloadedPath(OptimizerPath):
         self.buffers.release()
 
 
-class _GradCopier:
+class _CpuGrads:
+    """The gradients where autograd left them, or copied into the flat buffers when the
+    path reads one contiguous buffer per group (``dests``)."""
+
+    def __init__(self, layout: FlatLayout, dests: list | None):
+        self.layout = layout
+        self.dests = dests
+        self._zeros: dict = {}
+
+    def before_backward(self, boundary: bool) -> None:
+        pass
+
+    def after_backward(self) -> None:
+        pass
+
+    def gather(self) -> list:
+        out = []
+        with torch.no_grad():
+            for gi, ps in enumerate(self.layout.params):
+                row = []
+                for pi, p in enumerate(ps):
+                    g = p.grad
+                    if self.dests is not None:
+                        h = self.dests[gi][pi]
+                        if g is None:
+                            h.zero_()
+                        else:
+                            h.copy_(g.reshape(-1))
+                    elif g is None:
+                        h = self._zero(gi, pi, p)
+                    else:
+                        h = g.detach().contiguous().view(-1)
+                    row.append(h)
+                out.append(row)
+        return out
+
+    def _zero(self, gi, pi, p):
+        z = self._zeros.get((gi, pi))
+        if z is None:
+            z = self._zeros[(gi, pi)] = torch.zeros(p.numel(), dtype=p.dtype)
+        return z
+
+    def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
+        return host_stats([g for row in grads for g in row], scale)
+
+    def reset(self) -> None:
+        pass
+
+
+class _CudaGradCopies:
     """CUDA: copies each boundary gradient into its host view while backward runs."""
 
     def __init__(self, layout: FlatLayout, dests: list, device: torch.device, bucket_elems: int):
@@ -310,7 +330,7 @@ class _GradCopier:
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for ps in layout.params for p in ps]
 
-    def arm(self, boundary: bool) -> None:
+    def before_backward(self, boundary: bool) -> None:
         self._armed = boundary
 
     def _on_grad(self, p: torch.Tensor) -> None:
@@ -338,8 +358,8 @@ class _GradCopier:
         self._pending.clear()
         self._pending_elems = 0
 
-    def flush(self) -> None:
-        """After backward: queue the last partial bucket."""
+    def after_backward(self) -> None:
+        """Queues the last partial bucket."""
         if self._pending:
             self._issue(torch.cuda.current_stream(self.device))
         self._armed = False
@@ -362,9 +382,10 @@ class _GradCopier:
         # again gathers the same host gradients instead of zeros.
         return self.dests
 
-    def grad_stats(self, scale: float) -> tuple[float, bool]:
-        """Per-tensor fp32 norms summed in float64, as torch_grad_stats does. Kept until
-        reset(): a step that fails (an NVMe I/O error) and is called again sees the same."""
+    def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
+        """From the norms taken on the device: per-tensor fp32 norms summed in float64, as
+        torch_grad_stats does. Kept until reset(): a step that fails (an NVMe I/O error) and
+        is called again sees the same."""
         if not self._norms:
             return 0.0, False
         total = torch.stack(self._norms).to(torch.float64).square().sum().item() * float(scale) ** 2

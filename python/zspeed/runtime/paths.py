@@ -14,12 +14,14 @@ few calls, so its step algorithm does not depend on where the optimizer runs:
   release()                   drop the step's gradients (after apply or a skipped step)
   masters() / load_masters()  the fp32 masters, for checkpoints
   optimizer                   what LR schedulers, get_lr() and checkpoints see
-  close()                     release what lives outside Python's memory
+                              (its state_dict is the checkpoint's optimizer state)
+  stats(reset) / close()      I/O statistics; release what lives outside Python's memory
 
 The paths: :class:`DevicePath` (here: torch's optimizer on the model's device),
 :class:`~zspeed.runtime.cpu.HostPath` (zero_optimization.offload_optimizer.device
 cpu) and :class:`~zspeed.runtime.nvme.NVMePath` (device nvme); the two offloaded
-ones share :class:`~zspeed.runtime.offload.HostBuffers` for the host memory and the
+ones derive from :class:`~zspeed.runtime.offload.OffloadedPath`, whose
+:class:`~zspeed.runtime.offload.HostBuffers` hold the host memory and make the
 copies. Each path covers the flat parameter space of layout.py; with several
 ranks a path would step the slice of it that its rank owns.
 """
