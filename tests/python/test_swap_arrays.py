@@ -1,11 +1,13 @@
 """NVMeOptimizerSwapper.read_arrays / write_arrays: a partition's arrays exactly as
 stored (checked against the raw image at the offsets layout() reports), writes that
-keep every array they do not name bit for bit, torch tensors, and refusals."""
+keep every array they do not name bit for bit, torch tensors, and refusals. The
+first two tests run once per aio backend this machine has."""
 import numpy as np
 import pytest
 
 from zspeed import NativeError
 from zspeed.ops.swap import NVMeOptimizerSwapper
+from test_swap import backend  # noqa: F401  (the per-backend fixture)
 
 SIZES = [1031, 3, 777]
 # (optimizer, state dtype) -> the arrays a partition has, with their stored numpy dtypes.
@@ -22,11 +24,11 @@ REGION = {"param": "param", "exp_avg": "m", "exp_avg_sq": "v", "sum": "v",
           "exp_avg_scale": "m_scale", "exp_avg_sq_scale": "v_scale"}
 
 
-def _trained(tmp_path, opt, sd, name="a"):
+def _trained(tmp_path, opt, sd, name="a", backend="auto"):
     """A swapper after two steps on random gradients."""
     rng = np.random.default_rng(3)
     sw = NVMeOptimizerSwapper(SIZES, tmp_path, optimizer=opt, state_dtype=sd, name=name,
-                              weight_decay=0.01, buffer_count=2)
+                              weight_decay=0.01, buffer_count=2, backend=backend)
     for i, n in enumerate(SIZES):
         sw.init_partition(i, rng.standard_normal(n).astype(np.float32))
     for _ in range(2):
@@ -40,8 +42,8 @@ def _region(sw, i, key, nbytes):
 
 
 @pytest.mark.parametrize("opt,sd", list(CASES))
-def test_read_arrays_is_the_stored_image(tmp_path, opt, sd):
-    with _trained(tmp_path, opt, sd) as sw:
+def test_read_arrays_is_the_stored_image(tmp_path, opt, sd, backend):
+    with _trained(tmp_path, opt, sd, backend=backend) as sw:
         for i, n in enumerate(SIZES):
             arrays = sw.read_arrays(i)
             assert {k: a.dtype for k, a in arrays.items()} == {k: np.dtype(t) for k, t in CASES[opt, sd].items()}
@@ -60,9 +62,10 @@ def test_read_arrays_is_the_stored_image(tmp_path, opt, sd):
 
 
 @pytest.mark.parametrize("opt,sd", list(CASES))
-def test_write_keeps_unnamed_arrays_bit_for_bit(tmp_path, opt, sd):
+def test_write_keeps_unnamed_arrays_bit_for_bit(tmp_path, opt, sd, backend):
     rng = np.random.default_rng(5)
-    with _trained(tmp_path, opt, sd) as sw, _trained(tmp_path, opt, sd, name="b") as other:
+    with _trained(tmp_path, opt, sd, backend=backend) as sw, \
+            _trained(tmp_path, opt, sd, name="b", backend=backend) as other:
         for i, n in enumerate(SIZES):
             before = sw.read_arrays(i)
             new = rng.standard_normal(n).astype(np.float32)
