@@ -205,6 +205,28 @@ def test_io_error_leaves_a_retryable_step(tmp_path, site, err):
     assert _same(ref, e) and ref.loss_scale == e.loss_scale
 
 
+def test_io_error_in_a_later_group_is_retryable(tmp_path):
+    # Two parameter groups, one swapper each: the first group's swapper steps, the second's
+    # fails. Calling step() again must step only the second group, not the first one twice.
+    from zspeed import NativeError
+    from zspeed._native import errcode, lib
+    ref = _train(_engine(_cfg("cpu", tmp_path), groups=True), 4)
+    e = _train(_engine(_cfg("nvme", tmp_path), groups=True), 2)
+    e.backward(mse_loss(e, DATA[2]))
+    first = len(e.optimizer_path.swappers[0].sizes)  # its partition writes come first
+    lib.zs_fault_set(b"swap.write", first + 1, 1, errcode("ZS_EIO"))
+    try:
+        with pytest.raises(NativeError):
+            e.step()
+    finally:
+        lib.zs_fault_clear()
+    assert [s["steps"] for s in e.nvme_stats()] == [3, 2]
+    e.step()
+    _train(e, 1, start=3)
+    assert _same(ref, e)
+    e.close()
+
+
 def test_files_removed_on_close_and_gc(tmp_path):
     e = _engine(_cfg("nvme", tmp_path))
     assert [f for f in os.listdir(tmp_path) if f.endswith(".swap")]

@@ -275,8 +275,8 @@ class ZSpeedEngine(torch.nn.Module):
             if self._clip > 0 and norm > self._clip:
                 coef = self._clip / (norm + 1e-6)
             path.apply(inv_scale * coef)
-            # After the step: if it raised (an NVMe I/O error leaves the state at the previous
-            # step), nothing here has moved and engine.step() can simply be called again.
+            # After the step: if it raised (an NVMe I/O error), nothing here has moved and
+            # engine.step() can simply be called again; the path then completes the step.
             self.loss_scaler.update_scale(False)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))

@@ -125,6 +125,7 @@ class NVMePath(OffloadedPath):
         from ..ops import grad_stats
         self._grad_stats = grad_stats
         self._out_flat, self._out = buffers.alloc(buffers.model_dtype)
+        self._stepped: set = set()  # groups whose swapper has stepped on the current gradients
         if name in ("Adam", "AdamW"):
             kind = "adamw" if params["adam_w_mode"] else "adam"
             cls = "CPUAdam"
@@ -174,19 +175,31 @@ class NVMePath(OffloadedPath):
         s, bad = self._grad_stats(tensors, scale=scale)
         return float(s), bool(bad)
 
+    def before_backward(self, boundary: bool) -> None:
+        self._stepped.clear()  # new gradients: a new step
+        super().before_backward(boundary)
+
     def apply(self, factor: float) -> None:
         """One step of every swapper, each reading its partitions' gradients from the flat
         gradient buffer and writing the updated weights into the flat weight buffer; then
-        the weights go into the model. A swapper that raises keeps its previous step."""
+        the weights go into the model. A swapper that raises keeps its previous step, and
+        the groups stepped before it are not stepped again when apply is called again."""
         self.buffers.wait_host_buffers()
         for gi, (group, sw) in enumerate(zip(self.optimizer.param_groups, self.swappers)):
+            if gi in self._stepped:  # its new weights wait in its flat weight buffer
+                continue
             fg, fo = self.buffers.flat_grads[gi], self._out_flat[gi]
             sw.set_hparams(betas=group.get("betas"), eps=group.get("eps"),
                            weight_decay=group["weight_decay"])
             sw.step([fg[p.start:p.start + p.n] for p in self.parts[gi]], float(factor),
                     out=[fo[p.start:p.start + p.n] for p in self.parts[gi]], lr=float(group["lr"]))
+            self._stepped.add(gi)
         self.buffers.write_back(self._out, self.layout.keys)
         self.buffers.end_write_back()
+
+    def release(self) -> None:
+        self._stepped.clear()
+        super().release()
 
     # -- masters and state (checkpoints) ----------------------------------------------------------
     def _state_keys(self) -> tuple:

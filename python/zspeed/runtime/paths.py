@@ -70,8 +70,8 @@ class OptimizerPath(abc.ABC):
     @abc.abstractmethod
     def apply(self, factor: float) -> None:
         """One optimizer step over grad*factor; the updated weights go into the model. When it
-        raises, the masters and states are still those of the previous step, the gradients
-        are kept, and calling it again is safe."""
+        raises (an NVMe I/O error), the gradients are kept and calling it again, before the
+        next backward, completes the step exactly once for every parameter."""
 
     def release(self) -> None:
         """The step is over (applied or skipped): drop its gradients."""
