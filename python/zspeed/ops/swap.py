@@ -440,7 +440,9 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
 
     def layout(self, i: int) -> dict[str, int]:
         """Byte offsets in partition i's raw image of "param" (fp32), "m", "v",
-        "m_scale", "v_scale" (-1 when absent) and its "total" bytes."""
+        "m_scale", "v_scale" (-1 when absent) and its "total" bytes, for
+        inspecting raw images; :meth:`read_arrays` / :meth:`write_arrays` reach
+        the arrays by name."""
         v = [ctypes.c_int64() for _ in range(6)]
         check(lib.zs_swap_layout(self._handle, self._part(i), *[ctypes.byref(x) for x in v]),
               "zs_swap_layout")
