@@ -56,7 +56,7 @@ def bench(device: str, params: int, folder: str, steps: int, state_dtype: str, s
         if s:  # the first step also warms up the files and buffers
             times.append(time.perf_counter() - t0)
         if s == 0 and device == "nvme":
-            e._host.swappers[0].stats(reset=True)
+            e.nvme_stats(reset=True)
     st = e.nvme_stats()[0] if device == "nvme" else {}
     e.close()
     return sorted(times)[len(times) // 2], st

@@ -73,7 +73,7 @@ adam)
   python3 bench/bench_adam.py --threads 16 --n 268435456 --steps 10 2>&1 | tee "$OUT/bench_adam.log"
   ;;
 engine)
-  python3 bench/check_engine_cuda.py 2>&1 | tee "$OUT/check_engine_cuda.log" | tail -20
+  python3 tests/gpu/check_engine_cuda.py 2>&1 | tee "$OUT/check_engine_cuda.log" | tail -20
   ;;
 examples)
   python3 examples/tiny_mlp.py 2>&1 | tee "$OUT/tiny_mlp.log" | tail -8

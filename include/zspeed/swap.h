@@ -13,8 +13,9 @@
  * only); see optim.h for the numerics, which are exactly those of
  * zs_adam_step / zs_adagrad_step / zs_lion_step on the same buffers in RAM
  * (bit for bit: the swapper calls them). Each array starts at a multiple of
- * 64 bytes inside the image, in the order above; zs_swap_layout() gives the
- * offsets.
+ * 64 bytes inside the image, in the order above; zs_swap_read_arrays /
+ * zs_swap_write_arrays read and replace them by name, and zs_swap_layout()
+ * gives the offsets for inspecting raw images.
  *
  * Storage: one file, <path>/<name>.swap, preallocated at creation, holding
  * two slots (A and B) per partition, each slot rounded up to the direct I/O
@@ -40,9 +41,10 @@
  * and the next zs_swap_step can simply be retried with the same gradients.
  * The caller's out buffers may have been partly written by a failed step
  * and must be ignored. zs_swap_init_partition / zs_swap_set_state /
- * zs_swap_write_image also write the inactive slot and flip that one
- * partition only after the write succeeded, so a failure leaves its old
- * state. The cost of this guarantee is twice the disk space of the state.
+ * zs_swap_write_arrays / zs_swap_write_image also write the inactive slot
+ * and flip that one partition only after the write succeeded, so a failure
+ * leaves its old state. The cost of this guarantee is twice the disk space
+ * of the state.
  *
  * Sizing. Pinned memory is buffer_count x the largest slot. Partitions of
  * 2^21 to 2^23 elements (24 to 96 MiB of fp32 Adam state) keep enough bytes
@@ -189,12 +191,33 @@ ZS_EXTERN int zs_swap_get_state(zs_swap *s, int part, float *param, float *m,
  * zs_adam_q8_quantize). m / v NULL = zero. param must not be NULL. */
 ZS_EXTERN int zs_swap_set_state(zs_swap *s, int part, const float *param,
                                 const float *m, const float *v);
+/* Reads partition part's arrays exactly as stored, without conversion:
+ * param (n floats), m and v (n elements of the state dtype: float for
+ * ZS_DTYPE_F32, the uint16_t bit patterns of ZS_DTYPE_BF16, int8_t m and
+ * uint8_t v for ZS_DTYPE_Q8) and, for ZS_DTYPE_Q8 only, m_scale and v_scale
+ * (zs_optim_qblocks(n) floats each). Any pointer may be NULL to skip that
+ * array; 8-bit codes come with their scales (m with m_scale, v with
+ * v_scale, or neither), m of Adagrad and v of Lion must be NULL. */
+ZS_EXTERN int zs_swap_read_arrays(zs_swap *s, int part, float *param, void *m,
+                                  void *v, float *m_scale, float *v_scale);
+/* Replaces the named arrays of partition part, typed as for
+ * zs_swap_read_arrays; every array passed as NULL keeps its stored bytes
+ * bit for bit (zeros for a partition that holds no state yet). For
+ * example, param alone replaces the master weights and keeps 8-bit states
+ * unrequantized. The same arrays are required together as for reading.
+ * Written like zs_swap_set_state: a failure keeps the old state. */
+ZS_EXTERN int zs_swap_write_arrays(zs_swap *s, int part, const float *param,
+                                   const void *m, const void *v,
+                                   const float *m_scale,
+                                   const float *v_scale);
 /* Bytes of partition part's image (zs_swap_layout's total), or a negative
  * ZS_E* code. */
 ZS_EXTERN int64_t zs_swap_image_bytes(const zs_swap *s, int part);
 /* Offsets of the arrays in partition part's image: param, m, v, m_scale,
  * v_scale (-1 for an array this optimizer/dtype does not have) and the
- * image's total bytes; any pointer may be NULL. */
+ * image's total bytes; any pointer may be NULL. For inspecting raw images
+ * (tests, tools); zs_swap_read_arrays / zs_swap_write_arrays reach every
+ * array without knowing the layout. */
 ZS_EXTERN int zs_swap_layout(const zs_swap *s, int part, int64_t *param_off,
                              int64_t *m_off, int64_t *v_off,
                              int64_t *m_scale_off, int64_t *v_scale_off,

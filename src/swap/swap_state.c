@@ -213,6 +213,85 @@ int zs_swap_get_state(zs_swap *s, int part, float *param, float *m, float *v) {
   return 0;
 }
 
+/* The typed arrays a call names must exist for this optimizer and state
+ * dtype, and 8-bit codes travel with their block scales. */
+static int check_arrays(const zs_swap *s, const char *fn, const void *m,
+                        const void *v, const void *ms, const void *vs) {
+  int rc = check_state_ptrs(s, fn, m, v);
+  if (rc < 0) return rc;
+  if (s->state_dtype != ZS_DTYPE_Q8) {
+    if (ms || vs)
+      return zs__fail(ZS_EINVAL, "%s: m_scale / v_scale exist only for 8-bit "
+                      "states; pass NULL", fn);
+  } else if (!m != !ms || !v != !vs) {
+    return zs__fail(ZS_EINVAL, "%s: 8-bit states need their block scales: "
+                    "pass m together with m_scale and v together with "
+                    "v_scale (or neither)", fn);
+  }
+  return 0;
+}
+
+/* Where partition part's arrays lie in its image, in the order param, m,
+ * v, m_scale, v_scale: offsets (-1 = absent) and sizes in bytes. */
+static void array_spans(const zs_swap *s, int part, int64_t off[5],
+                        size_t bytes[5]) {
+  const zs__swap_part *p = &s->parts[part];
+  size_t es = zs__swap_state_es(s->state_dtype);
+  size_t qb = zs_optim_qblocks(p->n) * 4;
+  off[0] = p->param_off, bytes[0] = p->n * 4;
+  off[1] = p->m_off, bytes[1] = p->n * es;
+  off[2] = p->v_off, bytes[2] = p->n * es;
+  off[3] = p->ms_off, bytes[3] = qb;
+  off[4] = p->vs_off, bytes[4] = qb;
+}
+
+int zs_swap_read_arrays(zs_swap *s, int part, float *param, void *m, void *v,
+                        float *m_scale, float *v_scale) {
+  const char *fn = "zs_swap_read_arrays";
+  void *dst[5];
+  int64_t off[5];
+  size_t bytes[5];
+  int i, rc;
+  if ((rc = check_part(s, part, fn)) < 0) return rc;
+  if ((rc = check_arrays(s, fn, m, v, m_scale, v_scale)) < 0) return rc;
+  if ((rc = check_ready(s, part, fn)) < 0) return rc;
+  dst[0] = param, dst[1] = m, dst[2] = v, dst[3] = m_scale, dst[4] = v_scale;
+  if ((rc = zs__swap_io(s, part, s->parts[part].active, s->bufs[0], 0)) < 0)
+    return rc;
+  array_spans(s, part, off, bytes);
+  for (i = 0; i < 5; i++)
+    if (dst[i] && off[i] >= 0)
+      memcpy(dst[i], (unsigned char *)s->bufs[0] + off[i], bytes[i]);
+  return 0;
+}
+
+int zs_swap_write_arrays(zs_swap *s, int part, const float *param,
+                         const void *m, const void *v, const float *m_scale,
+                         const float *v_scale) {
+  const char *fn = "zs_swap_write_arrays";
+  const void *src[5];
+  int64_t off[5];
+  size_t bytes[5];
+  zs__swap_part *p;
+  int i, rc;
+  if ((rc = check_part(s, part, fn)) < 0) return rc;
+  if ((rc = check_arrays(s, fn, m, v, m_scale, v_scale)) < 0) return rc;
+  p = &s->parts[part];
+  /* The arrays not named keep their bytes: start from the committed image
+   * (or from zeros when the partition holds no state yet). */
+  if (p->ready) {
+    if ((rc = zs__swap_io(s, part, p->active, s->bufs[0], 0)) < 0) return rc;
+  } else {
+    memset(s->bufs[0], 0, (size_t)p->slot);
+  }
+  src[0] = param, src[1] = m, src[2] = v, src[3] = m_scale, src[4] = v_scale;
+  array_spans(s, part, off, bytes);
+  for (i = 0; i < 5; i++)
+    if (src[i] && off[i] >= 0)
+      memcpy((unsigned char *)s->bufs[0] + off[i], src[i], bytes[i]);
+  return commit_buf0(s, part);
+}
+
 int64_t zs_swap_image_bytes(const zs_swap *s, int part) {
   int rc = check_part(s, part, "zs_swap_image_bytes");
   return rc < 0 ? rc : s->parts[part].image;

@@ -213,6 +213,47 @@ static int h_same(harness *h, int check_outs, int line) {
   return 1;
 }
 
+/* Steps t = from, ..., to on new gradients (lr 1e-3), the swapper and the
+ * reference alike; 0 or the first error. */
+static int h_train(harness *h, int from, int to) {
+  int t, rc = 0;
+  for (t = from; t <= to && rc == 0; t++) {
+    h_new_grads(h);
+    rc = h_step(h, 1e-3, 1.0);
+    if (rc == 0) rc = h_ref_step(h, 1e-3, 1.0, t);
+  }
+  return rc;
+}
+
+/* A second swapper with the harness's configuration, in file `name`. */
+static int h_create_other(const harness *h, const char *name, zs_swap **out) {
+  zs_swap_config c;
+  base_config(&c, h);
+  c.name = name;
+  return zs_swap_create(out, &c);
+}
+
+/* Steps another swapper with the same sizes on the harness's gradients. */
+static int h_step_on(harness *h, zs_swap *other, double lr) {
+  zs_swap *first = h->s;
+  int rc;
+  h->s = other;
+  rc = h_step(h, lr, 1.0);
+  h->s = first;
+  return rc;
+}
+
+/* h_same for another swapper with the same sizes (for the out copies: the
+ * ones its last step left in h->outs). */
+static int h_same_other(harness *h, zs_swap *other, int check_outs, int line) {
+  zs_swap *first = h->s;
+  int same;
+  h->s = other;
+  same = h_same(h, check_outs, line);
+  h->s = first;
+  return same;
+}
+
 /* Many steps, odd sizes (1, 3, not multiples of the alignment, one larger
  * than a compute slice), every optimizer and state dtype, every buffer
  * count from 1 to 5, changing lr and grad_scale: bit-exact. */
@@ -423,6 +464,115 @@ static void checkpoint_roundtrip(void) {
   }
 }
 
+/* Typed array access: reading returns each array exactly as the in-RAM
+ * reference stores it; writing every array into a fresh swapper
+ * reproduces the state, which then steps like the reference; writing the
+ * master weights alone keeps every state byte (8-bit codes and scales
+ * included: nothing is requantized); bad combinations and I/O faults
+ * change nothing; a fresh partition written with weights alone has zero
+ * states. */
+static void typed_arrays(void) {
+  static const int combos[5][2] = {
+      {ZS_SWAP_ADAM, ZS_DTYPE_F32}, {ZS_SWAP_ADAM, ZS_DTYPE_BF16},
+      {ZS_SWAP_ADAM, ZS_DTYPE_Q8}, {ZS_SWAP_ADAGRAD, ZS_DTYPE_F32},
+      {ZS_SWAP_LION, ZS_DTYPE_BF16}};
+  enum { NMAX = 33333 };
+  int c, i;
+  for (c = 0; c < 5; c++) {
+    setup su = {0, 0, ZS_DTYPE_F32, ZS_DTYPE_BF16, 3, 3, {NMAX, 5, 4097}};
+    harness h;
+    zs_swap *s2 = NULL;
+    int q8 = combos[c][1] == ZS_DTYPE_Q8;
+    size_t es;
+    float *p = malloc(NMAX * 4), *ms = malloc(NMAX * 4), *vs = malloc(NMAX * 4);
+    unsigned char *m = malloc(NMAX * 4), *v = malloc(NMAX * 4);
+    su.opt = combos[c][0], su.sd = combos[c][1];
+    es = zs__swap_state_es(su.sd);
+    if (!p || !ms || !vs || !m || !v) {
+      zt__fail(__FILE__, __LINE__, "out of memory");
+      goto out_mem;
+    }
+    if (!h_open(&h, &su)) goto out_mem;
+    ZT_OK(h_train(&h, 1, 2));
+    ZT_OK(h_create_other(&h, "typed", &s2));
+    for (i = 0; i < su.nparts; i++) {
+      size_t n = (size_t)su.sizes[i], qb = zs_optim_qblocks(n) * 4;
+      const unsigned char *r = h.ref[i];
+      void *pm = h.mo[i] >= 0 ? m : NULL, *pv = h.vo[i] >= 0 ? v : NULL;
+      float *pms = q8 ? ms : NULL, *pvs = q8 ? vs : NULL;
+      ZT_OK(zs_swap_read_arrays(h.s, i, p, pm, pv, pms, pvs));
+      ZT_CHECKF(memcmp(p, r + h.po[i], n * 4) == 0, "param %d", i);
+      ZT_CHECKF(!pm || memcmp(m, r + h.mo[i], n * es) == 0, "m %d", i);
+      ZT_CHECKF(!pv || memcmp(v, r + h.vo[i], n * es) == 0, "v %d", i);
+      ZT_CHECKF(!q8 || (memcmp(ms, r + h.mso[i], qb) == 0 &&
+                        memcmp(vs, r + h.vso[i], qb) == 0), "scales %d", i);
+      ZT_OK(zs_swap_write_arrays(s2, i, p, pm, pv, pms, pvs));
+    }
+    /* Both swappers step on and match the reference. */
+    ZT_OK(zs_swap_set_steps(s2, 2));
+    ZT_OK(h_train(&h, 3, 3));
+    if (!h_same(&h, 1, __LINE__)) goto out;
+    ZT_OK(h_step_on(&h, s2, 1e-3));
+    if (!h_same_other(&h, s2, 1, __LINE__)) goto out;
+    /* New master weights alone: every state byte stays, and the next step
+     * starts from the new weights. */
+    for (i = 0; i < su.nparts; i++) {
+      size_t n = (size_t)su.sizes[i];
+      fill_random(p, ZS_DTYPE_F32, n);
+      ZT_OK(zs_swap_write_arrays(h.s, i, p, NULL, NULL, NULL, NULL));
+      memcpy(h.ref[i] + h.po[i], p, n * 4);
+    }
+    if (!h_same(&h, 0, __LINE__)) goto out;
+    ZT_OK(h_train(&h, 4, 4));
+    if (!h_same(&h, 1, __LINE__)) goto out;
+    /* Refused, changing nothing: scales without codes or for states that
+     * are not 8-bit, Adagrad's m, Lion's v, a partition out of range, and
+     * a write whose I/O fails. */
+    if (q8) {
+      ZT_ERR(zs_swap_write_arrays(h.s, 0, NULL, m, NULL, NULL, NULL),
+             ZS_EINVAL);
+      ZT_ERR(zs_swap_read_arrays(h.s, 0, NULL, NULL, v, ms, NULL), ZS_EINVAL);
+    } else {
+      ZT_ERR(zs_swap_write_arrays(h.s, 0, NULL, NULL, NULL, ms, NULL),
+             ZS_EINVAL);
+    }
+    if (su.opt == ZS_SWAP_ADAGRAD)
+      ZT_ERR(zs_swap_read_arrays(h.s, 0, NULL, m, NULL, NULL, NULL), ZS_EINVAL);
+    if (su.opt == ZS_SWAP_LION)
+      ZT_ERR(zs_swap_write_arrays(h.s, 0, NULL, NULL, v, NULL, NULL),
+             ZS_EINVAL);
+    ZT_ERR(zs_swap_read_arrays(h.s, 3, p, NULL, NULL, NULL, NULL), ZS_EINVAL);
+    fill_random(p, ZS_DTYPE_F32, NMAX);
+    ZT_OK(zs_fault_set("swap.write", 1, 1, ZS_ENOSPC));
+    ZT_ERR(zs_swap_write_arrays(h.s, 0, p, NULL, NULL, NULL, NULL), ZS_ENOSPC);
+    zs_fault_clear();
+    if (!h_same(&h, 0, __LINE__)) goto out;
+    /* A partition that holds no state yet: reading is refused, and the
+     * weights written alone come with zero states. */
+    zs_swap_destroy(s2);
+    s2 = NULL;
+    ZT_OK(h_create_other(&h, "typed_fresh", &s2));
+    ZT_ERR(zs_swap_read_arrays(s2, 1, p, NULL, NULL, NULL, NULL), ZS_ESTATE);
+    ZT_OK(zs_swap_write_arrays(s2, 1, p, NULL, NULL, NULL, NULL));
+    {
+      unsigned char img[4096];
+      int64_t k, nb = zs_swap_image_bytes(s2, 1);
+      ZT_CHECK(nb > 20 && nb <= (int64_t)sizeof img);
+      ZT_OK(zs_swap_read_image(s2, 1, img, nb));
+      ZT_CHECK(memcmp(img + h.po[1], p, 5 * 4) == 0);
+      for (k = 20; k < nb && img[k] == 0; k++) continue;
+      ZT_CHECKF(k == nb, "byte %lld of a fresh partition's states is not 0",
+                (long long)k);
+    }
+  out:
+    zs_swap_destroy(s2);
+    h_free(&h);
+  out_mem:
+    free(p), free(ms), free(vs), free(m), free(v);
+    if (zt__failed()) return;
+  }
+}
+
 /* Bad input is refused with a clear error and changes nothing. */
 static void bad_input(void) {
   setup su = {ZS_SWAP_ADAGRAD, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE, 2, 2,
@@ -582,5 +732,5 @@ out:
 
 ZT_MAIN(ZT_CASE(equal_in_ram), ZT_CASE(faults_keep_state),
         ZT_CASE(short_file), ZT_CASE(checkpoint_roundtrip),
-        ZT_CASE(bad_input), ZT_CASE(stats_and_cleanup),
+        ZT_CASE(typed_arrays), ZT_CASE(bad_input), ZT_CASE(stats_and_cleanup),
         ZT_CASE(io_pass_keeps_state))

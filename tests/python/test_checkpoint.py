@@ -17,37 +17,7 @@ import zspeed
 # These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
 os.environ["ZSPEED_DEVICE"] = "cpu"
 from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32
-
-F = torch.nn.functional
-
-
-class Tiny(torch.nn.Module):
-    """MLP with tied input/output embeddings (exercises shared-storage handling) and a buffer."""
-
-    def __init__(self, vocab=23, d=11):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(vocab, d)
-        self.mid = torch.nn.Linear(d, d)
-        self.out = torch.nn.Linear(d, vocab, bias=False)
-        self.out.weight = self.emb.weight
-        self.register_buffer("calls", torch.zeros(()))
-
-    def forward(self, ids):
-        return self.out(torch.tanh(self.mid(self.emb(ids))))
-
-
-def data(n, seed=4):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 23, (4, 7), generator=g) for _ in range(n)]
-
-
-def step(e, ids):
-    logits = e(ids[:, :-1]).float()
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    e.backward(loss)
-    e.step()
-    return loss.item()
+from engine_helpers import TinyLM, lm_loss, native_ops_available, token_data as data, train
 
 
 CONFIGS = {
@@ -70,32 +40,26 @@ def make(kind, gas=1):
     c.update(json.loads(json.dumps(CONFIGS[kind])))
     if kind == "bf16_offload":
         c["optimizer"]["params"]["torch_adam"] = True
-    e, *_ = zspeed.initialize(model=Tiny(), config=c)
+    e, *_ = zspeed.initialize(model=TinyLM(), config=c)
     return e
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
 def test_bit_exact_resume(kind, tmp_path):
-    if "native" in kind:
-        try:
-            from zspeed.ops import adam  # noqa: F401
-        except Exception:  # ImportError before zspeed.ops exists, NativeError without libzspeed
-            pytest.skip("zspeed.ops (native CPU optimizers) not available")
+    if "native" in kind and not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
     batches = data(24)
     a = make(kind, gas=2)
-    for ids in batches[:10]:
-        step(a, ids)
+    train(a, batches[:10], loss=lm_loss)
     saved_scale = a.loss_scale
     assert a.save_checkpoint(tmp_path, client_state={"epoch": 2, "ids": batches[0], "nested": [1, {"x": 0.5}]})
-    for ids in batches[10:]:
-        step(a, ids)
+    train(a, batches[10:], loss=lm_loss)
     b = make(kind, gas=2)
     path, client = b.load_checkpoint(tmp_path)
     assert path == str(tmp_path / "global_step5")
     assert client["epoch"] == 2 and torch.equal(client["ids"], batches[0]) and client["nested"] == [1, {"x": 0.5}]
     assert (b.global_steps, b.micro_steps, b.loss_scale) == (5, 10, saved_scale)
-    for ids in batches[10:]:
-        step(b, ids)
+    train(b, batches[10:], loss=lm_loss)
     for (n, x), y in zip(a.module.state_dict().items(), b.module.state_dict().values()):
         assert torch.equal(x, y), n  # bit-exact: every tensor identical after the resumed run
     assert a.get_lr() == b.get_lr() and a.loss_scale == b.loss_scale and a.skipped_steps == b.skipped_steps
@@ -105,10 +69,9 @@ def test_bit_exact_resume(kind, tmp_path):
 
 def test_layout_latest_and_tags(tmp_path):
     e = make("fp32")
-    for ids in data(3):
-        step(e, ids)
+    train(e, data(3), loss=lm_loss)
     e.save_checkpoint(tmp_path, tag="first")
-    step(e, data(1)[0])
+    train(e, data(1), loss=lm_loss)
     e.save_checkpoint(tmp_path)
     assert (tmp_path / "latest").read_text() == "global_step4"
     files = sorted(os.listdir(tmp_path / "first"))
@@ -131,16 +94,16 @@ def test_missing_checkpoint_returns_none(tmp_path):
 
 def test_load_validation_names_the_problem(tmp_path):
     e = make("fp32")
-    step(e, data(1)[0])
+    train(e, data(1), loss=lm_loss)
     e.save_checkpoint(tmp_path, tag="t")
 
-    class Wider(Tiny):
+    class Wider(TinyLM):
         def __init__(self):
             super().__init__()
             self.mid = torch.nn.Linear(11, 11)
             self.extra = torch.nn.Linear(2, 2)
 
-    class Other(Tiny):
+    class Other(TinyLM):
         def __init__(self):
             super().__init__(vocab=29)
 
@@ -168,7 +131,7 @@ def test_load_validation_names_the_problem(tmp_path):
 
 def test_mixed_saves_and_corruption_detected(tmp_path):
     e = make("fp32")
-    step(e, data(1)[0])
+    train(e, data(1), loss=lm_loss)
     e.save_checkpoint(tmp_path, tag="a")
     e.save_checkpoint(tmp_path, tag="b")
     # Simulate a save over tag 'a' killed after one file: a file from another save is detected.
@@ -183,11 +146,11 @@ def test_mixed_saves_and_corruption_detected(tmp_path):
 
 def test_optimizer_mismatch_and_client_state_errors(tmp_path):
     e = make("fp32")
-    step(e, data(1)[0])
+    train(e, data(1), loss=lm_loss)
     with pytest.raises(CheckpointError, match="client_state value at 'client_state.f' has type"):
         e.save_checkpoint(tmp_path, client_state={"f": object()})
     e.save_checkpoint(tmp_path, tag="t")
-    lion, *_ = zspeed.initialize(model=Tiny(), config={"train_batch_size": 4, "optimizer": {"type": "Lion"}})
+    lion, *_ = zspeed.initialize(model=TinyLM(), config={"train_batch_size": 4, "optimizer": {"type": "Lion"}})
     with pytest.raises(CheckpointError, match="belongs to AdamW"):
         lion.load_checkpoint(tmp_path, tag="t")
     assert lion.load_checkpoint(tmp_path, tag="t", load_optimizer_states=False)[0] is not None
@@ -249,8 +212,7 @@ def test_killed_mid_write_leaves_previous_loadable(tmp_path):
 def test_to_fp32(tmp_path):
     from safetensors.torch import load_file
     e = make("bf16_offload")
-    for ids in data(3):
-        step(e, ids)
+    train(e, data(3), loss=lm_loss)
     e.save_checkpoint(tmp_path)
     out = tmp_path / "w.safetensors"
     assert main_to_fp32([str(tmp_path), str(out)]) == 0
@@ -260,7 +222,7 @@ def test_to_fp32(tmp_path):
     for k, m in masters.items():
         assert torch.equal(w[k], m.cpu()), k  # the fp32 masters, not the bf16 weights
     assert "calls" in w and "out.weight" not in w  # buffer kept; tied alias stored once
-    fresh = Tiny()
+    fresh = TinyLM()
     sd = dict(w)
     sd["out.weight"] = sd["emb.weight"]
     fresh.load_state_dict(sd)

@@ -1,7 +1,5 @@
 """The engine against plain PyTorch training (CPU only, small models, odd sizes)."""
-import copy
 import os
-import math
 
 import pytest
 
@@ -12,45 +10,10 @@ import zspeed
 # These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
 os.environ["ZSPEED_DEVICE"] = "cpu"
 from zspeed.runtime.config import ConfigError
-from zspeed.runtime.loss_scaler import DynamicLossScaler, LossScaleError, LossScaler
+from engine_helpers import OFFLOAD, config as cfg, mlp, native_ops_available, regression_data as batches, \
+    train
 
 F = torch.nn.functional
-
-
-def mlp(seed=0, d_in=13, hid=37, d_out=5):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(d_in, hid), torch.nn.GELU(), torch.nn.Linear(hid, d_out))
-
-
-def batches(n, bs=6, d_in=13, d_out=5, seed=1):
-    """A learnable regression: y = x @ W for a fixed random W, plus a little noise."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(d_in, d_out, generator=torch.Generator().manual_seed(123))
-    out = []
-    for _ in range(n):
-        x = torch.randn(bs, d_in, generator=g)
-        out.append((x, x @ w + 0.01 * torch.randn(bs, d_out, generator=g)))
-    return out
-
-
-def native_ops_available():
-    try:
-        from zspeed.ops import adam  # noqa: F401
-        from zspeed.ops import grad_stats  # noqa: F401
-        return True
-    except Exception:  # ImportError until zspeed.ops is merged; NativeError if libzspeed is not built
-        return False
-
-
-def cfg(**kw):
-    c = {"train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": 1,
-         "optimizer": {"type": "AdamW", "params": {"lr": 2e-2, "weight_decay": 0.01}}}
-    for k, v in kw.items():
-        c[k] = v
-    return c
-
-
-OFFLOAD = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
 
 
 def train_ref(model, data, steps, lr=2e-2, wd=0.01, clip=0.0):
@@ -68,31 +31,20 @@ def train_ref(model, data, steps, lr=2e-2, wd=0.01, clip=0.0):
     return losses
 
 
-def train_engine(engine, data, steps, dtype=torch.float32):
-    losses = []
-    for i in range(steps):
-        x, y = data[i % len(data)]
-        loss = F.mse_loss(engine(x.to(dtype)).float(), y)
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    return losses
-
-
 @pytest.mark.parametrize("mode", ["device", "offload_torch", "offload_native"])
 def test_matches_pytorch_adamw_60_steps(mode):
     if mode == "offload_native" and not native_ops_available():
         pytest.skip("zspeed.ops (native CPU optimizers) not available: libzspeed not built or ops not merged")
     data = batches(60)
     ref = mlp()
-    ref_losses = train_ref(ref, data, 60)
+    train_ref(ref, data, 60)
     c = cfg()
     if mode != "device":
         c["zero_optimization"] = OFFLOAD
         if mode == "offload_torch":
             c["optimizer"]["params"]["torch_adam"] = True
     engine, opt, _, _ = zspeed.initialize(model=mlp(), config=c)
-    losses = train_engine(engine, data, 60)
+    losses = train(engine, data, 60)
     if mode == "offload_native":
         # The C kernel evaluates AdamW in fp32 with its own operation order (fused multiply-adds,
         # SIMD reductions): per-step differences of a few ulp that 60 steps of training amplify
@@ -150,91 +102,12 @@ def test_clipping_matches_clip_grad_norm(offload):
         c["zero_optimization"] = OFFLOAD
         c["optimizer"]["params"]["torch_adam"] = True
     e, *_ = zspeed.initialize(model=mlp(), config=c)
-    train_engine(e, data, 25)
+    train(e, data, 25)
     assert e.get_global_grad_norm() > 0.5  # clipping was active
     for a, b in zip(ref.parameters(), e.module.parameters()):
         # Same coefficient formula (max_norm / (norm + 1e-6)); the norm is accumulated in float64 here
         # and in fp32 by torch: relative differences ~1e-7 in the coefficient.
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-
-
-class InfAt(torch.nn.Module):
-    """Multiplies its input by inf on chosen calls, producing inf gradients."""
-
-    def __init__(self, inner, bad_calls):
-        super().__init__()
-        self.inner, self.bad, self.calls = inner, set(bad_calls), 0
-
-    def forward(self, x):
-        out = self.inner(x)
-        self.calls += 1
-        if self.calls in self.bad:
-            out = out * torch.tensor(float("inf"), dtype=out.dtype)
-        return out
-
-
-@pytest.mark.parametrize("offload", [False, True, "native"])
-def test_fp16_overflow_skips_step_and_lowers_scale(offload):
-    if offload == "native" and not native_ops_available():
-        pytest.skip("zspeed.ops (native CPU optimizers) not available")
-    model = InfAt(mlp(), bad_calls={3, 4, 5})
-    c = cfg(fp16={"enabled": True, "initial_scale_power": 10, "hysteresis": 2, "loss_scale_window": 4},
-            scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_min_lr": 1e-3,
-                                                      "warmup_max_lr": 1e-2, "warmup_type": "linear"}})
-    if offload:
-        c["zero_optimization"] = OFFLOAD
-        c["optimizer"]["params"]["torch_adam"] = offload != "native"
-    e, *_ = zspeed.initialize(model=model, config=c)
-    assert e.module.inner[0].weight.dtype == torch.float16
-    data = batches(12, seed=3)
-    scales, applied, lrs = [], [], []
-    for i in range(12):
-        before = [p.detach().clone() for p in e.module.parameters()]
-        x, y = data[i]
-        e.backward(F.mse_loss(e(x.half()).float(), y))
-        e.step()
-        scales.append(e.loss_scale)
-        applied.append(e.was_step_applied())
-        lrs.append(e.get_lr()[0])
-        changed = any(not torch.equal(b, p) for b, p in zip(before, e.module.parameters()))
-        assert changed == e.was_step_applied()
-    assert applied == [True, True, False, False, False] + [True] * 7
-    # hysteresis 2: 1st overflow spends hysteresis, 2nd and 3rd halve; the window of 4 good
-    # steps after the last overflow doubles it; good steps before the overflow did not reach the window.
-    assert scales == [1024, 1024, 1024, 512, 256, 256, 256, 256, 512, 512, 512, 512]
-    assert e.skipped_steps == 3 and e.global_steps == 12
-    # The scheduler does not advance on skipped steps: 9 scheduler steps after 12 optimizer steps.
-    assert lrs[-1] == pytest.approx(1e-3 + 9e-3 * 8 / 10)  # 9 scheduler steps: t = 8
-    assert all(torch.isfinite(p).all() for p in e.module.parameters())
-
-
-def test_dynamic_loss_scaler_rules():
-    s = DynamicLossScaler(init_scale=8, scale_window=3, min_scale=1, delayed_shift=1)
-    seq = [False, False, True, False, False, False, True, True, True]
-    got = []
-    for o in seq:
-        s.update_scale(o)
-        got.append(s.loss_scale)
-    # Independent trace: iter 0,1 good (no window hit: (it - (-1)) % 3 -> 1,2), iter 2 overflow -> 4,
-    # iters 3,4,5 good -> (5-2)%3 == 0 at iter 5 -> 8, then three overflows -> 4, 2, 1.
-    assert got == [8, 8, 4, 4, 4, 8, 4, 2, 1]
-    with pytest.raises(LossScaleError, match="minimum"):
-        s.update_scale(True)
-    c = DynamicLossScaler(init_scale=4, scale_window=100, delayed_shift=2, consecutive_hysteresis=True)
-    for o in [True, False, True, True]:
-        c.update_scale(o)
-    # consecutive hysteresis refills on the good step, so only the 2nd of the last two overflows halves.
-    assert c.loss_scale == 2
-    st = LossScaler(128.0)
-    st.update_scale(True)
-    assert st.loss_scale == 128.0
-
-
-def test_static_loss_scale_still_skips_overflow():
-    model = InfAt(mlp(), bad_calls={2})
-    e, *_ = zspeed.initialize(model=model, config=cfg(fp16={"enabled": True, "loss_scale": 128}))
-    train_engine(e, batches(4), 4, dtype=torch.float16)
-    assert e.skipped_steps == 1 and e.loss_scale == 128
 
 
 @pytest.mark.parametrize("offload", [False, True])
@@ -261,7 +134,7 @@ def test_bf16_keeps_fp32_masters(offload):
         with torch.no_grad():
             for m, p in zip(masters, ref.parameters()):
                 p.copy_(m)
-    train_engine(e, data, 20, dtype=torch.bfloat16)
+    train(e, data, 20)
     if offload:
         # Offloaded, torch's fused CPU AdamW kernel runs instead of the for-loop one: fp32 results
         # may differ in the last bit or two per step, and a bf16 weight by at most one bf16 ulp.
@@ -310,14 +183,14 @@ def test_client_optimizer_and_scheduler():
     e, o, _, s = zspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched_fn,
                                    config={"train_batch_size": 6})
     assert o is opt and isinstance(s, torch.optim.lr_scheduler.StepLR)
-    train_engine(e, batches(4), 4)
+    train(e, batches(4), 4)
     assert e.get_lr() == [pytest.approx(0.025)]
     # bf16: the client's class is rebuilt over fp32 masters with its settings.
     model = mlp()
     e, o, _, _ = zspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                    config={"train_batch_size": 6, "bf16": {"enabled": True}})
     assert isinstance(o, torch.optim.SGD) and o.param_groups[0]["params"][0].dtype == torch.float32
-    train_engine(e, batches(2), 2, dtype=torch.bfloat16)
+    train(e, batches(2), 2)
 
 
 def test_client_optimizer_with_offload():
@@ -329,7 +202,7 @@ def test_client_optimizer_with_offload():
     model = mlp()
     e, o, _, _ = zspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
                                    config=c)
-    losses = train_engine(e, batches(1), 30)
+    losses = train(e, batches(1), 30)
     assert losses[-1] < losses[0]
 
 
@@ -363,7 +236,7 @@ def test_engine_errors():
                                          ("Adagrad", {"lr": 0.05}), ("Lion", {"lr": 1e-3})])
 def test_other_optimizers_train(name, params):
     e, opt, _, _ = zspeed.initialize(model=mlp(), config=cfg(optimizer={"type": name, "params": params}))
-    losses = train_engine(e, batches(1), 40)
+    losses = train(e, batches(1), 40)
     assert losses[-1] < losses[0] * 0.9
     if name == "Adam":
         assert type(opt) is torch.optim.Adam
@@ -403,7 +276,7 @@ def test_unused_parameter_and_named_parameters():
         model = TwoHeads()
         w0 = model.unused.weight.detach().clone()
         e, *_ = zspeed.initialize(model=model, model_parameters=model.named_parameters(), config=c)
-        train_engine(e, batches(3), 3)
+        train(e, batches(3), 3)
         # AdamW with zero gradient still applies weight decay to the unused layer (as torch does when
         # a zero grad is present), so only check it stayed finite and close.
         assert torch.isfinite(model.unused.weight).all()
@@ -423,8 +296,8 @@ def test_chunked_offload_step_is_identical(native):
                                                             "offload_optimizer": {"device": "cpu"}})
         c["optimizer"]["params"]["torch_adam"] = not native
         e, *_ = zspeed.initialize(model=mlp(), config=c)
-        assert len(e.offload.chunks) == (1 if sub > 1000 else 4)
-        train_engine(e, data, 8, dtype=torch.bfloat16)
+        assert len(e.optimizer_path.chunks) == (1 if sub > 1000 else 4)
+        train(e, data, 8)
         out.append([p.detach().clone() for p in e.module.parameters()])
     for a, b in zip(*out):
         assert torch.equal(a, b)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .._native import ZSpeedError, check, lib
 from .._signatures.aio import AioConfig
+from .._signatures.optim import OPTIM_QBLOCK
 from .._signatures.swap import SwapConfig, SwapStats, SwapStepArgs
 from ._lifetime import NativeHandleOwner
 
@@ -40,6 +41,8 @@ _DT_NAMES = {"fp32": _F32, "float32": _F32, "bf16": _BF16, "bfloat16": _BF16,
 # name -> (zs_swap_optimizer, adamw_mode)
 OPTIMIZERS = {"adamw": (0, 1), "adam": (0, 0), "adagrad": (1, 1), "lion": (2, 1)}
 STATE_DTYPES = {"fp32": _F32, "bf16": _BF16, "int8": _Q8}
+# numpy dtype of the stored fp32 / bf16 state elements (bf16 as bit patterns).
+_STORED = {_F32: np.float32, _BF16: np.uint16}
 # torch's state key names per optimizer: (key of m, key of v).
 _STATE_KEYS = {0: ("exp_avg", "exp_avg_sq"), 1: (None, "sum"), 2: ("exp_avg", None)}
 _BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2, "iocp": 3}
@@ -103,6 +106,30 @@ def _f32(obj: Any, what: str, n: int, writable: bool = False) -> tuple[int, Any]
     if arr.size != n:
         raise ValueError(f"{what} has {arr.size} elements, the partition has {n}")
     return arr.ctypes.data, arr
+
+
+def _typed(obj: Any, what: str, dtype: Any, count: int) -> np.ndarray:
+    """A C-contiguous numpy view of ``count`` elements of exactly ``dtype``
+    (uint16 accepts torch bfloat16 tensors: their bit patterns)."""
+    if _is_tensor(obj):
+        import torch  # only reached when a tensor was passed
+        if obj.device.type != "cpu" or not obj.is_contiguous():
+            raise ValueError(f"{what} must be a contiguous CPU tensor")
+        if obj.dtype == torch.bfloat16 and dtype == np.uint16:
+            arr = obj.detach().view(torch.int16).numpy().view(np.uint16)
+        else:
+            arr = obj.detach().numpy()
+    elif isinstance(obj, np.ndarray):
+        arr = obj
+    else:
+        raise TypeError(f"{what} must be a numpy array or torch CPU tensor, got {type(obj).__name__}")
+    if arr.dtype != np.dtype(dtype):
+        raise ValueError(f"{what} has dtype {arr.dtype}; this partition stores it as {np.dtype(dtype)}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (np.ascontiguousarray)")
+    if arr.size != count:
+        raise ValueError(f"{what} has {arr.size} elements; the partition's array has {count}")
+    return arr
 
 
 class NVMeOptimizerSwapper(NativeHandleOwner):
@@ -344,6 +371,64 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
             ptr.append(ctypes.c_void_p(addr))
         check(lib.zs_swap_set_state(self._handle, i, *ptr), "zs_swap_set_state")
 
+    def _array_specs(self, i: int) -> dict[str, tuple[int, Any, int]]:
+        """name -> (argument slot of zs_swap_read/write_arrays, numpy dtype, elements) of
+        partition i's arrays."""
+        n = self.sizes[self._part(i)]
+        km, kv = _STATE_KEYS[self._kind]
+        sd = STATE_DTYPES[self.state_dtype]
+        mdt, vdt = (np.int8, np.uint8) if sd == _Q8 else (_STORED[sd],) * 2
+        specs: dict[str, tuple[int, Any, int]] = {"param": (0, np.float32, n)}
+        if km:
+            specs[km] = (1, mdt, n)
+        if kv:
+            specs[kv] = (2, vdt, n)
+        if sd == _Q8:
+            nb = (n + OPTIM_QBLOCK - 1) // OPTIM_QBLOCK
+            specs[km + "_scale"] = (3, np.float32, nb)
+            specs[kv + "_scale"] = (4, np.float32, nb)
+        return specs
+
+    def read_arrays(self, i: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Partition i's arrays exactly as stored, without conversion: "param"
+        (float32), the states named by :attr:`state_keys` (float32; bf16 states
+        as their uint16 bit patterns; 8-bit states as int8 exp_avg and uint8
+        exp_avg_sq) and, for state_dtype "int8", their block scales
+        "exp_avg_scale" and "exp_avg_sq_scale" (float32, one per block of 256
+        elements). keys: the arrays to read (default: all of them); 8-bit
+        codes come with their scales."""
+        specs = self._array_specs(i)
+        keys = list(specs) if keys is None else list(keys)
+        unknown = set(keys) - set(specs)
+        if unknown:
+            raise ValueError(f"unknown array {sorted(unknown)}; partition {i} has {list(specs)}")
+        res = {k: np.empty(specs[k][2], specs[k][1]) for k in keys}
+        ptr: list[Any] = [None] * 5
+        for k, arr in res.items():
+            ptr[specs[k][0]] = ctypes.c_void_p(arr.ctypes.data)
+        check(lib.zs_swap_read_arrays(self._handle, i, *ptr), "zs_swap_read_arrays")
+        return res
+
+    def write_arrays(self, i: int, **arrays: Any) -> None:
+        """Replaces the named arrays of partition i, typed exactly as
+        :meth:`read_arrays` returns them (numpy arrays, or torch CPU tensors of
+        the same dtype, bfloat16 for bf16 states); every array not named keeps
+        its stored bytes bit for bit. ``write_arrays(i, param=w)`` replaces the
+        master weights and leaves 8-bit states as they are (not
+        requantized)."""
+        specs = self._array_specs(i)
+        unknown = set(arrays) - set(specs)
+        if unknown:
+            raise ValueError(f"unknown array {sorted(unknown)}; partition {i} has {list(specs)}")
+        ptr: list[Any] = [None] * 5
+        keep = []
+        for k, obj in arrays.items():
+            slot, dt, count = specs[k]
+            arr = _typed(obj, k, dt, count)
+            keep.append(arr)
+            ptr[slot] = ctypes.c_void_p(arr.ctypes.data)
+        check(lib.zs_swap_write_arrays(self._handle, i, *ptr), "zs_swap_write_arrays")
+
     def read_image(self, i: int) -> np.ndarray:
         """Partition i's raw state image (uint8), for bit-exact checkpoints
         of any state dtype."""
@@ -355,7 +440,9 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
 
     def layout(self, i: int) -> dict[str, int]:
         """Byte offsets in partition i's raw image of "param" (fp32), "m", "v",
-        "m_scale", "v_scale" (-1 when absent) and its "total" bytes."""
+        "m_scale", "v_scale" (-1 when absent) and its "total" bytes, for
+        inspecting raw images; :meth:`read_arrays` / :meth:`write_arrays` reach
+        the arrays by name."""
         v = [ctypes.c_int64() for _ in range(6)]
         check(lib.zs_swap_layout(self._handle, self._part(i), *[ctypes.byref(x) for x in v]),
               "zs_swap_layout")

@@ -163,13 +163,8 @@ def _optimizer_payload(engine) -> tuple[dict, dict]:
                 scalars.setdefault(name, {})[k] = v
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
               for g in sd["param_groups"]]
-    return tensors, {"class": _opt_class(engine.optimizer), "param_groups": groups, "scalars": scalars}
-
-
-def _opt_class(opt) -> str:
-    """The optimizer's class as recorded in checkpoints; nvme offload records the CPU path's class
-    (same tensors), so checkpoints move between offload devices."""
-    return getattr(opt, "checkpoint_class", type(opt).__name__)
+    return tensors, {"class": engine.optimizer_path.checkpoint_class, "param_groups": groups,
+                     "scalars": scalars}
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
@@ -347,9 +342,10 @@ def _load_optimizer(engine, meta: dict, tensors: dict, d: Path) -> None:
                               f"({len(saved_names)} parameters) than this engine has ({len(names)}); "
                               f"pass load_optimizer_states=False to load the weights only.")
     opt = meta["optimizer"]
-    if opt["class"] != _opt_class(engine.optimizer):
+    mine = engine.optimizer_path.checkpoint_class
+    if opt["class"] != mine:
         raise CheckpointError(f"optimizer state in '{d}' belongs to {opt['class']}, but this engine runs "
-                              f"{_opt_class(engine.optimizer)}; pass load_optimizer_states=False.")
+                              f"{mine}; pass load_optimizer_states=False.")
     state: dict = {}
     for i, n in enumerate(names):
         st = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(n + "/")

@@ -6,18 +6,20 @@ once per micro-batch; the optimizer runs on the gradient-accumulation boundary.
 Precision: with fp16 or bf16 enabled the model is converted to that dtype and an
 fp32 copy of every trainable parameter (the master weights) is what the optimizer
 updates; with fp32 the optimizer updates the parameters themselves unless they are
-offloaded. Offloaded (zero_optimization.offload_optimizer.device = cpu) masters and
-optimizer state live in CPU memory (see offload.py); with device = nvme they live
-in swap files under nvme_path and stream through the C swapper (see nvme.py),
-while gradients and weights take the same host path as with cpu.
+offloaded.
+
+Where the masters and the optimizer state live is the optimizer path, chosen once
+here from zero_optimization.offload_optimizer.device (paths.py): none -> on the
+model's device (paths.DevicePath), cpu -> in host memory (cpu.py), nvme -> in swap
+files under nvme_path (nvme.py). The step below drives every path the same way.
 
 One optimizer step (the boundary):
-  1. gradients of the boundary (device: fp32 master grads; offload: host buffers);
+  1. the path gathers the boundary's gradients;
   2. sum of squares and non-finiteness of grads / loss_scale in one pass;
   3. fp16: overflow -> skip the step, lower the scale (loss_scaler.py), count it;
   4. clip coefficient = gradient_clipping / (norm + 1e-6) when norm exceeds it;
-  5. one optimizer call with the combined factor 1/loss_scale * clip applied to the
-     gradients, then the new weights go back into the model;
+  5. one optimizer step with the combined factor 1/loss_scale * clip applied to the
+     gradients, after which the new weights are in the model;
   6. lr scheduler step (not on skipped steps), counters, gradients released.
 """
 from __future__ import annotations
@@ -30,19 +32,19 @@ from typing import Any
 import torch
 
 from .config import ConfigError, ZSpeedConfig, parse_config
+from .cpu import CHUNK_CAP, HostPath
+from .layout import FlatLayout
 from .loss_scaler import build_loss_scaler
 from .lr_schedules import build_scheduler
-from .nvme import NVMeHostOptimizer
-from .offload import CPUOffload
-from .optimizers import HostOptimizer, build_device_optimizer, build_host_optimizer, rebuild_like, \
-    torch_grad_stats
+from .nvme import NVMePath
+from .offload import HostBuffers
+from .paths import DevicePath, OptimizerPath
 
 log = logging.getLogger("zspeed.engine")
 
 __all__ = ["ZSpeedEngine", "initialize"]
 
 _BUCKET_CAP = 1 << 24  # elements per D2H bucket at most: large enough to amortize, small enough to overlap
-_CHUNK_CAP = 1 << 26   # elements per optimizer chunk whose H2D copy overlaps the next chunk's CPU step
 
 
 def _pick_device() -> torch.device:
@@ -118,45 +120,9 @@ class ZSpeedEngine(torch.nn.Module):
             raise ConfigError("an optimizer was given both in the config and as optimizer=; pass only one "
                               "(DeepSpeed refuses this too).")
 
-        self.offload: CPUOffload | None = None
-        self._host: HostOptimizer | NVMeHostOptimizer | None = None
-        self._nvme = config.offload_device == "nvme"
-        if config.offloaded:
-            bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
-            # nvme: the swapper pipelines partitions itself, so the step is one call (one chunk).
-            chunk = 1 << 62 if self._nvme else min(int(config.zero["sub_group_size"]), _CHUNK_CAP)
-            self.offload = CPUOffload(groups, self.device, self.dtype, config.offload["pin_memory"], bucket,
-                                      chunk, flat_host=self._nvme)
-            if self._nvme:
-                self._host = NVMeHostOptimizer(config.optimizer_name, config.optimizer_params, groups,
-                                               self.offload, config.offload, config.aio,
-                                               int(config.zero["sub_group_size"]), client=optimizer)
-                self._masters = None  # on disk: see _master_named / _load_masters
-            else:
-                mgroups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
-                           for g, ms in zip(groups, self.offload.master_groups())]
-                self._host = build_host_optimizer(config.optimizer_name, config.optimizer_params, mgroups,
-                                                  client=optimizer,
-                                                  force_native=bool(config.top["zero_force_ds_cpu_optimizer"]))
-            self.optimizer = self._host.optimizer
-            if not self._nvme:
-                self._masters = [list(g["params"]) for g in self.optimizer.param_groups]
-            self._lowp_masters = False
-        else:
-            self._lowp_masters = self.dtype != torch.float32
-            if self._lowp_masters:
-                self._masters = [[p.detach().clone().float() for p in g["params"]] for g in groups]
-                mgroups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
-                           for g, ms in zip(groups, self._masters)]
-            else:
-                self._masters = [list(g["params"]) for g in groups]
-                mgroups = groups
-            if optimizer is not None:
-                self.optimizer = rebuild_like(optimizer, self._masters) if self._lowp_masters else optimizer
-            else:
-                self.optimizer = build_device_optimizer(config.optimizer_name, config.optimizer_params,
-                                                        mgroups, self.device)
-        self._model_params = [list(g["params"]) for g in groups]
+        self.optimizer_path = _build_path(config, FlatLayout(groups), self.device, self.dtype, optimizer)
+        self.optimizer = self.optimizer_path.optimizer
+        self._model_params = self.optimizer_path.layout.params
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -207,7 +173,7 @@ class ZSpeedEngine(torch.nn.Module):
     def _describe(self) -> str:
         n = sum(p.numel() for ps in self._model_params for p in ps)
         return (f"device={self.device} dtype={self.dtype} params={n} stage={self._config.zero_stage} "
-                f"offload={self._config.offload_device} pinned={bool(self.offload and self.offload.pinned)} "
+                f"offload={self._config.offload_device} pinned={self.optimizer_path.pinned} "
                 f"optimizer={type(self.optimizer).__name__} batch={self.train_batch_size()} "
                 f"micro={self.train_micro_batch_size_per_gpu()} gas={self._gas}")
 
@@ -273,23 +239,15 @@ class ZSpeedEngine(torch.nn.Module):
         if scale_wrt_gas and self._gas > 1:
             loss = loss / self._gas
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
-        if self.offload is not None:
-            self.offload.arm(self.is_gradient_accumulation_boundary())
+        self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
         try:
             scaled.backward(retain_graph=retain_graph)
         finally:
-            if self.offload is not None:
-                self.offload.flush()
+            self.optimizer_path.after_backward()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for ps in self._model_params:
-            for p in ps:
-                p.grad = None
-        if self._lowp_masters:
-            for ms in self._masters:
-                for m in ms:
-                    m.grad = None
+        self.optimizer_path.zero_grad()
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Ends a micro-batch; on the accumulation boundary runs the optimizer."""
@@ -298,18 +256,10 @@ class ZSpeedEngine(torch.nn.Module):
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs) -> None:
+        path = self.optimizer_path
         inv_scale = 1.0 / self.loss_scaler.loss_scale
-        if self.offload is not None:
-            grads = self.offload.gather_grads()
-            stats = self.offload.device_grad_stats(inv_scale)
-            if stats is None:
-                flat = [g for row in grads for g in row]
-                stats = self._host.grad_stats(flat, inv_scale)
-            sumsq, nonfinite = stats
-        else:
-            grads = self._device_grads()
-            flat = [g for row in grads for g in row]
-            sumsq, nonfinite = torch_grad_stats(flat, inv_scale)
+        path.gather()
+        sumsq, nonfinite = path.grad_stats(inv_scale)
         overflow = nonfinite and self._skip_nonfinite
         self._last_overflow = overflow
         if overflow:
@@ -324,57 +274,19 @@ class ZSpeedEngine(torch.nn.Module):
             coef = 1.0
             if self._clip > 0 and norm > self._clip:
                 coef = self._clip / (norm + 1e-6)
-            factor = inv_scale * coef
-            if self.offload is not None:
-                off = self.offload
-                off.wait_host_buffers()
-                for chunk in off.chunks:
-                    self._host.step(off.select(grads, chunk), factor, off.lowp_out)
-                    off.write_back(chunk)
-                off.end_write_back()
-            else:
-                self._device_step(grads, factor)
-            # After the step: if it raised (an NVMe I/O error leaves the state at the previous
-            # step), nothing here has moved and engine.step() can simply be called again.
+            path.apply(inv_scale * coef)
+            # After the step: if it raised (an NVMe I/O error), nothing here has moved and
+            # engine.step() can simply be called again; the path then completes the step.
             self.loss_scaler.update_scale(False)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
-        if self.offload is not None:
-            self.offload.release_grads()
-        self.zero_grad()
+        path.release()
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
         spp = self._config.top["steps_per_print"]
         if spp and self.global_steps % spp == 0:
             log.info("step=%d lr=%s loss_scale=%g grad_norm=%s skipped=%d", self.global_steps, self.get_lr(),
                      self.loss_scaler.loss_scale, self._global_grad_norm, self.skipped_steps)
-
-    def _device_grads(self) -> list:
-        out = []
-        for ps, ms in zip(self._model_params, self._masters):
-            row = []
-            for p, m in zip(ps, ms):
-                if p.grad is None:
-                    m.grad = None
-                    continue
-                if self._lowp_masters:
-                    m.grad = p.grad.detach().float()
-                    row.append(m.grad)
-                else:
-                    row.append(p.grad)
-            out.append(row)
-        return out
-
-    def _device_step(self, grads, factor: float) -> None:
-        flat = [g for row in grads for g in row]
-        if factor != 1.0 and flat:
-            torch._foreach_mul_(flat, factor)
-        self.optimizer.step()
-        if self._lowp_masters:
-            with torch.no_grad():
-                for ps, ms in zip(self._model_params, self._masters):
-                    for p, m in zip(ps, ms):
-                        p.data.copy_(m)
 
     # -- checkpoints (see checkpoint.py) ------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
@@ -396,23 +308,22 @@ class ZSpeedEngine(torch.nn.Module):
         """Releases what the engine holds outside Python's memory: with nvme offload the swap
         files under nvme_path are deleted (also done when the engine is garbage-collected).
         The engine cannot train afterwards. Idempotent."""
-        if self._nvme and self._host is not None:
-            self._host.close()
+        self.optimizer_path.close()
 
     destroy = close  # DeepSpeed's name
 
-    def nvme_stats(self) -> list:
+    def nvme_stats(self, reset: bool = False) -> list:
         """nvme offload: per parameter group, the swapper's cumulative statistics (bytes read and
-        written, compute_ns vs read_wait_ns + write_wait_ns); [] otherwise."""
-        return self._host.stats() if self._nvme else []
+        written, compute_ns vs read_wait_ns + write_wait_ns), reset to zero afterwards with
+        reset=True; [] otherwise."""
+        return self.optimizer_path.stats(reset=reset)
 
     # -- internals used by checkpoint.py -------------------------------------------------------------
     def _master_named(self) -> dict:
         """name -> fp32 master tensor (shaped like the parameter; with nvme offload a fresh copy
         read from disk)."""
         out = {}
-        masters = self._host.masters() if self._nvme else self._masters
-        for names, ps, ms in zip(self._names, self._model_params, masters):
+        for names, ps, ms in zip(self._names, self._model_params, self.optimizer_path.masters()):
             for n, p, m in zip(names, ps, ms):
                 out[n] = m.view(p.shape) if m.shape != p.shape else m
         return out
@@ -424,25 +335,24 @@ class ZSpeedEngine(torch.nn.Module):
 
     def _load_masters(self, src: dict) -> None:
         """Replaces every fp32 master from ``src`` (name -> tensor) and refreshes the model."""
-        if self._nvme:
-            masters = [[src[n].detach().reshape(-1).to("cpu", torch.float32) for n in names]
-                       for names in self._names]
-            self._host.load_masters(masters)
-            self.offload.reload_from_masters(masters)
-            return
-        with torch.no_grad():
-            for n, m in self._master_named().items():
-                m.copy_(src[n].to(m.device).view(m.shape))
-        self._after_master_load()
+        self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
 
-    def _after_master_load(self) -> None:
-        if self.offload is not None:
-            self.offload.reload_from_masters()
-        elif self._lowp_masters:
-            with torch.no_grad():
-                for ps, ms in zip(self._model_params, self._masters):
-                    for p, m in zip(ps, ms):
-                        p.data.copy_(m)
+
+def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, dtype: torch.dtype,
+                client) -> OptimizerPath:
+    """The optimizer path of zero_optimization.offload_optimizer.device (none, cpu, nvme)."""
+    name, params = config.optimizer_name, config.optimizer_params
+    if not config.offloaded:
+        return DevicePath(layout, device, dtype, name, params, client)
+    nvme = config.offload_device == "nvme"
+    buffers = HostBuffers(layout, device, dtype, config.offload["pin_memory"],
+                          min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP), flat_grads=nvme)
+    if nvme:
+        return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
+                        aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
+    return HostPath(layout, buffers, name, params, client=client,
+                    force_native=bool(config.top["zero_force_ds_cpu_optimizer"]),
+                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP))
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,

@@ -1,15 +1,15 @@
 """ZeRO-Infinity optimizer offload to NVMe (offload_optimizer.device = nvme).
 
-The engine's offloaded step is unchanged (offload.py moves the gradients into
-host buffers and the new weights back into the model); only the "host
-optimizer step" differs: instead of a CPU optimizer over fp32 masters in RAM,
-one :class:`~zspeed.ops.swap.NVMeOptimizerSwapper` per parameter group streams
-masters and optimizer state from a file under ``nvme_path`` through its
-pipeline (read partition i+1 || step partition i || write partition i-1) and
-writes the updated weights, in the model's dtype, into offload.py's flat out
-buffer. Nothing else of the state stays in RAM: per group, the flat gradient
-and weight buffers (2 or 4 bytes per parameter each) plus the swapper's
-``buffer_count`` pipeline buffers.
+The nvme optimizer path: the gradients and the updated weights take the cpu
+path's way through host memory (:class:`~zspeed.runtime.offload.HostBuffers`,
+one flat gradient buffer and one flat weight buffer per group, in the model's
+dtype), but the fp32 masters and the optimizer state live only in a file under
+``nvme_path``: one :class:`~zspeed.ops.swap.NVMeOptimizerSwapper` per parameter
+group streams them through its pipeline (read partition i+1 || step partition
+i || write partition i-1), reading its partitions' gradients from the flat
+gradient buffer and writing the updated weights into the flat weight buffer.
+Nothing else of the state stays in RAM: per group, those two buffers (2 or 4
+bytes per parameter each) plus the swapper's ``buffer_count`` pipeline buffers.
 
 Partitions: each group's flat parameter space is cut into swapper partitions
 of about ``zero_optimization.sub_group_size`` elements, capped at 2^23
@@ -24,8 +24,10 @@ one of device=cpu with the same optimizer and state dtype (the tests check
 it). Checkpoints store the same tensors as the CPU path (master.safetensors
 and optim.safetensors by parameter name; the optimizer's class recorded as
 CPUAdam / CPUAdagrad / CPULion), so a checkpoint moves between cpu and nvme
-offload; 8-bit states go through the raw partition images, bit for bit. Saving and loading materialize the masters and states in RAM for the
-duration of the call (safetensors writes whole files).
+offload; 8-bit states move as their codes and block scales, bit for bit, and
+loading masters keeps the states' stored bytes. Saving and loading
+materialize the masters and states in RAM for the duration of the call
+(safetensors writes whole files).
 """
 from __future__ import annotations
 
@@ -34,9 +36,12 @@ import weakref
 import numpy as np
 import torch
 
+from .._signatures.optim import OPTIM_QBLOCK
 from .config import ConfigError
+from .layout import FlatLayout
+from .offload import HostBuffers, OffloadedPath
 
-__all__ = ["NVMeHostOptimizer", "NVMeOptimizer", "PARTITION_CAP"]
+__all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP"]
 
 PARTITION_CAP = 1 << 23  # elements per swapper partition at most (see the module docstring)
 # config optimizer name -> (swapper kind, class of the CPU path recorded in checkpoints)
@@ -49,17 +54,17 @@ class NVMeOptimizer(torch.optim.Optimizer):
     step and the state are the swappers'. ``state_dict()`` / ``load_state_dict()``
     speak the CPU path's format (per-parameter tensors), so checkpoints interchange."""
 
-    def __init__(self, groups: list, defaults: dict, host: "NVMeHostOptimizer", checkpoint_class: str):
+    def __init__(self, groups: list, defaults: dict, path: "NVMePath", checkpoint_class: str):
         super().__init__(groups, defaults)
         self.checkpoint_class = checkpoint_class
-        self._host_ref = weakref.ref(host)
+        self._path_ref = weakref.ref(path)  # the path owns this optimizer: no cycle
 
-    def step(self, closure=None):  # noqa: D401 - the engine steps through NVMeHostOptimizer
+    def step(self, closure=None):  # noqa: D401 - the engine steps through NVMePath.apply
         raise RuntimeError("with offload_optimizer.device 'nvme' the optimizer step runs inside "
                            "engine.step(); do not call optimizer.step() yourself.")
 
     def state_dict(self):
-        sd = {"state": self._host_ref().export_states(),
+        sd = {"state": self._path_ref().export_states(),
               "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": []}
                                for g in self.param_groups]}
         start = 0
@@ -71,7 +76,7 @@ class NVMeOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})
-        self._host_ref().import_states(state_dict["state"])
+        self._path_ref().import_states(state_dict["state"])
 
 
 class _Part:
@@ -103,12 +108,12 @@ def _partitions(numels: list, cap: int, per_param: bool, align: int) -> list:
     return parts
 
 
-class NVMeHostOptimizer:
-    """The host optimizer of the nvme path: the same ``grad_stats`` / ``step`` calls as
-    :class:`~zspeed.runtime.optimizers.HostOptimizer`, over swappers."""
+class NVMePath(OffloadedPath):
+    """The optimizer path of offload_optimizer.device nvme (see the module docstring)."""
 
-    def __init__(self, name: str, params: dict, groups: list, offload, offload_cfg: dict, aio: dict,
-                 sub_group_size: int, *, client=None):
+    def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
+                 offload_cfg: dict, aio: dict, sub_group_size: int):
+        super().__init__(layout, buffers)
         if client is not None:
             raise ConfigError("a client optimizer was passed to zspeed.initialize with offload_optimizer.device "
                               "'nvme': configure the optimizer in the config's 'optimizer' section instead "
@@ -118,9 +123,9 @@ class NVMeHostOptimizer:
                               "the NVMe swapper runs zspeed's own kernels; remove torch_adam.")
         from ..ops.swap import NVMeOptimizerSwapper
         from ..ops import grad_stats
-        from .._signatures.optim import OPTIM_QBLOCK
         self._grad_stats = grad_stats
-        self.offload = offload
+        self._out_flat, self._out = buffers.alloc(buffers.model_dtype)
+        self._stepped: set = set()  # groups whose swapper has stepped on the current gradients
         if name in ("Adam", "AdamW"):
             kind = "adamw" if params["adam_w_mode"] else "adam"
             cls = "CPUAdam"
@@ -141,11 +146,9 @@ class NVMeHostOptimizer:
                                 weight_decay=params["weight_decay"])
             state_dtype = "fp32"
         self.kind, self.state_dtype = kind, state_dtype
-        self.optimizer = NVMeOptimizer([dict(g) for g in groups], defaults, self, cls)
+        self.optimizer = NVMeOptimizer([dict(g) for g in layout.groups], defaults, self, cls)
         cap = max(1, min(int(sub_group_size), PARTITION_CAP))
-        self.numels = [[p.numel() for p in g["params"]] for g in self.optimizer.param_groups]
-        self.qblock = OPTIM_QBLOCK
-        self.parts = [_partitions(ns, cap, state_dtype == "int8", OPTIM_QBLOCK) for ns in self.numels]
+        self.parts = [_partitions(ns, cap, state_dtype == "int8", OPTIM_QBLOCK) for ns in layout.numels]
         self.swappers: list = []
         self._finalizer = weakref.finalize(self, _close_all, self.swappers)
         for gi, group in enumerate(self.optimizer.param_groups):
@@ -160,54 +163,66 @@ class NVMeHostOptimizer:
             self.swappers.append(sw)
             params_g = group["params"]
             for i, part in enumerate(self.parts[gi]):
-                sw.init_partition(i, self._assemble(
+                sw.init_partition(i, _assemble(
                     part, lambda pi: params_g[pi].detach().reshape(-1).to("cpu", torch.float32)))
-            self._reset_states(gi)
+            iav = float(group.get("initial_accumulator_value", 0.0))
+            if iav:  # init_partition zeroed the states; Adagrad's sum starts at this value
+                self._reset_states(gi)
 
-    # -- the step (HostOptimizer's interface) ---------------------------------------------------
-    def grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
-        """The CPU path's call on the same per-parameter tensors, so the norm is identical."""
+    # -- the step ----------------------------------------------------------------------------------
+    def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
+        """The CPU path's kernel on the same per-parameter tensors, so the norm is identical."""
         s, bad = self._grad_stats(tensors, scale=scale)
         return float(s), bool(bad)
 
-    def step(self, grads: list, grad_scale: float, lowp_out: list | None) -> None:
-        """One step of every swapper; ``grads`` / ``lowp_out`` are views into offload.py's flat
-        buffers, which the swappers read and write directly, partition by partition."""
-        del grads, lowp_out
+    def before_backward(self, boundary: bool) -> None:
+        self._stepped.clear()  # new gradients: a new step
+        super().before_backward(boundary)
+
+    def apply(self, factor: float) -> None:
+        """One step of every swapper, each reading its partitions' gradients from the flat
+        gradient buffer and writing the updated weights into the flat weight buffer; then
+        the weights go into the model. A swapper that raises keeps its previous step, and
+        the groups stepped before it are not stepped again when apply is called again."""
+        self.buffers.wait_host_buffers()
         for gi, (group, sw) in enumerate(zip(self.optimizer.param_groups, self.swappers)):
-            fg, fo = self.offload.flat_grads[gi], self.offload.flat_out[gi]
+            if gi in self._stepped:  # its new weights wait in its flat weight buffer
+                continue
+            fg, fo = self.buffers.flat_grads[gi], self._out_flat[gi]
             sw.set_hparams(betas=group.get("betas"), eps=group.get("eps"),
                            weight_decay=group["weight_decay"])
-            sw.step([fg[p.start:p.start + p.n] for p in self.parts[gi]], float(grad_scale),
+            sw.step([fg[p.start:p.start + p.n] for p in self.parts[gi]], float(factor),
                     out=[fo[p.start:p.start + p.n] for p in self.parts[gi]], lr=float(group["lr"]))
+            self._stepped.add(gi)
+        self.buffers.write_back(self._out, self.layout.keys)
+        self.buffers.end_write_back()
 
-    # -- state access (checkpoints) -----------------------------------------------------------------
-    @staticmethod
-    def _assemble(part: _Part, fetch) -> torch.Tensor:
-        """A partition's fp32 values from per-parameter flat fp32 tensors (``fetch(pi)``)."""
-        buf = torch.empty(part.n, dtype=torch.float32)
-        for pi, off, at, n in part.pieces:
-            buf[at:at + n].copy_(fetch(pi)[off:off + n])
-        return buf
+    def release(self) -> None:
+        self._stepped.clear()
+        super().release()
 
+    # -- masters and state (checkpoints) ----------------------------------------------------------
     def _state_keys(self) -> tuple:
         return self.swappers[0].state_keys
 
     def _reset_states(self, gi: int) -> None:
-        """Fresh state as the CPU path creates it: zeros, Adagrad's sum = initial_accumulator_value."""
+        """Fresh state as the CPU path creates it: zeros (8-bit: zero codes and scales), and
+        Adagrad's sum = initial_accumulator_value. The masters stay."""
         iav = float(self.optimizer.param_groups[gi].get("initial_accumulator_value", 0.0))
         sw = self.swappers[gi]
-        if iav:
-            for i, part in enumerate(self.parts[gi]):
-                st = sw.get_state(i)
-                sw.set_state(i, st["param"], sum=np.full(part.n, iav, np.float32))
+        for i in range(len(self.parts[gi])):
+            fresh = {k: np.zeros_like(a) for k, a in sw.read_arrays(i).items() if k != "param"}
+            if "sum" in fresh:
+                fresh["sum"][:] = iav
+            sw.write_arrays(i, **fresh)
         sw.steps = 0
 
     def _gather(self, gi: int, keys: tuple) -> dict:
-        """key -> per-parameter flat fp32 tensors of group gi, read from the swapper."""
-        out = {k: [torch.empty(n, dtype=torch.float32) for n in self.numels[gi]] for k in keys}
+        """key -> per-parameter flat fp32 tensors of group gi (states converted to fp32)."""
+        out = {k: [torch.empty(n, dtype=torch.float32) for n in self.layout.numels[gi]] for k in keys}
         for i, part in enumerate(self.parts[gi]):
-            st = self.swappers[gi].get_state(i)
+            sw = self.swappers[gi]
+            st = sw.read_arrays(i, keys) if keys == ("param",) else sw.get_state(i)
             for k in keys:
                 src = torch.from_numpy(st[k])
                 for pi, off, at, n in part.pieces:
@@ -219,54 +234,44 @@ class NVMeHostOptimizer:
         return [self._gather(gi, ("param",))["param"] for gi in range(len(self.swappers))]
 
     def load_masters(self, masters: list) -> None:
-        """Replaces the masters (per group, per parameter fp32 tensors), keeping the states bit for
-        bit (the raw image is rewritten, so 8-bit states are not requantized)."""
+        """Replaces the masters, keeping every state byte (8-bit states are not requantized),
+        and refreshes the model's weights from them."""
+        masters = [[m.detach().reshape(-1).to("cpu", torch.float32) for m in row] for row in masters]
         for gi, sw in enumerate(self.swappers):
             for i, part in enumerate(self.parts[gi]):
-                img, lay = sw.read_image(i), sw.layout(i)
-                new = self._assemble(part, lambda pi: masters[gi][pi].reshape(-1).float())
-                img[lay["param"]:lay["param"] + 4 * part.n] = new.numpy().view(np.uint8)
-                sw.write_image(i, img)
+                sw.write_arrays(i, param=_assemble(part, lambda pi: masters[gi][pi]))
+        self.buffers.refresh(masters, self._out)
 
-    # int8 states: CPUAdam's tensors (int8 exp_avg, uint8 exp_avg_sq, one fp32 scale per block of
-    # each) copied to and from the raw images; partitions hold one parameter's block-aligned range.
-    _Q8 = (("exp_avg", "m", torch.int8, 1), ("exp_avg_sq", "v", torch.uint8, 1),
-           ("exp_avg_scale", "m_scale", torch.float32, 0), ("exp_avg_sq_scale", "v_scale", torch.float32, 0))
+    # 8-bit states: CPUAdam's tensors (int8 exp_avg, uint8 exp_avg_sq, one fp32 scale per block of
+    # each), moved as the swapper stores them; a partition holds one parameter's block-aligned range.
+    _Q8 = (("exp_avg", torch.int8, True), ("exp_avg_sq", torch.uint8, True),
+           ("exp_avg_scale", torch.float32, False), ("exp_avg_sq_scale", torch.float32, False))
 
     def _q8_export(self, gi: int) -> list:
-        from ..ops._kernels import qblocks
         group = self.optimizer.param_groups[gi]
         rows = [{k: torch.zeros(p.numel() if per_elem else qblocks(p.numel()), dtype=dt)
-                 for k, _, dt, per_elem in self._Q8} for p in group["params"]]
+                 for k, dt, per_elem in self._Q8} for p in group["params"]]
         for i, part in enumerate(self.parts[gi]):
-            img, lay = self.swappers[gi].read_image(i), self.swappers[gi].layout(i)
+            arrays = self.swappers[gi].read_arrays(i, [k for k, _, _ in self._Q8])
             (pi, off, _, n), = part.pieces
-            for key, region, dt, per_elem in self._Q8:
-                cnt = n if per_elem else qblocks(n)
-                at = off if per_elem else off // self.qblock
-                nbytes = cnt * (1 if per_elem else 4)
-                raw = torch.from_numpy(img[lay[region]:lay[region] + nbytes].copy()).view(dt)
-                rows[pi][key][at:at + cnt].copy_(raw)
+            for key, _, per_elem in self._Q8:
+                at, cnt = _q8_span(off, n, per_elem)
+                rows[pi][key][at:at + cnt].copy_(torch.from_numpy(arrays[key]))
         return rows
 
     def _q8_import(self, gi: int, rows: list) -> None:
-        from ..ops._kernels import qblocks
         for i, part in enumerate(self.parts[gi]):
-            sw = self.swappers[gi]
-            img, lay = sw.read_image(i), sw.layout(i)
             (pi, off, _, n), = part.pieces
-            for key, region, dt, per_elem in self._Q8:
+            arrays = {}
+            for key, dt, per_elem in self._Q8:
                 src = rows[pi].get(key)
                 if src is None or src.dtype != dt:
                     raise ConfigError(f"the checkpoint's optimizer state has no {dt} '{key}' for a parameter; "
                                       f"it was not saved with state_dtype 'int8'. Load with "
                                       f"load_optimizer_states=False or use the state dtype it was saved with.")
-                cnt = n if per_elem else qblocks(n)
-                at = off if per_elem else off // self.qblock
-                nbytes = cnt * (1 if per_elem else 4)
-                img[lay[region]:lay[region] + nbytes] = \
-                    src.reshape(-1)[at:at + cnt].contiguous().view(torch.uint8).numpy()
-            sw.write_image(i, img)
+                at, cnt = _q8_span(off, n, per_elem)
+                arrays[key] = src.reshape(-1)[at:at + cnt].contiguous()
+            self.swappers[gi].write_arrays(i, **arrays)
 
     def export_states(self) -> dict:
         """torch-style ``state``: param index -> {step, <state keys>} shaped like the parameters,
@@ -316,7 +321,7 @@ class NVMeHostOptimizer:
                                       "state_dtype or load with load_optimizer_states=False.")
                 for i, part in enumerate(self.parts[gi]):
                     st = sw.get_state(i)
-                    new = {k: self._assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float())
+                    new = {k: _assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float())
                            for k in keys}
                     sw.set_state(i, st["param"], **new)
             steps = {int(r["step"]) for r in rows if "step" in r}
@@ -325,12 +330,32 @@ class NVMeHostOptimizer:
                                   f"({sorted(steps)[:4]}); nvme offload keeps one step count per group.")
             sw.steps = steps.pop() if steps else 0
 
-    def stats(self) -> list:
-        return [sw.stats() for sw in self.swappers]
+    def stats(self, reset: bool = False) -> list:
+        """Per group, the swapper's cumulative statistics (see NVMeOptimizerSwapper.stats)."""
+        return [sw.stats(reset=reset) for sw in self.swappers]
 
     def close(self) -> None:
         """Closes the swappers, which deletes their files (idempotent)."""
         self._finalizer()
+
+
+def qblocks(n: int) -> int:
+    """8-bit blocks (one scale each) of n elements."""
+    return (n + OPTIM_QBLOCK - 1) // OPTIM_QBLOCK
+
+
+def _q8_span(off: int, n: int, per_elem: bool) -> tuple[int, int]:
+    """(start, count) in a parameter's 8-bit tensor (codes or block scales) of the partition
+    that covers the parameter's elements [off, off + n)."""
+    return (off, n) if per_elem else (off // OPTIM_QBLOCK, qblocks(n))
+
+
+def _assemble(part: _Part, fetch) -> torch.Tensor:
+    """A partition's fp32 values from per-parameter flat fp32 tensors (``fetch(pi)``)."""
+    buf = torch.empty(part.n, dtype=torch.float32)
+    for pi, off, at, n in part.pieces:
+        buf[at:at + n].copy_(fetch(pi)[off:off + n])
+    return buf
 
 
 def _close_all(swappers: list) -> None:

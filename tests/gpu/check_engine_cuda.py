@@ -6,9 +6,10 @@ torch AdamW, clipping): offload to the CPU with zspeed's native CPUAdam (pinned 
 pageable buffers, several optimizer chunks, gradient accumulation), with torch's
 AdamW on the CPU, and without offload; plus fp16 overflow skipping and a checkpoint
 round trip on CUDA; and offload_optimizer.device nvme against device cpu (bit for
-bit, fp16 overflow, checkpoint nvme -> nvme / cpu). Prints one PASS/FAIL line per check; exit status 1 if any fails.
+bit, fp16 overflow, checkpoint nvme -> nvme / cpu). Prints one PASS/FAIL line per check;
+exit status 1 if any fails. The training loop is the CPU tests' (tests/python/engine_helpers.py).
 
-    python bench/check_engine_cuda.py
+    python tests/gpu/check_engine_cuda.py
 """
 import copy
 import os
@@ -17,10 +18,11 @@ import tempfile
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+for sub in ("examples", "python", os.path.join("tests", "python")):
+    sys.path.insert(0, os.path.join(ROOT, sub))
 import zspeed  # noqa: E402
+from engine_helpers import same_weights, train  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
 
 STEPS, B, T = 12, 4, 128
@@ -63,22 +65,22 @@ def reference(model, batches, gas=1, prec="bf16", fused=False):
     return losses, masters
 
 
+def gpt_loss(engine, ids):
+    """The GPT returns its own next-token loss."""
+    return engine(ids[:, :-1], ids[:, 1:])
+
+
 def run(model, batches, zero, gas=1, torch_adam=False, fp16=False, steps=STEPS, prec="bf16"):
+    """An engine over a copy of model, trained for steps optimizer steps (micro-batch i of the
+    run is batches[i]); returns it and the loss of each step's last micro-batch."""
     cfg = {"train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1, "torch_adam": torch_adam}},
            "zero_optimization": zero, "steps_per_print": 0}
     if fp16 or prec == "bf16":
         cfg["fp16" if fp16 else "bf16"] = {"enabled": True}
     e, opt, _, _ = zspeed.initialize(model=copy.deepcopy(model), config=cfg)
-    losses = []
-    for s in range(steps):
-        for k in range(gas):
-            ids = batches[s * gas + k] if gas > 1 else batches[s]
-            loss = e(ids[:, :-1], ids[:, 1:])
-            e.backward(loss)
-            e.step()
-        losses.append(loss.item())
-    return e, losses
+    losses = train(e, batches, steps * gas, loss=gpt_loss)
+    return e, losses[gas - 1::gas]
 
 
 def master_diff(a, b):
@@ -110,32 +112,28 @@ class Bad(torch.nn.Module):
 
 def nvme_checks(model, batches, off, bad_cls=Bad):
     """offload_optimizer.device nvme on CUDA: bit for bit the cpu path (same kernels, same grads)."""
-    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.module.parameters(), b.module.parameters()))  # noqa: E731
     with tempfile.TemporaryDirectory() as nd, tempfile.TemporaryDirectory() as cd:
         nv = {"stage": 2, "sub_group_size": 1 << 18,
               "offload_optimizer": {"device": "nvme", "nvme_path": nd, "pin_memory": True}}
         ec, lc = run(model, batches, off)
         en, ln = run(model, batches, nv)
-        check("nvme offload: host buffers pinned", en.offload.pinned and en.offload.flat_grads[0].is_pinned())
-        check("nvme offload == cpu offload bit for bit on CUDA", same(ec, en) and lc == ln,
-              f"{len(en._host.swappers[0].sizes)} partitions; {en.nvme_stats()[0]}")
+        check("nvme offload: host buffers pinned", en.optimizer_path.pinned and
+              en.optimizer_path.buffers.flat_grads[0].is_pinned())
+        check("nvme offload == cpu offload bit for bit on CUDA", same_weights(ec, en) and lc == ln,
+              f"{len(en.optimizer_path.swappers[0].sizes)} partitions; {en.nvme_stats()[0]}")
         e1, _ = run(bad_cls(model), batches, off, fp16=True)
         e2, _ = run(bad_cls(model), batches, nv, fp16=True)
-        check("nvme fp16 overflow skip == cpu", e2.skipped_steps == 1 and same(e1, e2))
+        check("nvme fp16 overflow skip == cpu", e2.skipped_steps == 1 and same_weights(e1, e2))
         a, _ = run(model, batches, nv)
         a.save_checkpoint(cd)
         saved = [p.detach().clone() for p in a.module.parameters()]
-        for ids in batches[STEPS:STEPS + 3]:
-            a.backward(a(ids[:, :-1], ids[:, 1:]))
-            a.step()
+        train(a, batches[STEPS:STEPS + 3], loss=gpt_loss)
         for dev in ("nvme", "cpu"):
             b, _ = run(model, batches, nv if dev == "nvme" else off, steps=0)
             b.load_checkpoint(cd)
             ok = all(torch.equal(x, y) for x, y in zip(saved, b.module.parameters()))
-            for ids in batches[STEPS:STEPS + 3]:
-                b.backward(b(ids[:, :-1], ids[:, 1:]))
-                b.step()
-            check(f"nvme checkpoint -> {dev} resume on CUDA is bit-exact", ok and same(a, b))
+            train(b, batches[STEPS:STEPS + 3], loss=gpt_loss)
+            check(f"nvme checkpoint -> {dev} resume on CUDA is bit-exact", ok and same_weights(a, b))
             if dev == "nvme":
                 b.close()
         for e in (en, e2, a):
@@ -175,13 +173,14 @@ def main():
     print(f"bf16 spread between torch AdamW foreach=False and fused: {spread:.2e}", flush=True)
     off = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     e, losses = run(model, batches, off)
-    check("offload native: buffers pinned", e.offload.pinned and
-          all(t.is_pinned() for t in (e.offload.masters[0][0], e.offload.host_grads[0][0])))
+    check("offload native: buffers pinned", e.optimizer_path.pinned and
+          all(t.is_pinned() for t in (e.optimizer_path.host_masters[0][0], e.optimizer_path.buffers.grads[0][0])))
     check("offload native: hooks released device grads", all(p.grad is None for p in e.module.parameters()))
     compare("bf16: offload native CPUAdam vs GPU reference", ref, losses, e, tol)
     e, losses = run(model, batches, {"stage": 2, "sub_group_size": 200_000,
                                      "offload_optimizer": {"device": "cpu", "pin_memory": True}})
-    check("offload native: several chunks", len(e.offload.chunks) > 3, f"{len(e.offload.chunks)} chunks")
+    check("offload native: several chunks", len(e.optimizer_path.chunks) > 3,
+          f"{len(e.optimizer_path.chunks)} chunks")
     compare("bf16: offload native, chunked copy back", ref, losses, e, tol)
     e, losses = run(model, batches, {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}})
     compare("bf16: offload native, pageable buffers", ref, losses, e, tol)
@@ -204,13 +203,10 @@ def main():
         a.save_checkpoint(d)
         b, _ = run(model, batches, off, steps=0)
         b.load_checkpoint(d)
-        same = all(torch.equal(x, y) for x, y in zip(a.module.parameters(), b.module.parameters()))
-        for ids in batches[STEPS:STEPS + 3]:
-            for eng in (a, b):
-                eng.backward(eng(ids[:, :-1], ids[:, 1:]))
-                eng.step()
-        same = same and all(torch.equal(x, y) for x, y in zip(a.module.parameters(), b.module.parameters()))
-        check("checkpoint resume on CUDA is bit-exact", same)
+        same = same_weights(a, b)
+        for eng in (a, b):
+            train(eng, batches[STEPS:STEPS + 3], loss=gpt_loss)
+        check("checkpoint resume on CUDA is bit-exact", same and same_weights(a, b))
     nvme_checks(model, batches, off, Bad)
     print(f"{len(FAILS)} failed" if FAILS else "all CUDA engine checks passed")
     return 1 if FAILS else 0

@@ -1,0 +1,103 @@
+"""ZeRO-Offload's optimizer path: fp32 masters and optimizer state in CPU memory
+(zero_optimization.offload_optimizer.device = cpu).
+
+Per parameter group, host buffers (flat, views per parameter; offload.py):
+  grads    gradients in the model's dtype (HostBuffers; on the CPU-only path the
+           optimizer reads them where autograd left them)
+  masters  fp32 master weights, the CPU optimizer's parameters
+  out      updated weights in the model's dtype, copied back into the model; for an
+           fp32 model the masters themselves
+On a CPU-only machine with contiguous parameters the buffers that can be the
+parameters' own storage are: an fp32 model's parameters are its masters, and a
+bf16/fp16 model's parameters are the out buffer the optimizer writes into, so
+nothing is copied back.
+
+The step runs in chunks of about zero_optimization.sub_group_size elements
+(capped, whole parameters), each followed by the copy of its weights back into
+the model, so that on CUDA the H2D copy of one chunk overlaps the CPU work of
+the next. Every parameter's update is independent, so the chunking changes no bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from .layout import FlatLayout
+from .offload import HostBuffers, OffloadedPath
+from .optimizers import build_host_optimizer
+from .paths import copy_masters
+
+__all__ = ["HostPath", "CHUNK_CAP"]
+
+CHUNK_CAP = 1 << 26  # elements per optimizer chunk at most
+
+
+class HostPath(OffloadedPath):
+    """The CPU optimizer over fp32 masters in host memory."""
+
+    def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
+                 client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int):
+        super().__init__(layout, buffers)
+        lowp = buffers.model_dtype != torch.float32
+        shared = not buffers.cuda and all(p.is_contiguous() for ps in layout.params for p in ps)
+        own = [[p.data.view(-1) for p in ps] for ps in layout.params] if shared else None
+        if own is not None and not lowp:
+            self.host_masters = own
+        else:
+            _, self.host_masters = buffers.alloc(torch.float32)
+            with torch.no_grad():
+                for ps, ms in zip(layout.params, self.host_masters):
+                    for p, m in zip(ps, ms):
+                        m.copy_(p.detach().reshape(-1).to("cpu", torch.float32))
+        if not lowp:
+            self._out = self.host_masters
+        elif own is not None:
+            self._out = own
+        else:
+            _, self._out = buffers.alloc(buffers.model_dtype)
+        # What the optimizer writes besides the masters: the low-precision weights.
+        self._lowp_out = self._out if lowp else None
+        self.host = build_host_optimizer(name, params, layout.with_params(self.host_masters), client=client,
+                                         force_native=force_native)
+        self.optimizer = self.host.optimizer
+        self.chunks = _chunks(layout, chunk_elems)
+
+    def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
+        return self.host.grad_stats(tensors, scale)
+
+    def apply(self, factor: float) -> None:
+        self.buffers.wait_host_buffers()
+        for chunk in self.chunks:
+            self.host.step(self._select(chunk), factor, self._lowp_out)
+            self.buffers.write_back(self._out, chunk)
+        self.buffers.end_write_back()
+
+    def _select(self, chunk: list) -> list:
+        """The gradients restricted to one chunk: None (skipped by the optimizer) elsewhere."""
+        if len(self.chunks) == 1:
+            return self._grads
+        out = [[None] * len(row) for row in self._grads]
+        for gi, pi in chunk:
+            out[gi][pi] = self._grads[gi][pi]
+        return out
+
+    def masters(self) -> list:
+        return self.host_masters
+
+    def load_masters(self, masters: list) -> None:
+        copy_masters(self.host_masters, masters)
+        self.buffers.refresh(self.host_masters, self._lowp_out)
+
+
+def _chunks(layout: FlatLayout, chunk_elems: int) -> list:
+    """Consecutive parameters, (group, parameter) keys, cut into chunks of at most
+    chunk_elems elements (a larger parameter is a chunk of its own)."""
+    chunks: list[list[tuple[int, int]]] = [[]]
+    filled = 0
+    for gi, pi in layout.keys:
+        n = layout.numels[gi][pi]
+        if filled and filled + n > chunk_elems:
+            chunks.append([])
+            filled = 0
+        chunks[-1].append((gi, pi))
+        filled += n
+    return chunks

@@ -1,0 +1,185 @@
+"""The optimizer path: where the fp32 master weights and the optimizer state live
+and how one optimizer step reaches them.
+
+The engine chooses one path at start-up and drives every step through the same
+few calls, so its step algorithm does not depend on where the optimizer runs:
+
+  before_backward(boundary) / after_backward()   around each micro-batch's backward
+  gather()                    the boundary's gradients into the place the step reads
+  grad_stats(scale)           (sum of squares of scale*g, any inf/NaN) over the
+                              gradients this path steps: a local result, which several
+                              ranks would all-reduce before deciding on the step
+  apply(factor)               one optimizer step with every gradient multiplied by
+                              factor, then the updated weights written into the model
+  release()                   drop the step's gradients (after apply or a skipped step)
+  masters() / load_masters()  the fp32 masters, for checkpoints
+  optimizer                   what LR schedulers, get_lr() and checkpoints see
+                              (its state_dict is the checkpoint's optimizer state)
+  stats(reset) / close()      I/O statistics; release what lives outside Python's memory
+
+The paths: :class:`DevicePath` (here: torch's optimizer on the model's device),
+:class:`~zspeed.runtime.cpu.HostPath` (zero_optimization.offload_optimizer.device
+cpu) and :class:`~zspeed.runtime.nvme.NVMePath` (device nvme); the two offloaded
+ones derive from :class:`~zspeed.runtime.offload.OffloadedPath`, whose
+:class:`~zspeed.runtime.offload.HostBuffers` hold the host memory and make the
+copies. Each path covers the flat parameter space of layout.py; with several
+ranks a path would step the slice of it that its rank owns.
+"""
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from .layout import FlatLayout
+from .optimizers import build_device_optimizer, rebuild_like, torch_grad_stats
+
+__all__ = ["OptimizerPath", "DevicePath", "copy_masters"]
+
+
+class OptimizerPath(abc.ABC):
+    """The interface the engine steps through (see the module docstring)."""
+
+    optimizer: torch.optim.Optimizer
+    # fp32 masters held in host memory, per group, per parameter (flat views);
+    # None where they live elsewhere (on the device, on NVMe).
+    host_masters: list | None = None
+
+    def __init__(self, layout: FlatLayout):
+        self.layout = layout
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the path's host buffers are page-locked (False without host buffers)."""
+        return False
+
+    def before_backward(self, boundary: bool) -> None:
+        """Called before each micro-batch's backward; boundary: the step follows it."""
+
+    def after_backward(self) -> None:
+        """Called after each micro-batch's backward, also when it raised."""
+
+    @abc.abstractmethod
+    def gather(self) -> None:
+        """Moves the boundary's gradients to where the step reads them."""
+
+    @abc.abstractmethod
+    def grad_stats(self, scale: float) -> tuple[float, bool]:
+        """(sum of squares of scale*g, any non-finite value) over the gathered gradients."""
+
+    @abc.abstractmethod
+    def apply(self, factor: float) -> None:
+        """One optimizer step over grad*factor; the updated weights go into the model. When it
+        raises (an NVMe I/O error), the gradients are kept and calling it again, before the
+        next backward, completes the step exactly once for every parameter."""
+
+    def release(self) -> None:
+        """The step is over (applied or skipped): drop its gradients."""
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        """Drops the model's gradients (engine.zero_grad())."""
+        for ps in self.layout.params:
+            for p in ps:
+                p.grad = None
+
+    @abc.abstractmethod
+    def masters(self) -> list:
+        """Per group, per parameter fp32 masters (flat or shaped like the parameter)."""
+
+    @abc.abstractmethod
+    def load_masters(self, masters: list) -> None:
+        """Replaces every fp32 master (per group, per parameter tensors shaped like the
+        parameters) and refreshes the model's weights from them."""
+
+    @property
+    def checkpoint_class(self) -> str:
+        """The optimizer's class as checkpoints record it."""
+        return getattr(self.optimizer, "checkpoint_class", type(self.optimizer).__name__)
+
+    def stats(self, reset: bool = False) -> list:
+        """Per parameter group, statistics of the path's I/O ([] where it has none)."""
+        return []
+
+    def close(self) -> None:
+        """Releases what the path holds outside Python's memory (idempotent)."""
+
+
+class DevicePath(OptimizerPath):
+    """torch's optimizer on the model's device (offload_optimizer.device none).
+
+    fp32 model: the optimizer updates the parameters themselves. bf16/fp16 model: it
+    updates fp32 copies (the masters) from fp32 copies of the gradients, and the
+    parameters are refreshed from the masters after each step."""
+
+    def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str | None,
+                 params: dict, client: torch.optim.Optimizer | None):
+        super().__init__(layout)
+        self._lowp = dtype != torch.float32
+        if self._lowp:
+            self._masters = [[p.detach().clone().float() for p in ps] for ps in layout.params]
+            groups = layout.with_params(self._masters)
+        else:
+            self._masters = [list(ps) for ps in layout.params]
+            groups = layout.groups
+        if client is not None:
+            self.optimizer = rebuild_like(client, self._masters) if self._lowp else client
+        else:
+            self.optimizer = build_device_optimizer(name, params, groups, device)
+        self._grads: list = []
+
+    def gather(self) -> None:
+        self._grads = []
+        for ps, ms in zip(self.layout.params, self._masters):
+            for p, m in zip(ps, ms):
+                if p.grad is None:
+                    m.grad = None
+                elif self._lowp:
+                    m.grad = p.grad.detach().float()
+                    self._grads.append(m.grad)
+                else:
+                    self._grads.append(p.grad)
+
+    def grad_stats(self, scale: float) -> tuple[float, bool]:
+        return torch_grad_stats(self._grads, scale)
+
+    def apply(self, factor: float) -> None:
+        if factor != 1.0 and self._grads:
+            torch._foreach_mul_(self._grads, factor)
+        self.optimizer.step()
+        if self._lowp:
+            self._copy_to_model()
+
+    def release(self) -> None:
+        self._grads = []
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        super().zero_grad()
+        if self._lowp:
+            for ms in self._masters:
+                for m in ms:
+                    m.grad = None
+
+    def masters(self) -> list:
+        return self._masters
+
+    def load_masters(self, masters: list) -> None:
+        copy_masters(self._masters, masters)
+        if self._lowp:
+            self._copy_to_model()
+
+    def _copy_to_model(self) -> None:
+        with torch.no_grad():
+            for ps, ms in zip(self.layout.params, self._masters):
+                for p, m in zip(ps, ms):
+                    p.data.copy_(m)
+
+
+def copy_masters(dst: list, src: list) -> None:
+    """Copies per group, per parameter tensors ``src`` into the masters ``dst`` (any shape of
+    the same number of elements, any device)."""
+    with torch.no_grad():
+        for ms, srcs in zip(dst, src):
+            for m, s in zip(ms, srcs):
+                m.copy_(s.to(m.device).reshape(m.shape))
