@@ -174,18 +174,6 @@ static void q8_finish(const zs__optim_args *a, const float *m, const float *s,
   }
 }
 
-static const zs__q8_ops q8_ops = {q8_moments, q8_finish};
-
-static void adam(const zs__optim_args *a, size_t begin, size_t end) {
-  zs__optim_args s;
-  if (a->sd == ZS_DTYPE_Q8) {
-    zs__adam_q8_run(&q8_ops, a, begin, end);
-    return;
-  }
-  s = zs__optim_offset(a, begin);
-  adam_span(&s, end - begin);
-}
-
 /* --------------------------------------------------------------- Adagrad */
 
 ZS__FORCE_INLINE void adagrad_body(const zs__optim_args *a, size_t i) {
@@ -202,14 +190,13 @@ ZS__FORCE_INLINE void adagrad_body(const zs__optim_args *a, size_t i) {
   if (a->out) st(a->out, a->od, i, p);
 }
 
-static void adagrad(const zs__optim_args *a0, size_t begin, size_t end) {
-  const zs__optim_args t = zs__optim_offset(a0, begin);
-  size_t i = 0, n = end - begin;
+static void adagrad(const zs__optim_args *a, size_t n) {
+  size_t i = 0;
   {
-    zs__optim_args s = t;
+    zs__optim_args s = *a;
     for (; i + W <= n; i += W) adagrad_body(&s, i);
   }
-  if (i < n) zs__optim_tail(&t, i, n - i, adagrad_body);
+  if (i < n) zs__optim_tail(a, i, n - i, adagrad_body);
 }
 
 /* ------------------------------------------------------------------ Lion */
@@ -229,14 +216,13 @@ ZS__FORCE_INLINE void lion_body(const zs__optim_args *a, size_t i) {
   if (a->out) st(a->out, a->od, i, p);
 }
 
-static void lion(const zs__optim_args *a0, size_t begin, size_t end) {
-  const zs__optim_args t = zs__optim_offset(a0, begin);
-  size_t i = 0, n = end - begin;
+static void lion(const zs__optim_args *a, size_t n) {
+  size_t i = 0;
   {
-    zs__optim_args s = t;
+    zs__optim_args s = *a;
     for (; i + W <= n; i += W) lion_body(&s, i);
   }
-  if (i < n) zs__optim_tail(&t, i, n - i, lion_body);
+  if (i < n) zs__optim_tail(a, i, n - i, lion_body);
 }
 
 /* ------------------------------------------------------------ grad stats */
@@ -274,4 +260,5 @@ static double sumsq(const void *g, int dt, float scale, size_t begin,
   return total;
 }
 
-const zs__optim_kernels zs__optim_neon = {"neon", adam, adagrad, lion, sumsq};
+const zs__optim_kernels zs__optim_neon = {
+    "neon", adam_span, {q8_moments, q8_finish}, adagrad, lion, sumsq};
