@@ -377,41 +377,6 @@ int zs_lion_step(const zs_lion_config *c, const zs_optim_tensors *t) {
   return run(c->pool, c->num_threads, t->n, k->lion, NULL, &a);
 }
 
-/* ------------------------------------------------------------ vector tails */
-
-void zs__optim_tail(const zs__optim_args *a, size_t i, size_t rem,
-                    zs__optim_body body) {
-  /* 16 elements of up to 4 bytes each: enough for any vector width. */
-  float pb[16], gb[16], mb[16], vb[16], ob[16];
-  size_t ps = zs__dtype_size(a->pd), gsz = zs__dtype_size(a->gd);
-  size_t ssz = zs__dtype_size(a->sd);
-  zs__optim_args t = *a;
-  memset(pb, 0, sizeof pb);
-  memset(gb, 0, sizeof gb);
-  memset(mb, 0, sizeof mb);
-  memset(vb, 0, sizeof vb);
-  memcpy(pb, a->param + i * ps, rem * ps);
-  memcpy(gb, a->grad + i * gsz, rem * gsz);
-  t.param = (char *)pb;
-  t.grad = (const char *)gb;
-  if (a->m) {
-    memcpy(mb, a->m + i * ssz, rem * ssz);
-    t.m = (char *)mb;
-  }
-  if (a->v) {
-    memcpy(vb, a->v + i * ssz, rem * ssz);
-    t.v = (char *)vb;
-  }
-  if (a->out) t.out = (char *)ob;
-  body(&t, 0);
-  memcpy(a->param + i * ps, pb, rem * ps);
-  if (a->m) memcpy(a->m + i * ssz, mb, rem * ssz);
-  if (a->v) memcpy(a->v + i * ssz, vb, rem * ssz);
-  if (a->out)
-    memcpy(a->out + i * zs__dtype_size(a->od), ob,
-           rem * zs__dtype_size(a->od));
-}
-
 /* ----------------------------------------------------------- 8-bit Adam */
 
 /* The last, short block of a range runs on zero-padded copies: zero

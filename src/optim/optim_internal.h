@@ -4,7 +4,10 @@
  * Kernels see the pointers of their chunk already advanced to its first
  * element and index from 0; the 8-bit block loop, which needs absolute
  * block numbers for the scales, lives in the driver and calls the kernels'
- * two block passes. */
+ * two block passes. Dependencies run one way: optim.c picks a kernel table
+ * (optim_scalar.c, or optim_avx2.c, optim_avx512.c, optim_neon.c, which are
+ * optim_body.h over one vector layer each), and no kernel file calls back
+ * into the driver. */
 #ifndef ZS_OPTIM_INTERNAL_H
 #define ZS_OPTIM_INTERNAL_H
 
@@ -260,13 +263,6 @@ static inline int zs__q8_round(float t, float e) {
 }
 
 #define ZS__Q_TMIN 1.17549435e-38f /* FLT_MIN */
-
-/* A vector body: updates the W elements starting at i (W <= 16). */
-typedef void (*zs__optim_body)(const zs__optim_args *a, size_t i);
-/* Runs body once on zero-padded copies of the rem (< W) elements at i and
- * copies the results back, so a tail gets exactly the body's arithmetic. */
-void zs__optim_tail(const zs__optim_args *a, size_t i, size_t rem,
-                    zs__optim_body body);
 
 /* The scalar reference's conversions of one block (optim_scalar.c), also
  * behind zs_adam_q8_quantize and zs_adam_q8_dequantize. */
