@@ -88,16 +88,42 @@ static void vec_tail(const zs__optim_args *a, size_t i, size_t rem,
            rem * zs__dtype_size(a->od));
 }
 
-/* Runs body over [0, n): the full vectors on a private copy of *a that
- * never escapes (stores through the buffer pointers cannot alias it, so
- * the constants stay in registers), then the tail. Inlined with a constant
- * body, so the body inlines into the loop. */
-ZS__FORCE_INLINE void vec_span(const zs__optim_args *a, size_t n,
-                               vec_body body) {
+/* Runs body over [0, n) with the dtypes fixed to pd, gd, sd, od: the full
+ * vectors on a private copy of *a that never escapes (stores through the
+ * buffer pointers cannot alias it, so the constants stay in registers),
+ * then the tail. Inlined with a constant body and constant dtypes, the body
+ * inlines into the loop without its per-vector dtype branches. */
+ZS__FORCE_INLINE void vec_span_fixed(const zs__optim_args *a, size_t n,
+                                     vec_body body, int pd, int gd, int sd,
+                                     int od) {
   zs__optim_args s = *a;
   size_t i = 0;
+  s.pd = pd, s.gd = gd, s.sd = sd, s.od = od;
+  if (od == ZS_DTYPE_NONE) s.out = NULL;
   for (; i + ZS__VW <= n; i += ZS__VW) body(&s, i);
   if (i < n) vec_tail(a, i, n - i, body);
+}
+
+/* Runs body over [0, n), specialized for the common master-weight cases:
+ * everything fp32; bf16 gradients in and bf16 weights out (offload); bf16
+ * states. Other combinations keep the dtype branches. */
+ZS__FORCE_INLINE void vec_span(const zs__optim_args *a, size_t n,
+                               vec_body body) {
+  int pd = a->pd, gd = a->gd, sd = a->sd, od = a->out ? a->od : ZS_DTYPE_NONE;
+  if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_F32 && sd == ZS_DTYPE_F32 &&
+      od == ZS_DTYPE_NONE)
+    vec_span_fixed(a, n, body, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_F32,
+                   ZS_DTYPE_NONE);
+  else if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_BF16 && sd == ZS_DTYPE_F32 &&
+           od == ZS_DTYPE_BF16)
+    vec_span_fixed(a, n, body, ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_F32,
+                   ZS_DTYPE_BF16);
+  else if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_F32 && sd == ZS_DTYPE_BF16 &&
+           od == ZS_DTYPE_NONE)
+    vec_span_fixed(a, n, body, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16,
+                   ZS_DTYPE_NONE);
+  else
+    vec_span_fixed(a, n, body, pd, gd, sd, od);
 }
 
 /* ------------------------------------------------------------------ Adam */
@@ -140,37 +166,15 @@ ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
   if (a->out) zv_store(a->out, a->od, i, p);
 }
 
-/* A span with the dtypes fixed: with constant dtypes the compiler drops
- * the per-vector dtype branches. */
-ZS__FORCE_INLINE void adam_fixed(const zs__optim_args *a, size_t n, int pd,
-                                 int gd, int sd, int od) {
-  zs__optim_args s = *a;
-  s.pd = pd, s.gd = gd, s.sd = sd, s.od = od;
-  if (od == ZS_DTYPE_NONE) s.out = NULL;
-  vec_span(&s, n, adam_body);
-}
-
-/* zs__optim_kernels.adam: specialized for the common master-weight cases. */
 static void adam(const zs__optim_args *a, size_t n) {
-  int pd = a->pd, gd = a->gd, sd = a->sd, od = a->out ? a->od : ZS_DTYPE_NONE;
-  if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_F32 && sd == ZS_DTYPE_F32 &&
-      od == ZS_DTYPE_NONE)
-    adam_fixed(a, n, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE);
-  else if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_BF16 && sd == ZS_DTYPE_F32 &&
-           od == ZS_DTYPE_BF16)
-    adam_fixed(a, n, ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_F32, ZS_DTYPE_BF16);
-  else if (pd == ZS_DTYPE_F32 && gd == ZS_DTYPE_F32 && sd == ZS_DTYPE_BF16 &&
-           od == ZS_DTYPE_NONE)
-    adam_fixed(a, n, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_NONE);
-  else
-    adam_fixed(a, n, pd, gd, sd, od);
+  vec_span(a, n, adam_body);
 }
 
 /* ------------------------------------------------------- 8-bit Adam */
 
 /* Pass 1 of a block (zs__q8_ops.moments): dequantize in registers, update
  * the moments, keep the maxima; the gradient dtype fixed as in
- * adam_fixed. */
+ * vec_span. */
 ZS__FORCE_INLINE void q8_moments_fixed(const zs__optim_args *a,
                                        const int8_t *mq, float ms,
                                        const uint8_t *vq, float vs,
