@@ -191,10 +191,10 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
      * this wait, so the device never runs dry behind the writes ahead of
      * this read in the queue. */
     while (!p.err && zs_aio_test(s->aio, p.rid[b]) == 0) {
-      uint64_t seen = zs__aio_completions(s->aio);
+      uint64_t seen = zs_aio_completions(s->aio);
       issue_reads(&p, -1, i + s->bufcount - 1);
       if (p.err || zs_aio_test(s->aio, p.rid[b]) != 0) break;
-      zs__aio_wait_completion(s->aio, seen);
+      zs_aio_wait_completion(s->aio, seen);
     }
     if (p.err) break;
     rc = zs_aio_wait(s->aio, p.rid[b]);

@@ -6,7 +6,16 @@
 #include <string.h>
 
 #include "zs_internal.h"
+#include "zspeed/aio.h"
 #include "zt.h"
+
+/* The io_uring probe through the public API: 1 if usable, else 0 and why. */
+static int uring_probe(const char **why) {
+  static char buf[200];
+  int ok = zs_aio_backend_available(ZS_AIO_BACKEND_IO_URING, buf, sizeof buf);
+  *why = buf;
+  return ok;
+}
 
 #if defined(__linux__)
 #  include <errno.h>
@@ -48,7 +57,7 @@ static void uring_blocked_by_seccomp(void) {
   pid = fork();
   ZT_CHECK(pid >= 0);
   if (pid == 0) {
-    int ok = zs__uring_probe(&why);
+    int ok = uring_probe(&why);
     _exit(ok ? 0 : (strstr(why, "not compiled in") ? 3 : 4));
   }
   ZT_CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
@@ -60,7 +69,7 @@ static void uring_blocked_by_seccomp(void) {
   if (pid == 0) {
     char buf[8192];
     if (block_uring() != 0) _exit(5);
-    if (zs__uring_probe(&why)) _exit(6);
+    if (uring_probe(&why)) _exit(6);
     if (!strstr(why, "blocked (EPERM)") || !strstr(why, "seccomp")) _exit(7);
     if (zs_report(buf, sizeof buf, 0) <= 0) _exit(8);
     if (!strstr(buf, "io_uring  .......... unavailable: blocked (EPERM)"))
@@ -75,7 +84,7 @@ static void uring_blocked_by_seccomp(void) {
 #else
 static void uring_blocked_by_seccomp(void) {
   const char *why = NULL;
-  ZT_CHECK(zs__uring_probe(&why) == 0);
+  ZT_CHECK(uring_probe(&why) == 0);
   ZT_CHECK(why && why[0]);
   ZT_SKIP("io_uring is Linux-only (reported as: %s)", why);
 }

@@ -22,6 +22,7 @@ class AioStats(Structure):
 SIGNATURES = {
     "zs_aio_config_init": (None, [POINTER(AioConfig)]),
     "zs_aio_backend_name": (c_char_p, [c_int]),
+    "zs_aio_backend_available": (c_int, [c_int, c_char_p, c_size_t]),
     "zs_aio_backend_resolve": (c_int, [c_int, c_char_p, c_size_t]),
     "zs_aio_create": (c_int, [POINTER(c_void_p), POINTER(AioConfig)]),
     "zs_aio_destroy": (None, [c_void_p]),
@@ -44,6 +45,8 @@ SIGNATURES = {
     "zs_aio_test": (c_int, [c_void_p, c_int64]),
     "zs_aio_wait_all": (c_int64, [c_void_p]),
     "zs_aio_pending": (c_int64, [c_void_p]),
+    "zs_aio_completions": (c_uint64, [c_void_p]),
+    "zs_aio_wait_completion": (None, [c_void_p, c_uint64]),
     "zs_aio_read": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64]),
     "zs_aio_write": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64]),
     "zs_aio_stats_get": (None, [c_void_p, POINTER(AioStats)]),

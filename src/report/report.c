@@ -1,10 +1,12 @@
 /* report.c - zs_report(): what zspeed sees on this machine, as text or JSON.
- * The native `zspeed report` command and `python -m zspeed report` print it. */
+ * The native `zspeed report` command and `python -m zspeed report` print it.
+ * It asks each area for its own facts (CPU and memory from common, backend
+ * availability from aio) and words nothing twice. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "zs_internal.h"
+#include "report/report_internal.h"
 #include "zspeed/aio.h"
 
 #ifndef _WIN32
@@ -123,27 +125,13 @@ static void zs__os(char *out, size_t cap) {
 #endif
 }
 
-typedef struct {
+/* The I/O backends in the order the report lists them. */
+static const struct {
   const char *name;
-  int available;
-  const char *why;
-} zs__backend_info;
-
-static void zs__backends(zs__backend_info b[3]) {
-  b[0].name = "threads";
-  b[0].available = 1;
-  b[0].why = "available (portable pread/pwrite worker pool, always built)";
-  b[1].name = "io_uring";
-  b[1].available = zs__uring_probe(&b[1].why);
-  b[2].name = "iocp";
-#ifdef _WIN32
-  b[2].available = 1;
-  b[2].why = "available (overlapped I/O completion ports)";
-#else
-  b[2].available = 0;
-  b[2].why = "Windows only";
-#endif
-}
+  int backend;
+} zs__report_backends[3] = {{"threads", ZS_AIO_BACKEND_THREADS},
+                            {"io_uring", ZS_AIO_BACKEND_IO_URING},
+                            {"iocp", ZS_AIO_BACKEND_IOCP}};
 
 static void zs__features_str(char *out, size_t cap, uint32_t f, int json) {
   static const struct {
@@ -185,7 +173,8 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
   const char *lock_warning = NULL;
   int json = (flags & ZS_REPORT_JSON) != 0, level, best, cuda_ok, i;
   uint64_t lim = zs_memlock_limit(), ramb = zs_ram_bytes();
-  zs__backend_info be[3];
+  int be_ok[3];
+  char be_why[3][200];
   char simd_err[512] = "", aio_why[512] = "", aio_chosen[32] = "";
   int64_t total;
 
@@ -210,7 +199,9 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
                      "copies). Raise it with 'ulimit -l unlimited' or in "
                      "/etc/security/limits.conf";
   }
-  zs__backends(be);
+  for (i = 0; i < 3; i++)
+    be_ok[i] = zs_aio_backend_available(zs__report_backends[i].backend,
+                                        be_why[i], sizeof be_why[i]);
   {
     int b = zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, aio_why, sizeof aio_why);
     if (b > 0)
@@ -273,8 +264,9 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     zs__sb_add(&sb, "},\n  \"io_backends\": {");
     for (i = 0; i < 3; i++) {
       zs__sb_add(&sb, "%s\n    \"%s\": {\"available\": %s, \"why\": ",
-                 i ? "," : "", be[i].name, be[i].available ? "true" : "false");
-      zs__sb_json_str(&sb, be[i].why);
+                 i ? "," : "", zs__report_backends[i].name,
+                 be_ok[i] ? "true" : "false");
+      zs__sb_json_str(&sb, be_why[i]);
       zs__sb_add(&sb, "}");
     }
     zs__sb_add(&sb, "\n  },\n  \"io_backend_auto\": {\"chosen\": ");
@@ -319,8 +311,8 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     if (lock_warning) zs__sb_add(&sb, "  WARNING: %s\n", lock_warning);
     zs__sb_add(&sb, "io backends:\n");
     for (i = 0; i < 3; i++)
-      zs__sb_add(&sb, "  %-9s .......... %s%s\n", be[i].name,
-                 be[i].available ? "" : "unavailable: ", be[i].why);
+      zs__sb_add(&sb, "  %-9s .......... %s%s\n", zs__report_backends[i].name,
+                 be_ok[i] ? "" : "unavailable: ", be_why[i]);
     if (aio_chosen[0])
       zs__sb_add(&sb, "  auto chooses ...... %s (%s)\n", aio_chosen, aio_why);
     else
