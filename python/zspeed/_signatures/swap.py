@@ -41,6 +41,8 @@ SIGNATURES = {
     "zs_swap_destroy": (c_int, [c_void_p]),
     "zs_swap_init_partition": (c_int, [c_void_p, c_int, c_void_p]),
     "zs_swap_step": (c_int, [c_void_p, POINTER(SwapStepArgs)]),
+    "zs_swap_io_pass": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_int64,
+                                c_int, c_int, POINTER(c_uint64)]),
     "zs_swap_set_hparams": (c_int, [c_void_p, c_double, c_double, c_double,
                                     c_double, c_double]),
     "zs_swap_get_hparams": (None, [c_void_p, _D, _D, _D, _D, _D]),
