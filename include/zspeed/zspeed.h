@@ -183,6 +183,15 @@ enum zs_report_flags { ZS_REPORT_JSON = 1u << 0 };
  * NUL-terminated when cap > 0. Returns the full length it needs (excluding
  * the NUL): call again with a bigger buffer if the result is >= cap. */
 ZS_EXTERN int64_t zs_report(char *buf, size_t cap, unsigned flags);
+/* The choices the environment forces that the library refuses: a
+ * ZSPEED_SIMD value that is not a level or names one the CPU lacks, and a
+ * ZSPEED_AIO_BACKEND value that is not a backend or names one that cannot
+ * run here. Writes their explanations into buf, one per line,
+ * NUL-terminated when cap > 0 (cut to fit), and returns how many there
+ * are: 0 means everything the environment asks for is in effect. The JSON
+ * report lists the same texts under "problems", and `zspeed report` exits
+ * with status 1 when there is any. */
+ZS_EXTERN int zs_report_problems(char *buf, size_t cap);
 
 /* ------------------------------------------------------- fault injection */
 

@@ -163,6 +163,43 @@ static void zs__bytes_str(char *out, size_t cap, uint64_t b) {
     snprintf(out, cap, "%llu KiB", (unsigned long long)(b >> 10));
 }
 
+/* ----------------------------------------------------------- problems */
+
+/* Choices the environment forces that the library refuses, each worded by
+ * the call that refuses it. The SIMD level and the I/O backend are the
+ * choices a variable can force (ZSPEED_SIMD, ZSPEED_AIO_BACKEND); both are
+ * decided once per process, so asking again is cheap. */
+#define ZS__MAX_PROBLEMS 2
+
+typedef struct {
+  int n;
+  char msg[ZS__MAX_PROBLEMS][512];
+} zs__problems;
+
+static void zs__find_problems(zs__problems *p) {
+  p->n = 0;
+  if (zs_simd_level() < 0)
+    snprintf(p->msg[p->n++], sizeof p->msg[0], "%s", zs_last_error());
+  if (zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, NULL, 0) < 0)
+    snprintf(p->msg[p->n++], sizeof p->msg[0], "%s", zs_last_error());
+}
+
+int zs_report_problems(char *buf, size_t cap) {
+  zs__problems p;
+  size_t len = 0;
+  int i;
+  zs__find_problems(&p);
+  if (buf && cap > 0) {
+    buf[0] = '\0';
+    for (i = 0; i < p.n && len + 1 < cap; i++) {
+      int w = snprintf(buf + len, cap - len, "%s%s", i ? "\n" : "", p.msg[i]);
+      if (w < 0) break;
+      len = ZS_MIN(len + (size_t)w, cap - 1);
+    }
+  }
+  return p.n;
+}
+
 /* ------------------------------------------------------------- report */
 
 int64_t zs_report(char *buf, size_t cap, unsigned flags) {
@@ -177,6 +214,7 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
   char be_why[3][200];
   char simd_err[512] = "", aio_why[512] = "", aio_chosen[32] = "";
   int64_t total;
+  zs__problems problems;
 
   if (flags & ~(unsigned)ZS_REPORT_JSON)
     return zs__fail(ZS_EINVAL, "zs_report: unknown flags 0x%x", flags);
@@ -210,6 +248,7 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
       snprintf(aio_why, sizeof aio_why, "%s", zs_last_error());
   }
   cuda_ok = zs__cuda_probe(cuda, sizeof cuda);
+  zs__find_problems(&problems);
 
   if (json) {
     zs__sb_add(&sb, "{\n  \"version\": \"%s\",\n", zs_version_string());
@@ -279,7 +318,12 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     zs__sb_add(&sb, "},\n  \"cuda_driver\": {\"available\": %s, "
                "\"detail\": ", cuda_ok ? "true" : "false");
     zs__sb_json_str(&sb, cuda);
-    zs__sb_add(&sb, "}\n}\n");
+    zs__sb_add(&sb, "},\n  \"problems\": [");
+    for (i = 0; i < problems.n; i++) {
+      zs__sb_add(&sb, "%s", i ? ", " : "");
+      zs__sb_json_str(&sb, problems.msg[i]);
+    }
+    zs__sb_add(&sb, "]\n}\n");
   } else {
     zs__features_str(feats, sizeof feats, zs_cpu_features(), 0);
     zs__sb_add(&sb, "zspeed report\n");

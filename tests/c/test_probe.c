@@ -114,4 +114,40 @@ static void report_text_and_json(void) {
   ZT_ERR((int)zs_report(NULL, 0, 0x40), ZS_EINVAL);
 }
 
-ZT_MAIN(ZT_CASE(uring_blocked_by_seccomp), ZT_CASE(report_text_and_json))
+/* zs_report_problems lists exactly the forced choices that are refused,
+ * one per line; the JSON report carries the same list. ctest also runs this
+ * binary with ZSPEED_SIMD=bogus and ZSPEED_AIO_BACKEND=floppy, where both
+ * must be listed. */
+static void report_problems(void) {
+  char buf[2048], small[10], *json;
+  const char *simd_env = getenv("ZSPEED_SIMD"), *aio_env = getenv("ZSPEED_AIO_BACKEND");
+  int simd_bad = zs_simd_level() < 0;
+  int aio_bad = zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, NULL, 0) < 0;
+  int64_t need;
+  int n = zs_report_problems(buf, sizeof buf);
+  ZT_CHECKF(n == simd_bad + aio_bad, "%d problems listed: %s", n, buf);
+  if (simd_env && strcmp(simd_env, "bogus") == 0) ZT_CHECK(simd_bad);
+  if (aio_env && strcmp(aio_env, "floppy") == 0) ZT_CHECK(aio_bad);
+  if (n == 0) ZT_CHECK(buf[0] == '\0');
+  if (simd_bad) ZT_CHECK(strstr(buf, "ZSPEED_SIMD='") != NULL);
+  if (aio_bad) ZT_CHECK(strstr(buf, "ZSPEED_AIO_BACKEND") != NULL);
+  ZT_CHECK((strchr(buf, '\n') != NULL) == (n == 2)); /* one per line */
+  ZT_CHECK(zs_report_problems(NULL, 0) == n);
+  ZT_CHECK(zs_report_problems(small, sizeof small) == n);
+  ZT_CHECK(strlen(small) < sizeof small && strncmp(small, buf, strlen(small)) == 0);
+  need = zs_report(NULL, 0, ZS_REPORT_JSON);
+  json = malloc((size_t)need + 1);
+  ZT_CHECK(json != NULL);
+  zs_report(json, (size_t)need + 1, ZS_REPORT_JSON);
+  if (n == 0) {
+    ZT_CHECK(strstr(json, "\"problems\": []") != NULL);
+  } else {
+    char *first = strstr(json, "\"problems\": [\"");
+    size_t len = strcspn(buf, "\n");
+    ZT_CHECK(first != NULL && strncmp(first + 14, buf, len) == 0);
+  }
+  free(json);
+}
+
+ZT_MAIN(ZT_CASE(uring_blocked_by_seccomp), ZT_CASE(report_text_and_json),
+        ZT_CASE(report_problems))
