@@ -1,3 +1,7 @@
+# Tests of the report area: the ABI table (test_abi), the library's list of
+# refused choices (test_probe run with two refused), and the exit status of
+# the native command.
+#
 # `zspeed report` prints the whole report and then exits with status 1 when
 # the environment forces a choice the library refuses (ZSPEED_SIMD,
 # ZSPEED_AIO_BACKEND), 0 otherwise. ctest cannot check an exit status and
@@ -17,6 +21,9 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
                        -P ${CMAKE_CURRENT_LIST_FILE})
     endforeach()
   endif()
+  # The ABI table the Python mirrors are checked against.
+  zs_test_binary(test_abi)
+  zs_add_test(test_abi)
   # The library's own list of problems (test_probe's report_problems) with
   # both choices refused.
   zs_add_test(test_probe VARIANT refused_env

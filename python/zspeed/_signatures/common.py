@@ -31,6 +31,9 @@ SIGNATURES = {
     "zs_pool_parallel_for": (c_int, [c_void_p, c_size_t, c_size_t, c_int, RANGE_FN, c_void_p]),
     "zs_pool_submit": (c_int, [c_void_p, TASK_FN, c_void_p]),
     "zs_report": (c_int64, [c_char_p, c_size_t, c_uint]),
+    "zs_report_problems": (c_int, [c_char_p, c_size_t]),
+    "zs_abi_entry": (c_int, [c_int, POINTER(c_int), POINTER(c_char_p),
+                             POINTER(c_char_p), POINTER(c_int64), POINTER(c_int64)]),
     "zs_fault_set": (c_int, [c_char_p, c_int, c_int, c_int]),
     "zs_fault_clear": (None, []),
 }
