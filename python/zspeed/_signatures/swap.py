@@ -1,6 +1,14 @@
-"""Signatures of include/zspeed/swap.h (and the structs it passes)."""
+"""Signatures, structs and enums of include/zspeed/swap.h."""
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64,
                     c_uint64, c_void_p)
+from enum import IntEnum
+
+
+class SwapOptimizer(IntEnum):
+    """enum zs_swap_optimizer."""
+    ADAM = 0
+    ADAGRAD = 1
+    LION = 2
 
 
 class SwapConfig(Structure):
@@ -30,6 +38,11 @@ class SwapStats(Structure):
         "compute_ns", "read_wait_ns", "write_wait_ns", "sync_ns",
         "last_step_ns")]
 
+
+ENUMS = {"zs_swap_optimizer": (SwapOptimizer, "ZS_SWAP_")}
+STRUCTS = {"zs_swap_config": SwapConfig, "zs_swap_step_args": SwapStepArgs,
+           "zs_swap_stats": SwapStats}
+CONSTANTS: dict = {}
 
 _D = POINTER(c_double)
 _I64 = POINTER(c_int64)
