@@ -46,9 +46,8 @@ static int cmd_report(int argc, char **argv) {
     int n = zs_report_problems(problems, sizeof problems);
     if (n > 0) {
       fflush(stdout);
-      fprintf(stderr, "zspeed report: the environment asks for what this "
-              "machine or build cannot do (%d problem%s):\n", n,
-              n == 1 ? "" : "s");
+      fprintf(stderr, "zspeed report: %d problem%s with this environment:\n",
+              n, n == 1 ? "" : "s");
       for (line = problems; line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = '\0';
