@@ -82,6 +82,14 @@ static void zs__sb_json_str(zs__sb *sb, const char *s) {
   zs__sb_add(sb, "\"");
 }
 
+/* A JSON string literal, or null for NULL. */
+static void zs__sb_json_opt(zs__sb *sb, const char *s) {
+  if (s)
+    zs__sb_json_str(sb, s);
+  else
+    zs__sb_add(sb, "null");
+}
+
 /* ------------------------------------------------------------ facts */
 
 static const char *zs__compiler(void) {
@@ -274,21 +282,12 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     else
       zs__sb_add(&sb, "null");
     zs__sb_add(&sb, ", \"forced_by_env\": ");
-    if (simd_env)
-      zs__sb_json_str(&sb, simd_env);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, simd_env);
     zs__sb_add(&sb, ", \"error\": ");
-    if (level < 0)
-      zs__sb_json_str(&sb, simd_err);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, level < 0 ? simd_err : NULL);
     zs__sb_add(&sb, "},\n  \"threads\": {\"default\": %d, \"env\": ",
                zs_pool_size(zs_pool_default()) + 1);
-    if (threads_env)
-      zs__sb_json_str(&sb, threads_env);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, threads_env);
     zs__sb_add(&sb, "},\n  \"memory\": {\"ram_bytes\": %llu, "
                "\"memlock_limit_bytes\": ", (unsigned long long)ramb);
     if (lim == UINT64_MAX)
@@ -296,10 +295,7 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     else
       zs__sb_add(&sb, "%llu", (unsigned long long)lim);
     zs__sb_add(&sb, ", \"memlock_warning\": ");
-    if (lock_warning)
-      zs__sb_json_str(&sb, lock_warning);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, lock_warning);
     zs__sb_add(&sb, "},\n  \"io_backends\": {");
     for (i = 0; i < 3; i++) {
       zs__sb_add(&sb, "%s\n    \"%s\": {\"available\": %s, \"why\": ",
@@ -309,10 +305,7 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
       zs__sb_add(&sb, "}");
     }
     zs__sb_add(&sb, "\n  },\n  \"io_backend_auto\": {\"chosen\": ");
-    if (aio_chosen[0])
-      zs__sb_json_str(&sb, aio_chosen);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, aio_chosen[0] ? aio_chosen : NULL);
     zs__sb_add(&sb, ", \"why\": ");
     zs__sb_json_str(&sb, aio_why);
     zs__sb_add(&sb, "},\n  \"cuda_driver\": {\"available\": %s, "
