@@ -142,3 +142,19 @@ def test_a_killed_rank_stops_the_others_with_a_clear_error():
     assert res[1].returncode == -9
     assert res[0].returncode not in (0, "timeout"), res[0]
     assert "DistributedError" in res[0].stderr and "rank 0 of 2" in res[0].stderr, res[0].stderr[-3000:]
+
+
+def test_torchrun_launches_the_example(tmp_path):
+    """The DeepSpeed-style example under torchrun: 2 ranks, ZeRO-2 + CPU offload, on the CPU."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    from distrun import free_port
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                             "MASTER_ADDR", "MASTER_PORT")}
+    env.update(ZSPEED_DEVICE="cpu", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(free_port()), os.path.join(root, "examples", "data_parallel.py"),
+                        "--deepspeed_config", os.path.join(root, "examples", "zero2_offload.json"),
+                        "--epochs", "1"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "epoch 0: mean loss" in r.stdout and "2 rank(s)" in r.stdout
+    assert r.stdout.count("epoch 0") == 1  # only rank 0 reports
