@@ -43,10 +43,12 @@ def _run(n, cfg, tmp, tag, steps=6, **kw):
     out = str(tmp / tag)
     args = dict(config=cfg, steps=steps, global_batch=6, out=out, **kw)
     env = {"ZS_DP_ARGS": json.dumps(args)}
+    # tests/gpu/check_dp_cuda.py runs these on CUDA by setting these two; the CPU suite does not.
+    env.update({k: os.environ[k] for k in ("ZSPEED_DEVICE", "ZSPEED_DIST_BACKEND") if k in os.environ})
     if n == 1:
         e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
                                                                  "MASTER_ADDR", "MASTER_PORT")}
-        e.update(env, ZSPEED_DEVICE="cpu", OMP_NUM_THREADS="1")
+        e.update({"ZSPEED_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **env})
         r = subprocess.run([sys.executable, "-c", WORKER], env=e, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
     else:
