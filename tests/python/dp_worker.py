@@ -36,14 +36,15 @@ def main():
     engine, *_ = zspeed.initialize(model=model, model_parameters=params, config=a["config"])
     norms, applied = [], []
     for i, batch in enumerate(data):
-        mine = [t.chunk(ws)[rank] for t in batch] if isinstance(batch, (tuple, list)) else batch.chunk(ws)[rank]
+        if isinstance(batch, (tuple, list)):
+            mine = [t.chunk(ws)[rank].to(engine.device) for t in batch]
+        else:
+            mine = batch.chunk(ws)[rank].to(engine.device)
         loss = loss_fn(engine, mine)
         if i in a.get("inf_at", []) and rank == 0:
             loss = loss * float("inf")
         engine.backward(loss)
         engine.step()
-        if engine.is_gradient_accumulation_boundary() or engine.gradient_accumulation_steps() == 1:
-            pass
         norms.append(engine.get_global_grad_norm())
         applied.append(engine.was_step_applied())
     state = {k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()}
