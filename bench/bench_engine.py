@@ -73,7 +73,9 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and a.impl == "torch":
         sys.exit("--impl torch is the one-GPU reference; run it without torchrun")
-    dev = torch.device("cuda", local)
+    # ZSPEED_DEVICE=cuda:0 puts every rank on one GPU (with ZSPEED_DIST_BACKEND=gloo: NCCL
+    # needs one GPU per rank), as on a one-GPU machine.
+    dev = torch.device(os.environ.get("ZSPEED_DEVICE") or f"cuda:{local}")
     torch.cuda.set_device(dev)
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=a.vocab, max_len=a.seq, d_model=a.d_model, n_layer=a.layers, n_head=a.heads)
