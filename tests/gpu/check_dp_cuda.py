@@ -2,7 +2,7 @@
 with CUDA models. On a machine with one GPU both ranks share it through Gloo (NCCL
 needs one GPU per rank); with two or more GPUs it also runs NCCL, one GPU per rank.
 
-  python tests/gpu/check_dp_cuda.py
+  python tests/gpu/check_dp_cuda.py [gloo] [nccl]   # default: every backend the machine allows
 
 Same comparisons and tolerances as tests/python/test_dp.py (which runs them on the CPU);
 prints PASS/FAIL per case and exits non-zero on any failure."""
@@ -28,6 +28,9 @@ def main() -> int:
     backends = [("gloo", "cuda:0")]
     if torch.cuda.device_count() >= 2:
         backends.append(("nccl", None))
+    wanted = set(sys.argv[1:])
+    if wanted:
+        backends = [b for b in backends if b[0] in wanted]
     bad = 0
     for backend, forced in backends:
         for stage, dev, prec in CASES:
