@@ -445,6 +445,7 @@ def _comm_dtype(config: ZSpeedConfig, dtype: torch.dtype) -> torch.dtype:
     name = config.top["communication_data_type"]
     if name is None:
         return dtype
+    name = name.lower()
     if name not in _COMM_DTYPES:
         raise ConfigError(f"communication_data_type = {name!r} is not one of fp32, fp16, bf16.")
     return _COMM_DTYPES[name]
