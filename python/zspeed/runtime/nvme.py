@@ -28,9 +28,20 @@ offload; 8-bit states move as their codes and block scales, bit for bit, and
 loading masters keeps the states' stored bytes. Saving and loading
 materialize the masters and states in RAM for the duration of the call
 (safetensors writes whole files).
+
+Swap files: ``<nvme_path>/zspeed_swap_<random>_<group>.swap``, a fresh random
+name per engine, so a restarted job never meets its predecessor's file (in a
+container a restarted job often gets the same PID). A live swapper holds its
+file (include/zspeed/swap.h, "Ownership"); a file nobody holds was left by a
+process that died, and the engine removes such files from ``nvme_path`` when
+it starts (:func:`reclaim_stale_swap_files`), never one a live run holds.
 """
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import secrets
 import weakref
 
 import numpy as np
@@ -41,7 +52,9 @@ from .config import ConfigError
 from .layout import FlatLayout
 from .offload import HostBuffers, OffloadedPath
 
-__all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP"]
+__all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP", "reclaim_stale_swap_files"]
+
+log = logging.getLogger("zspeed.nvme")
 
 PARTITION_CAP = 1 << 23  # elements per swapper partition at most (see the module docstring)
 # config optimizer name -> (swapper kind, class of the CPU path recorded in checkpoints)
@@ -151,9 +164,12 @@ class NVMePath(OffloadedPath):
         self.parts = [_partitions(ns, cap, state_dtype == "int8", OPTIM_QBLOCK) for ns in layout.numels]
         self.swappers: list = []
         self._finalizer = weakref.finalize(self, _close_all, self.swappers)
+        reclaim_stale_swap_files(offload_cfg["nvme_path"])
+        run = secrets.token_hex(8)
         for gi, group in enumerate(self.optimizer.param_groups):
             sw = NVMeOptimizerSwapper(
-                [p.n for p in self.parts[gi]], offload_cfg["nvme_path"], optimizer=kind,
+                [p.n for p in self.parts[gi]], offload_cfg["nvme_path"], name=f"{SWAP_PREFIX}{run}_{gi}",
+                optimizer=kind,
                 lr=group["lr"], betas=group.get("betas"), eps=group.get("eps"),
                 weight_decay=group["weight_decay"], bias_correction=group.get("bias_correction", True),
                 state_dtype=state_dtype, buffer_count=max(2, int(offload_cfg["buffer_count"])),
@@ -337,6 +353,61 @@ class NVMePath(OffloadedPath):
     def close(self) -> None:
         """Closes the swappers, which deletes their files (idempotent)."""
         self._finalizer()
+
+
+SWAP_PREFIX = "zspeed_swap_"
+
+
+def reclaim_stale_swap_files(nvme_path) -> tuple[int, int]:
+    """Deletes the swap files (``zspeed_swap_*.swap``) in ``nvme_path`` that no live swapper
+    holds: files left by processes that died. Returns (files removed, bytes freed). A file a
+    live swapper holds, or that this process may not remove, is left alone."""
+    removed = freed = 0
+    try:
+        names = os.listdir(nvme_path)
+    except OSError:
+        return 0, 0
+    for name in names:
+        if not (name.startswith(SWAP_PREFIX) and name.endswith(".swap")):
+            continue
+        path = os.path.join(nvme_path, name)
+        size = _remove_if_unheld(path)
+        if size is not None:
+            removed += 1
+            freed += size
+            log.warning("zspeed: removed %s (%.3f GiB), a swap file left by a process that died", path,
+                        size / 2 ** 30)
+    return removed, freed
+
+
+def _remove_if_unheld(path: str) -> int | None:
+    """The size of the swap file at path if it was removed because no live swapper holds it,
+    else None (see include/zspeed/swap.h, "Ownership")."""
+    if os.name == "nt":  # a live swapper's handle refuses deletion
+        try:
+            size = os.stat(path).st_size
+            os.remove(path)
+            return size
+        except OSError:
+            return None
+    import fcntl
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            return None
+        os.unlink(path)
+        return held.st_size
+    except OSError as e:  # EWOULDBLOCK: a live swapper holds it
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.ENOENT, errno.EACCES, errno.EPERM):
+            log.warning("zspeed: cannot check swap file %s: %s", path, e)
+        return None
+    finally:
+        os.close(fd)
 
 
 def qblocks(n: int) -> int:
