@@ -165,6 +165,27 @@ def test_checkpoint_state_dtype_mismatch_is_clear(tmp_path):
     r2.load_checkpoint(tmp_path / "ck", load_optimizer_states=False)  # weights only: fine
 
 
+def test_refused_optimizer_state_writes_nothing_to_the_swap_file(tmp_path):
+    # nvme offload steps every parameter of a group together: a state for only some of them is
+    # refused before anything reaches the swap file (masters, states, step count unchanged).
+    from safetensors.torch import load_file, save as st_save
+    from checkpoint_helpers import edit_meta, rewrite, same, snapshot
+    from zspeed.runtime.checkpoint import CheckpointError
+    e = _train(_engine(_cfg("nvme", tmp_path)), 2)
+    e.save_checkpoint(tmp_path / "ck", tag="t")
+    d = tmp_path / "ck" / "t"
+    tensors = {k: v for k, v in load_file(str(d / "optim.safetensors")).items() if not k.startswith("2.bias/")}
+    rewrite(d, "optim.safetensors", st_save(tensors))
+    edit_meta(d, lambda m: m["optimizer"]["scalars"].pop("2.bias"))
+    r = _train(_engine(_cfg("nvme", tmp_path)), 3)
+    before = snapshot(r)
+    with pytest.raises(CheckpointError, match="covers only some parameters"):
+        r.load_checkpoint(tmp_path / "ck", tag="t")
+    assert same(before, snapshot(r)) and [s["steps"] for s in r.nvme_stats()] == [3]
+    r.close()
+    e.close()
+
+
 def test_config_reaches_the_swapper_and_masters_are_not_in_ram(tmp_path):
     c = _cfg("nvme", tmp_path)
     c["aio"].update({"intra_op_parallelism": 2, "single_submit": True, "overlap_events": False})

@@ -86,7 +86,12 @@ class NVMeOptimizer(torch.optim.Optimizer):
             start += len(src["params"])
         return sd
 
+    def validate_state_dict(self, state_dict) -> None:
+        """ValueError for a state :meth:`load_state_dict` cannot take; reads and writes nothing."""
+        self._path_ref().check_states(state_dict["state"])
+
     def load_state_dict(self, state_dict):
+        self.validate_state_dict(state_dict)
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._path_ref().import_states(state_dict["state"])
@@ -313,37 +318,63 @@ class NVMePath(OffloadedPath):
                 idx += 1
         return state
 
-    def import_states(self, state: dict) -> None:
-        """Inverse of :meth:`export_states` (a CPU-path checkpoint's state works too)."""
-        idx = 0
-        for gi, group in enumerate(self.optimizer.param_groups):
-            sw = self.swappers[gi]
-            keys = self._state_keys()
-            rows = [state.get(idx + pi) for pi in range(len(group["params"]))]
+    def _rows(self, state: dict) -> list:
+        """Per group, the per-parameter states of ``state`` (None where a parameter has none)."""
+        out, idx = [], 0
+        for group in self.optimizer.param_groups:
+            out.append([state.get(idx + pi) for pi in range(len(group["params"]))])
             idx += len(group["params"])
+        return out
+
+    def check_states(self, state: dict) -> None:
+        """ValueError for a torch-style ``state`` that :meth:`import_states` cannot take: a
+        group with state for only some of its parameters, parameters stepped different numbers
+        of times, or states not in this path's state dtype (checkpoint loads convert them
+        first). Reads and writes nothing."""
+        q8 = {k: dt for k, dt, _ in self._Q8}
+        for gi, rows in enumerate(self._rows(state)):
+            if all(r is None for r in rows):
+                continue
+            if any(r is None for r in rows):
+                raise ValueError(f"the optimizer state covers only some parameters of group {gi}; nvme offload "
+                                 f"steps every parameter of a group together. Load with "
+                                 f"load_optimizer_states=False.")
+            for r in rows:
+                if self.state_dtype == "int8":
+                    bad = [k for k, dt in q8.items() if not hasattr(r.get(k), "dtype") or r[k].dtype != dt]
+                else:
+                    bad = [k for k in self._state_keys()
+                           if not hasattr(r.get(k), "is_floating_point") or not r[k].is_floating_point()]
+                if bad:
+                    raise ValueError(f"the optimizer state has no state_dtype '{self.state_dtype}' value for "
+                                     f"'{bad[0]}' (it was saved with another state_dtype and not converted).")
+            steps = {int(r["step"]) for r in rows if "step" in r}
+            if len(steps) > 1:
+                raise ValueError(f"the parameters of group {gi} were stepped different numbers of times "
+                                 f"({sorted(steps)[:4]}); nvme offload keeps one step count per group.")
+
+    def import_states(self, state: dict) -> None:
+        """Inverse of :meth:`export_states` (a CPU-path state works too); checked first
+        (:meth:`check_states`), so a state it refuses writes nothing."""
+        try:
+            self.check_states(state)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        keys = self._state_keys()
+        for gi, rows in enumerate(self._rows(state)):
+            sw = self.swappers[gi]
             if all(r is None for r in rows):
                 self._reset_states(gi)
                 continue
-            if any(r is None for r in rows):
-                raise ConfigError("the checkpoint's optimizer state covers only some parameters of a group; "
-                                  "nvme offload steps every parameter together. Load with "
-                                  "load_optimizer_states=False.")
             if self.state_dtype == "int8":
                 self._q8_import(gi, rows)
             else:
-                if any(not r[k].is_floating_point() for r in rows for k in keys if k in r):
-                    raise ConfigError("the checkpoint holds 8-bit optimizer states (state_dtype 'int8'); this "
-                                      "engine runs state_dtype '" + self.state_dtype + "'. Set the same "
-                                      "state_dtype or load with load_optimizer_states=False.")
                 for i, part in enumerate(self.parts[gi]):
                     st = sw.get_state(i)
                     new = {k: _assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float())
                            for k in keys}
                     sw.set_state(i, st["param"], **new)
             steps = {int(r["step"]) for r in rows if "step" in r}
-            if len(steps) > 1:
-                raise ConfigError(f"the checkpoint's parameters were stepped different numbers of times "
-                                  f"({sorted(steps)[:4]}); nvme offload keeps one step count per group.")
             sw.steps = steps.pop() if steps else 0
 
     def stats(self, reset: bool = False) -> list:
