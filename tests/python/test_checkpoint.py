@@ -316,6 +316,22 @@ def test_bad_optimizer_tensors_are_checkpoint_errors(tmp_path, edit, match):
     assert same(before, snapshot(f))
 
 
+# -- client_state (item 15) --------------------------------------------------------------------------
+def test_client_state_round_trips_exactly(tmp_path):
+    t = torch.arange(6).reshape(2, 3)
+    state = {"__tensor__": 5, "a": {"__tensor__": "client/0"}, "b": {"__dict__": {"__tensor__": "x"}},
+             "c": {"__tensor__": t}, "d": [t, {"__dict__": 1}], "e": {"__tensor__": "x", "more": 1}}
+    e = make("fp32")
+    e.save_checkpoint(tmp_path, client_state=state)
+    _, got = make("fp32").load_checkpoint(tmp_path)
+    assert got["__tensor__"] == 5 and got["a"] == {"__tensor__": "client/0"}
+    assert got["b"] == {"__dict__": {"__tensor__": "x"}} and got["e"] == {"__tensor__": "x", "more": 1}
+    assert set(got["c"]) == {"__tensor__"} and torch.equal(got["c"]["__tensor__"], t)
+    assert torch.equal(got["d"][0], t) and got["d"][1] == {"__dict__": 1}
+    e.save_checkpoint(tmp_path, tag="only", client_state={"__tensor__": "client/0"})
+    assert make("fp32").load_checkpoint(tmp_path, tag="only")[1] == {"__tensor__": "client/0"}
+
+
 # -- full disks (items 2 and 9) -----------------------------------------------------------------------
 def _full_disk_after(monkeypatch, budget: int):
     """os.write of checkpoint files fails with ENOSPC once ``budget`` bytes were written."""

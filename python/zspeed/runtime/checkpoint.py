@@ -56,8 +56,10 @@ _MISSING = object()
 
 
 # -- client_state (JSON with tensors pulled out) ------------------------------------------------
-# A tensor is stored as {"__tensor__": "<key in client.safetensors>"}.
-_REF = "__tensor__"
+# A tensor is stored as {"__tensor__": "<key in client.safetensors>"}. A user's own dict whose only
+# key is "__tensor__" or "__dict__" is wrapped as {"__dict__": {...}}, so no user value can be
+# mistaken for a tensor reference.
+_REF, _WRAP = "__tensor__", "__dict__"
 
 
 def _encode_client(obj: Any, path: str, tensors: dict):
@@ -72,7 +74,7 @@ def _encode_client(obj: Any, path: str, tensors: dict):
                 raise CheckpointError(f"client_state key {k!r} at '{path}' is not a string; "
                                       f"zspeed stores client_state as JSON (use string keys).")
             out[k] = _encode_client(v, f"{path}.{k}", tensors)
-        return out
+        return {_WRAP: out} if len(out) == 1 and next(iter(out)) in (_REF, _WRAP) else out
     if isinstance(obj, (list, tuple)):
         return [_encode_client(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str)):
@@ -92,6 +94,8 @@ def _decode_client(obj: Any, tensors: dict, where: str):
                 raise CheckpointError(f"'{where}': client_state refers to tensor {key!r}, which "
                                       f"client.safetensors does not hold; the checkpoint is corrupt.")
             return tensors[key]
+        if len(obj) == 1 and _WRAP in obj and isinstance(obj[_WRAP], dict):
+            obj = obj[_WRAP]
         return {k: _decode_client(v, tensors, where) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_decode_client(v, tensors, where) for v in obj]
