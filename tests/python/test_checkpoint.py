@@ -332,6 +332,47 @@ def test_client_state_round_trips_exactly(tmp_path):
     assert make("fp32").load_checkpoint(tmp_path, tag="only")[1] == {"__tensor__": "client/0"}
 
 
+# -- state dtypes on the cpu path (item 11; the nvme path: test_engine_nvme.py) -----------------------
+@pytest.mark.parametrize("saved,configured", [("fp32", "int8"), ("int8", "fp32"), ("bf16", "int8"),
+                                              ("fp32", "bf16"), ("int8", "bf16")])
+def test_cpu_path_converts_states_to_the_configured_dtype(tmp_path, saved, configured):
+    if not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
+
+    def eng(sd):
+        c = {"train_batch_size": 4, "bf16": {"enabled": True},
+             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "state_dtype": sd}},
+             "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+        return zspeed.initialize(model=TinyLM(), config=c)[0]
+
+    a = eng(saved)
+    train(a, data(3), loss=lm_loss)
+    a.save_checkpoint(tmp_path)
+    b = eng(configured)
+    b.load_checkpoint(tmp_path)
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[configured]
+    states = list(b.optimizer.state.values())
+    assert states and all(s["exp_avg"].dtype == want for s in states)
+    assert all(("exp_avg_scale" in s) == (configured == "int8") for s in states)
+    assert all(g["state_dtype"] == configured for g in b.optimizer.param_groups)
+    # The converted moments are the saved ones up to the target's rounding.
+    ref = {k: v for k, v in a.optimizer.state.items()}
+    from zspeed.ops.adam import q8_dequantize
+
+    def fp32_m(s, numel):
+        if s["exp_avg"].dtype == torch.int8:
+            m, v = torch.empty(numel), torch.empty(numel)
+            q8_dequantize(s["exp_avg"].reshape(-1), s["exp_avg_scale"], s["exp_avg_sq"].reshape(-1),
+                          s["exp_avg_sq_scale"], m, v)
+            return m
+        return s["exp_avg"].float().reshape(-1)
+    for (pa, sa), (pb, sb) in zip(ref.items(), b.optimizer.state.items()):
+        ma, mb = fp32_m(sa, pa.numel()), fp32_m(sb, pb.numel())
+        tol = 2e-2 if "int8" in (saved, configured) else 8e-3  # 8-bit block quantization / bf16 rounding
+        assert torch.allclose(ma, mb, rtol=tol, atol=tol * ma.abs().max().item())
+    train(b, data(2), loss=lm_loss)
+
+
 # -- full disks (items 2 and 9) -----------------------------------------------------------------------
 def _full_disk_after(monkeypatch, budget: int):
     """os.write of checkpoint files fails with ENOSPC once ``budget`` bytes were written."""

@@ -22,8 +22,10 @@ checkpoint_files.py. This module turns the engine into those files and back:
   the loss scaler, the scheduler); only then is the engine changed. A failure is a
   CheckpointError naming the file and the field, and leaves the engine as it was.
 
-Across precisions: the loss scaler follows loss_scaler.py (an fp16 scale never
-reaches a bf16/fp32 engine).
+Across precisions and state dtypes: the loss scaler follows loss_scaler.py (an fp16
+scale never reaches a bf16/fp32 engine); the optimizer's state dtype
+(``state_dtype``: fp32, bf16 or int8 for zspeed's Adam) is the engine's configured
+one, and saved states are converted to it, on the cpu and nvme paths alike.
 
 ``main_to_fp32(argv)`` implements ``zspeed to-fp32 CKPT OUT`` (DeepSpeed's
 zero_to_fp32): one safetensors file of fp32 weights.
@@ -291,6 +293,40 @@ def _state_dtype_of(st: dict) -> str:
     return "bf16" if m is not None and m.dtype == torch.bfloat16 else "fp32"
 
 
+def _convert_adam_state(st: dict, target: str, numel: int, shape, where, name: str) -> dict:
+    """An Adam state (fp32, bf16 or 8-bit) in the configured state dtype ``target``."""
+    have = _state_dtype_of(st)
+    if have == target:
+        return st
+    from ..ops.adam import q8_dequantize, q8_quantize
+    from ..ops import qblocks
+    out = dict(st)
+    if have == "int8":
+        m = torch.empty(numel, dtype=torch.float32)
+        v = torch.empty(numel, dtype=torch.float32)
+        q8_dequantize(st["exp_avg"].reshape(-1).contiguous(), st["exp_avg_scale"].contiguous(),
+                      st["exp_avg_sq"].reshape(-1).contiguous(), st["exp_avg_sq_scale"].contiguous(), m, v)
+        del out["exp_avg_scale"], out["exp_avg_sq_scale"]
+    else:
+        m = st["exp_avg"].reshape(-1).to(torch.float32).contiguous()
+        v = st["exp_avg_sq"].reshape(-1).to(torch.float32).contiguous()
+    if target == "int8":
+        if bool((v < 0).any()):
+            raise CheckpointError(f"'{where}': {name}/exp_avg_sq has negative values, which Adam's second "
+                                  f"moment cannot have; the checkpoint is corrupt.")
+        nb = qblocks(numel)
+        cm, cv = torch.empty(numel, dtype=torch.int8), torch.empty(numel, dtype=torch.uint8)
+        sm, sv = torch.empty(nb, dtype=torch.float32), torch.empty(nb, dtype=torch.float32)
+        q8_quantize(m, v, cm, sm, cv, sv)
+        out.update(exp_avg=cm.view(shape), exp_avg_sq=cv.view(shape), exp_avg_scale=sm, exp_avg_sq_scale=sv)
+    else:
+        dt = torch.bfloat16 if target == "bf16" else torch.float32
+        out.update(exp_avg=m.view(shape).to(dt), exp_avg_sq=v.view(shape).to(dt))
+    log.info("zspeed: optimizer state of %s converted from %s to the configured state_dtype %s", name, have,
+             target)
+    return out
+
+
 def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) -> None:
     spec = _CLASSES.get(cls)
     if spec is None:  # a client optimizer's class: its own load_state_dict judges the state
@@ -330,7 +366,8 @@ def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) ->
 
 
 def _plan_optimizer(engine, meta: dict, where, tensors: dict) -> dict:
-    """The validated state_dict for ``engine.optimizer.load_state_dict``."""
+    """The validated state_dict for ``engine.optimizer.load_state_dict`` (states converted
+    to the configured state dtype)."""
     names = [n for row in engine._names for n in row]
     saved_names = _field(meta, where, "param_names")
     if not isinstance(saved_names, list) or not all(isinstance(r, list) and all(isinstance(n, str) for n in r)
@@ -385,6 +422,8 @@ def _plan_optimizer(engine, meta: dict, where, tensors: dict) -> dict:
         raise CheckpointError(f"'{where}': optimizer.scalars names {unknown[0]!r}, which is no parameter of "
                               f"this engine; the checkpoint is corrupt.")
     shapes = [p.shape for g in engine.optimizer.param_groups for p in g["params"]]
+    targets = [g.get("state_dtype") for g, ps in zip(engine.optimizer.param_groups, engine._model_params)
+               for _ in ps]
     state: dict = {}
     for i, n in enumerate(names):
         st = dict(by_name.get(n, {}))
@@ -392,6 +431,8 @@ def _plan_optimizer(engine, meta: dict, where, tensors: dict) -> dict:
         if not st:
             continue
         _check_param_state(cls, st, torch.empty(shapes[i], device="meta"), where, n)
+        if cls == "CPUAdam" and targets[i] in ("fp32", "bf16", "int8"):
+            st = _convert_adam_state(st, targets[i], math.prod(shapes[i]), shapes[i], where, n)
         state[i] = st
     sd = {"state": state, "param_groups": groups}
     check = getattr(engine.optimizer, "validate_state_dict", None)

@@ -164,6 +164,7 @@ class NVMePath(OffloadedPath):
                                 weight_decay=params["weight_decay"])
             state_dtype = "fp32"
         self.kind, self.state_dtype = kind, state_dtype
+        defaults["state_dtype"] = state_dtype  # as CPUAdam's groups say it (checkpoints convert to it)
         self.optimizer = NVMeOptimizer([dict(g) for g in layout.groups], defaults, self, cls)
         cap = max(1, min(int(sub_group_size), PARTITION_CAP))
         self.parts = [_partitions(ns, cap, state_dtype == "int8", OPTIM_QBLOCK) for ns in layout.numels]
