@@ -121,6 +121,17 @@ ZS_EXTERN void zs_aio_config_init(zs_aio_config *cfg);
 /* "auto", "io_uring", "threads", "iocp" ("unknown" otherwise). */
 ZS_EXTERN const char *zs_aio_backend_name(int backend);
 
+/* Whether a concrete backend (ZS_AIO_BACKEND_IO_URING, _THREADS or _IOCP)
+ * can run on this machine. Decided once per process: io_uring by creating a
+ * small ring (which a seccomp profile such as Docker's default, an old
+ * kernel, ZSPEED_DISABLE_URING or a build without liburing rule out), iocp
+ * by the platform. Returns 1 if it can, 0 if not, ZS_EINVAL for AUTO or an
+ * unknown value. why (may be NULL) receives, NUL-terminated within cap
+ * bytes, "available (...)" or the reason it is not, e.g. "Windows only" or
+ * "blocked (EPERM): a seccomp profile ... forbids it". zspeed report and
+ * zs_aio_backend_resolve use the same words. */
+ZS_EXTERN int zs_aio_backend_available(int backend, char *why, size_t cap);
+
 /* Resolves a backend choice (ZS_AIO_BACKEND_*; AUTO consults
  * ZSPEED_AIO_BACKEND) without creating a handle. Returns the concrete backend
  * (> 0), or ZS_ENOTSUP if the requested backend is not usable here, or
@@ -218,6 +229,17 @@ ZS_EXTERN int zs_aio_test(zs_aio *h, int64_t id);
 ZS_EXTERN int64_t zs_aio_wait_all(zs_aio *h);
 /* Requests submitted and not yet released by a wait. */
 ZS_EXTERN int64_t zs_aio_pending(zs_aio *h);
+
+/* Requests of h that have completed since it was created, successfully or
+ * not (a counter that never goes back; requests of length 0 count at
+ * submission). With zs_aio_wait_completion it lets a caller that keeps
+ * several requests in flight sleep until the next one completes, whichever
+ * it is, without collecting it: read the counter, test the requests it
+ * cares about (zs_aio_test), then wait for the counter to move. 0 for NULL. */
+ZS_EXTERN uint64_t zs_aio_completions(zs_aio *h);
+/* Blocks until zs_aio_completions(h) != seen; returns at once if a request
+ * completed after the caller read seen. NULL is ignored. */
+ZS_EXTERN void zs_aio_wait_completion(zs_aio *h, uint64_t seen);
 
 /* Synchronous helpers: submit and wait. Return 0 or the request's error. */
 ZS_EXTERN int zs_aio_read(zs_aio *h, zs_aio_file *f, void *buf, int64_t len,

@@ -261,6 +261,28 @@ ZS_EXTERN const char *zs_swap_backend(const zs_swap *s);
 ZS_EXTERN void zs_swap_stats_get(const zs_swap *s, zs_swap_stats *out);
 ZS_EXTERN void zs_swap_stats_reset(zs_swap *s);
 
+/* ------------------------------------------------- disk measurement */
+
+/* Measures the disk under the swapper: the I/O of one step without the
+ * optimizer, on the swap file itself, so the result is the bound a step
+ * can reach on these blocks of this device (`zspeed bench swap` divides
+ * the bytes a step moves by it). With reads != 0 it reads every
+ * partition's active slot; with writes != 0 it overwrites every
+ * partition's inactive slot with wbuf's bytes (no step or state call
+ * reads an inactive slot before writing it). Requests are at most buflen
+ * bytes, issued in partition order (read i, write i, read i+1, ...), with
+ * every write and up to rslots (1..64) reads in flight, each read into its
+ * own buflen-byte part of rbuf (rslots * buflen bytes; wbuf holds buflen
+ * bytes). What the buffers contain does not matter; pinned memory
+ * (zs_alloc_pinned) avoids bounce copies on direct I/O. The state, the
+ * step count and zs_swap_stats do not change. *ns (may be NULL) receives
+ * the elapsed nanoseconds. Returns 0, ZS_EINVAL for bad arguments, or the
+ * first I/O error. Like every call, not concurrent with another call on
+ * the same swapper. */
+ZS_EXTERN int zs_swap_io_pass(zs_swap *s, void *rbuf, int rslots,
+                              const void *wbuf, int64_t buflen, int reads,
+                              int writes, uint64_t *ns);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,6 @@
 /*
  * zspeed.h - the public C API of libzspeed: version, errors, CPU features,
- * memory, thread pool and the environment report.
+ * memory, thread pool, the environment report and the ABI table.
  *
  * Every function here is exported with ZS_EXTERN and callable from ctypes:
  * no static inline functions, no structs passed by value. Functions that can
@@ -183,6 +183,40 @@ enum zs_report_flags { ZS_REPORT_JSON = 1u << 0 };
  * NUL-terminated when cap > 0. Returns the full length it needs (excluding
  * the NUL): call again with a bigger buffer if the result is >= cap. */
 ZS_EXTERN int64_t zs_report(char *buf, size_t cap, unsigned flags);
+/* The choices the environment forces that the library refuses: a
+ * ZSPEED_SIMD value that is not a level or names one the CPU lacks, and a
+ * ZSPEED_AIO_BACKEND value that is not a backend or names one that cannot
+ * run here. Writes their explanations into buf, one per line,
+ * NUL-terminated when cap > 0 (cut to fit), and returns how many there
+ * are: 0 means everything the environment asks for is in effect. The JSON
+ * report lists the same texts under "problems", and `zspeed report` exits
+ * with status 1 when there is any. */
+ZS_EXTERN int zs_report_problems(char *buf, size_t cap);
+
+/* -------------------------------------------------------------- ABI table */
+
+/* Kinds of rows in the ABI table. */
+enum zs_abi_kind {
+  /* A public struct: scope and name are its tag, value its sizeof, size its
+   * alignment. Its fields follow it in declaration order. */
+  ZS_ABI_STRUCT = 0,
+  /* A field: scope is its struct, value its offset, size its sizeof. */
+  ZS_ABI_FIELD = 1,
+  /* An enum constant: scope is the enum's tag, name the constant, value its
+   * value, size the sizeof of the enum type. */
+  ZS_ABI_ENUM = 2,
+  /* A #define'd number a caller needs (scope "constant"). */
+  ZS_ABI_CONSTANT = 3
+};
+
+/* Row i (0, 1, 2, ...) of the table describing every public struct, enum
+ * and constant of the headers as this library was compiled, so that
+ * bindings which copy them (the Python package's ctypes mirrors) can check
+ * their copies. Returns 1 and fills the outputs (any may be NULL; the
+ * strings are static), or 0 when i is negative or past the end. The error
+ * codes are not in the table: zs_err_name and zs_strerror describe them. */
+ZS_EXTERN int zs_abi_entry(int i, int *kind, const char **scope,
+                           const char **name, int64_t *value, int64_t *size);
 
 /* ------------------------------------------------------- fault injection */
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ._version import __version__
 
-__all__ = ["lib", "load", "check", "ZSpeedError", "NativeError", "library_path",
-           "errcode"]
+__all__ = ["lib", "load", "load_for_report", "check", "ZSpeedError", "NativeError",
+           "library_path", "errcode"]
 
 
 class ZSpeedError(Exception):
@@ -94,6 +94,57 @@ def _declare(lib: ctypes.CDLL) -> None:
             fn.argtypes = argtypes
 
 
+def _open() -> tuple[Path, ctypes.CDLL]:
+    """The first candidate library that opens, with zs_version declared."""
+    tried = []
+    for cand in _candidates():
+        if not cand.is_file():
+            tried.append(f"{cand} ({'a folder' if cand.is_dir() else 'missing'})")
+            continue
+        try:
+            if sys.platform == "win32":
+                os.add_dll_directory(str(cand.parent))
+            lib = ctypes.CDLL(str(cand))
+        except OSError as e:
+            tried.append(f"{cand} ({e})")
+            continue
+        try:
+            version_fn = lib.zs_version
+        except AttributeError:
+            raise ZSpeedError(
+                f"{_origin(cand)}is not libzspeed: it has no zs_version() "
+                f"function. Point ZSPEED_LIBRARY at libzspeed.so / "
+                f"libzspeed.dylib / zspeed.dll (a zspeed build), or unset "
+                f"it to use the library inside the package.") from None
+        version_fn.restype = ctypes.c_uint
+        version_fn.argtypes = []
+        return cand, lib
+    if os.environ.get("ZSPEED_LIBRARY"):
+        raise ZSpeedError(
+            f"cannot find libzspeed at ZSPEED_LIBRARY={os.environ['ZSPEED_LIBRARY']!r}: "
+            + "; ".join(tried) + ". Point it at the library file (libzspeed.so / "
+            "libzspeed.dylib / zspeed.dll), or unset it to use the library inside "
+            "the package.")
+    raise ZSpeedError(
+        "cannot find libzspeed; tried: " + "; ".join(tried) +
+        ". Install the package with 'pip install .' (it builds the library), "
+        "or set ZSPEED_LIBRARY to the path of libzspeed.so / zspeed.dll.")
+
+
+def _version_error(path: Path, lib: ctypes.CDLL) -> str | None:
+    """Why this package refuses the library (None if it does not): the two
+    must share major.minor."""
+    have = lib.zs_version()
+    want = tuple(int(x) for x in __version__.split(".")[:3])
+    have_t = (have >> 16, (have >> 8) & 0xFF, have & 0xFF)
+    if have_t[:2] == want[:2]:
+        return None
+    return (f"{_origin(path)}is libzspeed {'.'.join(map(str, have_t))}, but this "
+            f"Python package is zspeed {__version__}; they must share "
+            f"major.minor. Reinstall with 'pip install .' or set "
+            f"ZSPEED_LIBRARY to a matching build.")
+
+
 def load() -> ctypes.CDLL:
     """Loads (once) and returns the declared library."""
     global _lib, _path
@@ -102,51 +153,35 @@ def load() -> ctypes.CDLL:
     with _lock:
         if _lib is not None:
             return _lib
-        tried = []
-        for cand in _candidates():
-            if not cand.is_file():
-                tried.append(f"{cand} ({'a folder' if cand.is_dir() else 'missing'})")
-                continue
-            try:
-                if sys.platform == "win32":
-                    os.add_dll_directory(str(cand.parent))
-                lib = ctypes.CDLL(str(cand))
-            except OSError as e:
-                tried.append(f"{cand} ({e})")
-                continue
-            try:
-                version_fn = lib.zs_version
-            except AttributeError:
-                raise ZSpeedError(
-                    f"{_origin(cand)}is not libzspeed: it has no zs_version() "
-                    f"function. Point ZSPEED_LIBRARY at libzspeed.so / "
-                    f"libzspeed.dylib / zspeed.dll (a zspeed build), or unset "
-                    f"it to use the library inside the package.") from None
-            _path = cand
-            version_fn.restype = ctypes.c_uint
-            version_fn.argtypes = []
-            have = version_fn()
-            want = tuple(int(x) for x in __version__.split(".")[:3])
-            have_t = (have >> 16, (have >> 8) & 0xFF, have & 0xFF)
-            if have_t[:2] != want[:2]:
-                raise ZSpeedError(
-                    f"{_origin(cand)}is libzspeed {'.'.join(map(str, have_t))}, but this "
-                    f"Python package is zspeed {__version__}; they must share "
-                    f"major.minor. Reinstall with 'pip install .' or set "
-                    f"ZSPEED_LIBRARY to a matching build.")
-            _declare(lib)
-            _lib = lib
-            return lib
-        if os.environ.get("ZSPEED_LIBRARY"):
-            raise ZSpeedError(
-                f"cannot find libzspeed at ZSPEED_LIBRARY={os.environ['ZSPEED_LIBRARY']!r}: "
-                + "; ".join(tried) + ". Point it at the library file (libzspeed.so / "
-                "libzspeed.dylib / zspeed.dll), or unset it to use the library inside "
-                "the package.")
-        raise ZSpeedError(
-            "cannot find libzspeed; tried: " + "; ".join(tried) +
-            ". Install the package with 'pip install .' (it builds the library), "
-            "or set ZSPEED_LIBRARY to the path of libzspeed.so / zspeed.dll.")
+        _path, lib = _open()
+        err = _version_error(_path, lib)
+        if err:
+            raise ZSpeedError(err)
+        _declare(lib)
+        _lib = lib
+        return lib
+
+
+def load_for_report() -> tuple[ctypes.CDLL, str | None]:
+    """The library load() uses and None, or, when load() refuses it for its
+    version, that library anyway and the reason. The report describes a
+    refused library too; on such a one only the report's functions are
+    declared (zs_version_string, zs_report and, if it has it,
+    zs_report_problems), whose signatures every version shares. Raises
+    ZSpeedError when no library can be opened at all."""
+    try:
+        return load(), None
+    except ZSpeedError:
+        path, lib = _open()
+        err = _version_error(path, lib)
+        if err is None:  # refused for a missing function: not describable
+            raise
+    from ._signatures.common import SIGNATURES
+    for name in ("zs_version_string", "zs_report", "zs_report_problems"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = SIGNATURES[name]
+    return lib, err
 
 
 def library_path() -> Path:

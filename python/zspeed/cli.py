@@ -17,12 +17,22 @@ def _cmd_report(argv: List[str]) -> int:
         prog="zspeed report",
         description="What zspeed sees on this machine: build, OS, CPU and SIMD "
                     "level, memory and page-lock limit, I/O backends, CUDA "
-                    "driver, and the Python side (numpy, torch, GPUs).")
+                    "driver, and the Python side (numpy, torch, GPUs). Exits "
+                    "with status 1, after the whole report, when ZSPEED_SIMD or "
+                    "ZSPEED_AIO_BACKEND asks for something that is refused or "
+                    "the library is missing or of another version.")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
-    from .report import report
-    sys.stdout.write(report(as_json=args.json))
-    return 0
+    from .report import build
+    text, problems = build(as_json=args.json)
+    sys.stdout.write(text)
+    if not problems:
+        return 0
+    sys.stdout.flush()
+    n = len(problems)
+    sys.stderr.write(f"zspeed report: {n} problem{'' if n == 1 else 's'} with this "
+                     f"environment:\n" + "".join(f"  {p}\n" for p in problems))
+    return 1
 
 
 def _cmd_to_fp32(argv: List[str]) -> int:

@@ -168,6 +168,10 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
                                f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}. Start the job with torchrun, "
                                f"`zspeed launch` or DeepSpeed's launcher, or set {', '.join(missing)} "
                                f"(MASTER_PORT is usually {distributed_port}).")
+    # A group left alive at interpreter exit can abort the process from Gloo's threads
+    # ("terminate called without an active exception"): zspeed destroys what it created.
+    import atexit
+    atexit.register(destroy_process_group)
     if verbose and get_rank() == 0:
         log.info("zspeed: torch.distributed initialized: backend %s, world size %d", get_backend(),
                  get_world_size())

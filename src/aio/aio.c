@@ -33,20 +33,13 @@ const char *zs_aio_backend_name(int backend) {
   }
 }
 
-static int zs__iocp_usable(const char **why) {
-#ifdef _WIN32
-  *why = "available (overlapped I/O on a completion port)";
-  return 1;
-#else
-  *why = "Windows only";
-  return 0;
-#endif
-}
-
 int zs_aio_backend_resolve(int backend, char *why, size_t cap) {
-  const char *uwhy = "", *iwhy = "", *env = NULL, *src = "requested";
-  int uok = zs__uring_probe(&uwhy), iok = zs__iocp_usable(&iwhy), chosen;
+  const char *uwhy = "", *iwhy = "", *twhy = "", *env = NULL;
+  const char *src = "requested";
+  int uok = zs__aio_backend_usable(ZS_AIO_BACKEND_IO_URING, &uwhy);
+  int iok = zs__aio_backend_usable(ZS_AIO_BACKEND_IOCP, &iwhy), chosen;
   char tmp[400];
+  zs__aio_backend_usable(ZS_AIO_BACKEND_THREADS, &twhy);
   if (backend == ZS_AIO_BACKEND_AUTO && (env = zs__getenv("ZSPEED_AIO_BACKEND"))) {
     src = "forced by ZSPEED_AIO_BACKEND";
     if (strcmp(env, "auto") == 0) backend = ZS_AIO_BACKEND_AUTO;
@@ -62,8 +55,7 @@ int zs_aio_backend_resolve(int backend, char *why, size_t cap) {
       chosen = uok ? ZS_AIO_BACKEND_IO_URING
                : iok ? ZS_AIO_BACKEND_IOCP : ZS_AIO_BACKEND_THREADS;
       snprintf(tmp, sizeof tmp, "auto chose %s; io_uring: %s; iocp: %s; "
-               "threads: always available", zs_aio_backend_name(chosen),
-               uwhy, iwhy);
+               "threads: %s", zs_aio_backend_name(chosen), uwhy, iwhy, twhy);
       break;
     case ZS_AIO_BACKEND_IO_URING:
       if (!uok)
@@ -314,6 +306,8 @@ static int64_t zs__aio_submit(zs_aio *h, zs_aio_file *f, int own, void *buf,
   if (n == 0) {
     r->done = 1;
     h->st.requests++;
+    h->completions++;
+    zs__cond_broadcast(&h->cv_done);
   } else {
     zs__aio_busy_begin(h);
     for (i = 0; i < n; i++) {
@@ -408,15 +402,17 @@ int zs_aio_wait(zs_aio *h, int64_t id) {
   return zs__aio_release(r);
 }
 
-uint64_t zs__aio_completions(zs_aio *h) {
+uint64_t zs_aio_completions(zs_aio *h) {
   uint64_t n;
+  if (!h) return 0;
   zs__mutex_lock(&h->mu);
   n = h->completions;
   zs__mutex_unlock(&h->mu);
   return n;
 }
 
-void zs__aio_wait_completion(zs_aio *h, uint64_t seen) {
+void zs_aio_wait_completion(zs_aio *h, uint64_t seen) {
+  if (!h) return;
   zs__mutex_lock(&h->mu);
   while (h->completions == seen) zs__cond_wait(&h->cv_done, &h->mu);
   zs__mutex_unlock(&h->mu);

@@ -1,8 +1,9 @@
 /*
- * aio_internal.h - what the aio front end (aio.c, file.c of this area) and
- * the backends share: requests, pieces ("ops"), the handle, and the helpers
- * that prepare a transfer and account for its result, so that each backend
- * only moves bytes.
+ * aio_internal.h - what the files of the aio area share (the front end
+ * aio.c, aio_file.c, aio_piece.c, aio_probe.c and the backends): requests,
+ * pieces ("ops"), the handle, the availability of each backend, and the
+ * helpers that prepare a transfer and account for its result, so that each
+ * backend only moves bytes. Other areas use aio through zspeed/aio.h only.
  */
 #ifndef ZS_AIO_INTERNAL_H
 #define ZS_AIO_INTERNAL_H
@@ -99,6 +100,12 @@ extern const zs__aio_vt zs__aio_uring_vt;
 #if defined(_WIN32)
 extern const zs__aio_vt zs__aio_iocp_vt;
 #endif
+
+/* Whether backend (IO_URING, THREADS or IOCP) can run here: 1 or 0, with
+ * *why pointing at the reason (static text, decided once per process); a
+ * negative ZS_EINVAL for any other value. zs_aio_backend_available is the
+ * public copy of this. */
+int zs__aio_backend_usable(int backend, const char **why);
 
 /* Busy-time accounting (under the handle mutex): a request started or
  * completed. */

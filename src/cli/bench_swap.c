@@ -3,7 +3,7 @@
  *
  *   disk    bytes a step moves (every partition's active slot read, its
  *           inactive slot written), moved by a plain aio pass over the swap
- *           file itself (zs__swap_io_pass: the same blocks, written one
+ *           file itself (zs_swap_io_pass: the same blocks, written one
  *           step earlier, as the step reads and writes), with every write
  *           and ZS__BSW_RSLOTS reads of 16 MiB (256 MiB) in flight -> GB/s
  *   RAM     the same optimizer step on the same partitions with the state
@@ -28,7 +28,6 @@
 #include "zspeed/aio.h"
 #include "zspeed/optim.h"
 #include "zspeed/swap.h"
-#include "swap/swap_internal.h"
 
 typedef struct {
   const char *folder, *backend, *state;
@@ -88,12 +87,12 @@ static double median(double *v, int n) {
  * buffer_count partitions) while staying a modest pinned allocation. */
 #define ZS__BSW_RSLOTS 16
 
-/* One I/O-only pass over the swap file (see zs__swap_io_pass); seconds,
+/* One I/O-only pass over the swap file (see zs_swap_io_pass); seconds,
  * or < 0 on error. */
 static double disk_pass(zs_swap *sw, void *rbuf, void *wbuf, int64_t chunk,
                         int reads, int writes) {
   uint64_t ns = 0;
-  if (zs__swap_io_pass(sw, rbuf, ZS__BSW_RSLOTS, wbuf, chunk, reads, writes,
+  if (zs_swap_io_pass(sw, rbuf, ZS__BSW_RSLOTS, wbuf, chunk, reads, writes,
                        &ns) < 0)
     return -1;
   return (double)ns / 1e9;

@@ -1,5 +1,5 @@
 /* main.c - the native `zspeed` command. Subcommands are looked up in one
- * table; each area adds its own (report here; bench adam / bench io later). */
+ * table: report is here, bench (adam, io, swap) in bench.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +19,9 @@ static int cmd_report(int argc, char **argv) {
              "Prints what zspeed sees on this machine: build, OS, CPU and "
              "SIMD level,\nmemory and page-lock limit, I/O backends (and why "
              "one is unavailable),\nand whether a CUDA driver can be "
-             "loaded.\n");
+             "loaded. Exits with status 1, after the whole\nreport, when "
+             "ZSPEED_SIMD or ZSPEED_AIO_BACKEND asks for something that is "
+             "refused.\n");
       return 0;
     } else {
       fprintf(stderr, "zspeed report: unknown option '%s' (try --json)\n",
@@ -37,6 +39,23 @@ static int cmd_report(int argc, char **argv) {
   zs_report(buf, (size_t)need + 1, flags);
   fputs(buf, stdout);
   free(buf);
+  /* The whole report is out; a choice the environment forces but the
+   * library refuses makes the status 1, so scripts can rely on it. */
+  {
+    char problems[1200], *line, *next;
+    int n = zs_report_problems(problems, sizeof problems);
+    if (n > 0) {
+      fflush(stdout);
+      fprintf(stderr, "zspeed report: %d problem%s with this environment:\n",
+              n, n == 1 ? "" : "s");
+      for (line = problems; line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        fprintf(stderr, "  %s\n", line);
+      }
+      return 1;
+    }
+  }
   return 0;
 }
 

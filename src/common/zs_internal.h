@@ -184,25 +184,4 @@ int zs__file_remove(const char *path);
  * at `site` now. Cheap when nothing is armed (one atomic load). */
 int zs__fault_check(const char *site);
 
-/* ------------------------------------------------------------ I/O probes */
-
-/* Whether io_uring can be used here. Returns 1 if usable, 0 if not, and
- * writes the reason ("not compiled in", "blocked (EPERM) ...") to why. The
- * probe runs once and is cached. */
-int zs__uring_probe(const char **why);
-
-/* Whether the CUDA driver library can be loaded and initialized (dlopen /
- * LoadLibrary at run time, never linked). Writes a one-line description to
- * out; returns 1 if at least one device is usable. */
-int zs__cuda_probe(char *out, size_t cap);
-
-/* ------------------------------------------------- aio, for other areas */
-
-typedef struct zs_aio zs_aio;
-/* Requests completed on h since it was created (never reset). */
-uint64_t zs__aio_completions(zs_aio *h);
-/* Blocks until zs__aio_completions(h) != seen, i.e. until some request
- * completes after the caller read `seen` (returns at once if one did). */
-void zs__aio_wait_completion(zs_aio *h, uint64_t seen);
-
 #endif /* ZS_INTERNAL_H */

@@ -1,8 +1,8 @@
 /* optim.c - the optimizer driver: validates every argument before anything
  * is written, derives the fp32 constants of the step once, picks the kernel
  * table of the current SIMD level and runs it over fixed ZS_OPTIM_CHUNK
- * chunks on the thread pool. Also the 8-bit block loop shared by the ISAs
- * and the grad-stats reduction. */
+ * chunks on the thread pool. Also the 8-bit block loop around the kernels'
+ * block passes and the grad-stats reduction. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -173,21 +173,48 @@ static int pick(const char *fn, const zs__optim_kernels **k) {
 
 /* ------------------------------------------------------------- execution */
 
+/* A copy of a with every per-element pointer advanced to element `begin`
+ * (states too, unless they are 8-bit codes, which the Q8 path offsets). */
+static zs__optim_args offset_args(const zs__optim_args *a, size_t begin) {
+  zs__optim_args s = *a;
+  s.param = a->param + begin * zs__dtype_size(a->pd);
+  s.grad = a->grad + begin * zs__dtype_size(a->gd);
+  if (a->out) s.out = a->out + begin * zs__dtype_size(a->od);
+  if (a->sd != ZS_DTYPE_Q8) {
+    if (a->m) s.m = a->m + begin * zs__dtype_size(a->sd);
+    if (a->v) s.v = a->v + begin * zs__dtype_size(a->sd);
+  }
+  return s;
+}
+
+/* The 8-bit block loop, with its helpers below. */
+static void adam_q8_range(const zs__q8_ops *ops, const zs__optim_args *a,
+                          size_t begin, size_t end);
+
 typedef struct {
-  zs__optim_fn fn;
+  zs__optim_fn fn;         /* the kernel, or NULL for 8-bit Adam */
+  const zs__q8_ops *q8;    /* the block passes of 8-bit Adam */
   const zs__optim_args *a;
 } zs__run_ctx;
 
 static void run_range(void *ctx, size_t begin, size_t end, int worker) {
   zs__run_ctx *c = ctx;
   (void)worker;
-  c->fn(c->a, begin, end);
+  if (c->fn) {
+    zs__optim_args s = offset_args(c->a, begin);
+    c->fn(&s, end - begin);
+  } else {
+    adam_q8_range(c->q8, c->a, begin, end);
+  }
 }
 
+/* Runs fn over [0, n) in chunks; fn NULL runs the 8-bit block loop over
+ * q8 instead. */
 static int run(zs_pool *pool, int threads, size_t n, zs__optim_fn fn,
-               const zs__optim_args *a) {
+               const zs__q8_ops *q8, const zs__optim_args *a) {
   zs__run_ctx c;
   c.fn = fn;
+  c.q8 = q8;
   c.a = a;
   if (!pool) pool = zs_pool_default();
   return zs_pool_parallel_for(pool, n, ZS_OPTIM_CHUNK, threads, run_range, &c);
@@ -278,7 +305,9 @@ int zs_adam_step(const zs_adam_config *c, const zs_optim_tensors *t) {
                        sqrt((1.0 - c->beta2) *
                             (1.0 - c->beta1 * c->beta1 / c->beta2)));
   }
-  return run(c->pool, c->num_threads, t->n, k->adam, &a);
+  if (t->state_dtype == ZS_DTYPE_Q8)
+    return run(c->pool, c->num_threads, t->n, NULL, &k->adam_q8, &a);
+  return run(c->pool, c->num_threads, t->n, k->adam, NULL, &a);
 }
 
 void zs_adagrad_config_init(zs_adagrad_config *c) {
@@ -311,7 +340,7 @@ int zs_adagrad_step(const zs_adagrad_config *c, const zs_optim_tensors *t) {
   a.wd = (float)c->weight_decay;
   a.l2 = c->weight_decay != 0;
   a.neg_step = (float)-c->lr;
-  return run(c->pool, c->num_threads, t->n, k->adagrad, &a);
+  return run(c->pool, c->num_threads, t->n, k->adagrad, NULL, &a);
 }
 
 void zs_lion_config_init(zs_lion_config *c) {
@@ -345,42 +374,7 @@ int zs_lion_step(const zs_lion_config *c, const zs_optim_tensors *t) {
   a.omb2 = (float)(1.0 - c->beta2);
   a.decay = (float)(1.0 - c->lr * c->weight_decay);
   a.neg_step = (float)-c->lr;
-  return run(c->pool, c->num_threads, t->n, k->lion, &a);
-}
-
-/* ------------------------------------------------------------ vector tails */
-
-void zs__optim_tail(const zs__optim_args *a, size_t i, size_t rem,
-                    zs__optim_body body) {
-  /* 16 elements of up to 4 bytes each: enough for any vector width. */
-  float pb[16], gb[16], mb[16], vb[16], ob[16];
-  size_t ps = zs__dtype_size(a->pd), gsz = zs__dtype_size(a->gd);
-  size_t ssz = zs__dtype_size(a->sd);
-  zs__optim_args t = *a;
-  memset(pb, 0, sizeof pb);
-  memset(gb, 0, sizeof gb);
-  memset(mb, 0, sizeof mb);
-  memset(vb, 0, sizeof vb);
-  memcpy(pb, a->param + i * ps, rem * ps);
-  memcpy(gb, a->grad + i * gsz, rem * gsz);
-  t.param = (char *)pb;
-  t.grad = (const char *)gb;
-  if (a->m) {
-    memcpy(mb, a->m + i * ssz, rem * ssz);
-    t.m = (char *)mb;
-  }
-  if (a->v) {
-    memcpy(vb, a->v + i * ssz, rem * ssz);
-    t.v = (char *)vb;
-  }
-  if (a->out) t.out = (char *)ob;
-  body(&t, 0);
-  memcpy(a->param + i * ps, pb, rem * ps);
-  if (a->m) memcpy(a->m + i * ssz, mb, rem * ssz);
-  if (a->v) memcpy(a->v + i * ssz, vb, rem * ssz);
-  if (a->out)
-    memcpy(a->out + i * zs__dtype_size(a->od), ob,
-           rem * zs__dtype_size(a->od));
+  return run(c->pool, c->num_threads, t->n, k->lion, NULL, &a);
 }
 
 /* ----------------------------------------------------------- 8-bit Adam */
@@ -396,7 +390,7 @@ static void q8_short_block(const zs__q8_ops *ops, const zs__optim_args *a,
   uint8_t vq[ZS_OPTIM_QBLOCK];
   size_t ps = zs__dtype_size(a->pd), gsz = zs__dtype_size(a->gd);
   size_t blk = b / ZS_OPTIM_QBLOCK;
-  zs__optim_args s = zs__optim_offset(a, b);
+  zs__optim_args s = offset_args(a, b);
   float mmax, smax;
   memset(pb, 0, sizeof pb);
   memset(gb, 0, sizeof gb);
@@ -440,8 +434,9 @@ static void q8_prefetch(const zs__optim_args *a, size_t b) {
   }
 }
 
-void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
-                     size_t begin, size_t end) {
+/* 8-bit Adam over [begin, end): the kernels' two passes per block. */
+static void adam_q8_range(const zs__q8_ops *ops, const zs__optim_args *a,
+                          size_t begin, size_t end) {
   /* Two sets of scratch: a software pipeline over the full blocks runs the
    * moments of block k, then the finish of block k - 1, so the wait for a
    * block's maxima (the horizontal reduction, the scale division) overlaps
@@ -456,7 +451,7 @@ void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
       int i = (int)(k & 1);
       if (k + ZS__Q8_AHEAD < nfull)
         q8_prefetch(a, b + ZS__Q8_AHEAD * ZS_OPTIM_QBLOCK);
-      s[i] = zs__optim_offset(a, b);
+      s[i] = offset_args(a, b);
       ops->moments(&s[i], (int8_t *)a->m + b, a->m_scale[blk],
                    (uint8_t *)a->v + b, a->v_scale[blk], mt[i], st[i], &mx[i],
                    &sx[i]);

@@ -1,8 +1,13 @@
 /* optim_internal.h - what the optimizer driver (optim.c) shares with the
- * per-ISA kernel files. The driver validates, derives the fp32 constants
- * below once per call, and runs one kernel per ZS_OPTIM_CHUNK chunk on the
- * thread pool. Kernels see pointers already offset to nothing: they index
- * from 0 with the absolute element index. */
+ * kernel files. The driver validates, derives the fp32 constants below once
+ * per call, and runs one kernel per ZS_OPTIM_CHUNK chunk on the thread pool.
+ * Kernels see the pointers of their chunk already advanced to its first
+ * element and index from 0; the 8-bit block loop, which needs absolute
+ * block numbers for the scales, lives in the driver and calls the kernels'
+ * two block passes. Dependencies run one way: optim.c picks a kernel table
+ * (optim_scalar.c, or optim_avx2.c, optim_avx512.c, optim_neon.c, which are
+ * optim_body.h over one vector layer each), and no kernel file calls back
+ * into the driver. */
 #ifndef ZS_OPTIM_INTERNAL_H
 #define ZS_OPTIM_INTERNAL_H
 
@@ -56,19 +61,50 @@ typedef struct zs__optim_args {
   float clampc;
 } zs__optim_args;
 
-/* A kernel updates elements [begin, end); begin is a multiple of
- * ZS_OPTIM_CHUNK (hence of ZS_OPTIM_QBLOCK and of every vector width). */
-typedef void (*zs__optim_fn)(const zs__optim_args *a, size_t begin,
-                             size_t end);
+/* A kernel updates elements [0, n) of a, whose pointers are advanced to
+ * the first element of a chunk (a chunk starts at a multiple of
+ * ZS_OPTIM_CHUNK, hence of ZS_OPTIM_QBLOCK and of every vector width).
+ * Used for fp32 and bf16 states; 8-bit states go through zs__q8_ops. */
+typedef void (*zs__optim_fn)(const zs__optim_args *a, size_t n);
 /* Sum of squares of (float)(g[i] * scale) over [begin, end) as documented
  * for zs_grad_stats: 16 float64 lanes, element i in lane (i - begin) % 16,
  * lanes added 0..15. */
 typedef double (*zs__sumsq_fn)(const void *g, int dtype, float scale,
                                size_t begin, size_t end);
 
+/* The two passes over one block of 8-bit states that each kernel table
+ * supplies; the loop over the blocks (optim.c) is the same for all. One
+ * block of ZS_OPTIM_QBLOCK elements takes two passes over fp32 scratch
+ * that stays in L1:
+ *   moments: dequantize the codes in registers, update m and v, store m
+ *            and s = sqrt(v) into the scratch, keep the block maxima of |m|
+ *            and s in registers;
+ *   finish:  update the params from the scratch (the divide) and, in the
+ *            same loop, requantize the scratch against those maxima.
+ * The requantization needs the block maxima, so a second pass over the
+ * scratch is unavoidable; the parameter update (the divide) goes there
+ * rather than into the first pass, so that each pass has one long-latency
+ * operation (the square root, the divide) with independent work beside it.
+ * The short last block runs on zero-padded copies (optim.c). */
+typedef struct zs__q8_ops {
+  /* a points at the block (param, grad, out at its first element); mq/vq
+   * and ms/vs are its codes and scales. Writes mt = m and st = sqrt(v) for
+   * all ZS_OPTIM_QBLOCK elements and the maxima of |m| and of s in the
+   * MAXPS sense (NaN never enters a maximum). Reads param only for Adam's
+   * L2 term; writes nothing else. */
+  void (*moments)(const zs__optim_args *a, const int8_t *mq, float ms,
+                  const uint8_t *vq, float vs, float *mt, float *st,
+                  float *mmax, float *smax);
+  /* Updates param (and out) of the block from mt and st, and writes the
+   * codes of mt and st against the maxima mmax and smax. */
+  void (*finish)(const zs__optim_args *a, const float *mt, const float *st,
+                 float mmax, float smax, int8_t *mq, uint8_t *vq);
+} zs__q8_ops;
+
 typedef struct zs__optim_kernels {
   const char *name;
-  zs__optim_fn adam;
+  zs__optim_fn adam;   /* fp32 or bf16 states */
+  zs__q8_ops adam_q8;  /* 8-bit states */
   zs__optim_fn adagrad;
   zs__optim_fn lion;
   zs__sumsq_fn sumsq;
@@ -184,53 +220,10 @@ static inline float zs__fmaf(float a, float b, float c) {
 static inline float zs__maxps(float a, float b) { return a > b ? a : b; }
 static inline float zs__minps(float a, float b) { return a < b ? a : b; }
 
-/* A copy of a with every per-element pointer advanced to element `begin`
- * (states too, unless they are 8-bit codes, which the Q8 path offsets). */
-static inline zs__optim_args zs__optim_offset(const zs__optim_args *a,
-                                              size_t begin) {
-  zs__optim_args s = *a;
-  s.param = a->param + begin * zs__dtype_size(a->pd);
-  s.grad = a->grad + begin * zs__dtype_size(a->gd);
-  if (a->out) s.out = a->out + begin * zs__dtype_size(a->od);
-  if (a->sd != ZS_DTYPE_Q8) {
-    if (a->m) s.m = a->m + begin * zs__dtype_size(a->sd);
-    if (a->v) s.v = a->v + begin * zs__dtype_size(a->sd);
-  }
-  return s;
-}
-
 /* ------------------------------------------------- 8-bit state helpers */
 
 #define ZS__Q_INV127 (1.0f / 127.0f)
 #define ZS__Q_INV255 (1.0f / 255.0f)
-
-/* Shared by every ISA for the 8-bit path: the block structure is the same,
- * only the inner vector loops differ. One block of ZS_OPTIM_QBLOCK elements
- * takes two passes over fp32 scratch that stays in L1:
- *   moments: dequantize the codes in registers, update m and v, store m
- *            and s = sqrt(v) into the scratch, keep the block maxima of |m|
- *            and s in registers;
- *   finish:  update the params from the scratch (the divide) and, in the
- *            same loop, requantize the scratch against those maxima.
- * The requantization needs the block maxima, so a second pass over the
- * scratch is unavoidable; the parameter update (the divide) goes there
- * rather than into the first pass, so that each pass has one long-latency
- * operation (the square root, the divide) with independent work beside it.
- * The short last block runs on zero-padded copies (optim.c). */
-typedef struct zs__q8_ops {
-  /* a points at the block (param, grad, out at its first element); mq/vq
-   * and ms/vs are its codes and scales. Writes mt = m and st = sqrt(v) for
-   * all ZS_OPTIM_QBLOCK elements and the maxima of |m| and of s in the
-   * MAXPS sense (NaN never enters a maximum). Reads param only for Adam's
-   * L2 term; writes nothing else. */
-  void (*moments)(const zs__optim_args *a, const int8_t *mq, float ms,
-                  const uint8_t *vq, float vs, float *mt, float *st,
-                  float *mmax, float *smax);
-  /* Updates param (and out) of the block from mt and st, and writes the
-   * codes of mt and st against the maxima mmax and smax. */
-  void (*finish)(const zs__optim_args *a, const float *mt, const float *st,
-                 float mmax, float smax, int8_t *mq, uint8_t *vq);
-} zs__q8_ops;
 
 /* The 8-bit maps in exact terms (every ISA computes exactly this):
  *   m code: sign(m) * Q(max(|m| * cm, FLT_MIN)), cm = coef(mmax, 16129)
@@ -271,18 +264,8 @@ static inline int zs__q8_round(float t, float e) {
 
 #define ZS__Q_TMIN 1.17549435e-38f /* FLT_MIN */
 
-/* A vector body: updates the W elements starting at i (W <= 16). */
-typedef void (*zs__optim_body)(const zs__optim_args *a, size_t i);
-/* Runs body once on zero-padded copies of the rem (< W) elements at i and
- * copies the results back, so a tail gets exactly the body's arithmetic. */
-void zs__optim_tail(const zs__optim_args *a, size_t i, size_t rem,
-                    zs__optim_body body);
-
-/* The 8-bit Adam kernel over [begin, end), shared by all ISAs (optim.c). */
-void zs__adam_q8_run(const zs__q8_ops *ops, const zs__optim_args *a,
-                     size_t begin, size_t end);
-
-/* Scalar block helpers (also used by zs_adam_q8_* conversions). */
+/* The scalar reference's conversions of one block (optim_scalar.c), also
+ * behind zs_adam_q8_quantize and zs_adam_q8_dequantize. */
 void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
                            float vs, float *m, float *v);
 void zs__q8_quant_scalar(const float *m, const float *s, float mmax,

@@ -1,10 +1,10 @@
 /* optim_scalar.c - the scalar reference kernels. Every operation here is
- * mirrored one for one by the vector files: fmaf exactly where they use a
- * fused multiply-add, plain multiplies, divides and square roots elsewhere,
- * so all ISAs produce the same bits. Written element by element for
- * clarity; speed comes from the vector files. zs__fmaf (optim_internal.h)
- * is used instead of the C library's fmaf, which is not always correctly
- * rounded. */
+ * mirrored one for one by the vector kernels (optim_body.h): fmaf exactly
+ * where they use a fused multiply-add, plain multiplies, divides and square
+ * roots elsewhere, so all ISAs produce the same bits. Written element by
+ * element for clarity; speed comes from the vector kernels. zs__fmaf
+ * (optim_internal.h) is used instead of the C library's fmaf, which is not
+ * always correctly rounded. */
 #include "optim/optim_internal.h"
 
 /* fmaf must stay fmaf and a*b+c must stay two roundings: forbid contraction
@@ -40,7 +40,9 @@ static inline float adam_param(const zs__optim_args *a, float p, float m,
   return zs__fmaf(a->neg_step, m / den, p);
 }
 
-static void adam_span(const zs__optim_args *a, size_t n) {
+static void adam_span(const zs__optim_args *a0, size_t n) {
+  zs__optim_args own = *a0; /* private: stores through the buffers cannot alias it */
+  const zs__optim_args *a = &own;
   size_t i;
   for (i = 0; i < n; i++) {
     float g = zs__load(a->grad, a->gd, i) * a->gs;
@@ -117,22 +119,10 @@ static void q8_finish(const zs__optim_args *a, const float *mt,
   zs__q8_quant_scalar(mt, st, mmax, smax, mq, vq);
 }
 
-static const zs__q8_ops q8_ops = {q8_moments, q8_finish};
-
-static void adam(const zs__optim_args *a, size_t begin, size_t end) {
-  zs__optim_args s;
-  if (a->sd == ZS_DTYPE_Q8) {
-    zs__adam_q8_run(&q8_ops, a, begin, end);
-    return;
-  }
-  s = zs__optim_offset(a, begin);
-  adam_span(&s, end - begin);
-}
-
-static void adagrad(const zs__optim_args *a0, size_t begin, size_t end) {
-  zs__optim_args s = zs__optim_offset(a0, begin);
-  const zs__optim_args *a = &s;
-  size_t i, n = end - begin;
+static void adagrad(const zs__optim_args *a0, size_t n) {
+  zs__optim_args own = *a0; /* private (see adam_span) */
+  const zs__optim_args *a = &own;
+  size_t i;
   for (i = 0; i < n; i++) {
     float g = zs__load(a->grad, a->gd, i) * a->gs;
     float p = zs__load(a->param, a->pd, i);
@@ -148,10 +138,10 @@ static void adagrad(const zs__optim_args *a0, size_t begin, size_t end) {
   }
 }
 
-static void lion(const zs__optim_args *a0, size_t begin, size_t end) {
-  zs__optim_args s = zs__optim_offset(a0, begin);
-  const zs__optim_args *a = &s;
-  size_t i, n = end - begin;
+static void lion(const zs__optim_args *a0, size_t n) {
+  zs__optim_args own = *a0; /* private (see adam_span) */
+  const zs__optim_args *a = &own;
+  size_t i;
   for (i = 0; i < n; i++) {
     float g = zs__load(a->grad, a->gd, i) * a->gs;
     float p = zs__load(a->param, a->pd, i);
@@ -181,5 +171,5 @@ static double sumsq(const void *g, int dt, float scale, size_t begin,
   return total;
 }
 
-const zs__optim_kernels zs__optim_scalar = {"scalar", adam, adagrad, lion,
-                                            sumsq};
+const zs__optim_kernels zs__optim_scalar = {
+    "scalar", adam_span, {q8_moments, q8_finish}, adagrad, lion, sumsq};

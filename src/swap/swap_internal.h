@@ -62,17 +62,4 @@ int zs__swap_kernel(const zs_swap *s, const zs_optim_tensors *t, double lr,
                     double grad_scale, int64_t step);
 /* Checks the "swap.read"/"swap.write" sites for a completed request. */
 int zs__swap_fault(int write, int part);
-/* The I/O of one step without the optimizer, for measuring the disk on the
- * swap file itself: reads every partition's active slot and/or writes wbuf
- * over every partition's inactive slot (whose contents no step reads before
- * overwriting them), in requests of at most buflen bytes, in partition
- * order (read i, write i, read i+1, ...), as many in flight as memory
- * allows: every write (they all read the same wbuf) and up to rslots reads,
- * each into its own buflen-byte slot of rbuf (rslots * buflen bytes), so no
- * two requests in flight write the same memory. The contents of rbuf and
- * wbuf do not matter. The state and the active slots do not change.
- * Returns 0 or a negative ZS_E* code; *ns gets the elapsed nanoseconds. */
-int zs__swap_io_pass(zs_swap *s, void *rbuf, int rslots, const void *wbuf,
-                     int64_t buflen, int reads, int writes, uint64_t *ns);
-
 #endif /* ZS_SWAP_INTERNAL_H */

@@ -34,51 +34,6 @@ int zs__swap_io(zs_swap *s, int part, int slot, void *buf, int write) {
   return 0;
 }
 
-int zs__swap_io_pass(zs_swap *s, void *rbuf, int rslots, const void *wbuf,
-                     int64_t buflen, int reads, int writes, uint64_t *ns) {
-  uint64_t t0 = zs__now_ns();
-  int64_t ids[64];
-  int64_t nread = 0;
-  int i, rc = 0;
-  if (rslots < 1 || rslots > 64 || buflen < 1)
-    return zs__fail(ZS_EINVAL, "zs__swap_io_pass: rslots = %d must be 1..64 "
-                    "and buflen = %lld >= 1", rslots, (long long)buflen);
-  for (i = 0; i < s->nparts && rc == 0; i++) {
-    const zs__swap_part *p = &s->parts[i];
-    int64_t k, id;
-    for (k = 0; k < p->slot && rc == 0; k += buflen) {
-      int64_t len = ZS_MIN(buflen, p->slot - k);
-      if (reads) {
-        int r = (int)(nread % rslots);
-        /* The slot's previous read must be done before it is reused. */
-        if (nread >= rslots && (id = zs_aio_wait(s->aio, ids[r])) < 0) {
-          rc = (int)id;
-          break;
-        }
-        id = zs_aio_pread(s->aio, s->file, (char *)rbuf + (int64_t)r * buflen,
-                          len, p->off + p->active * p->slot + k);
-        if (id < 0) {
-          rc = (int)id;
-          break;
-        }
-        ids[r] = id;
-        nread++;
-      }
-      if (writes) {
-        id = zs_aio_pwrite(s->aio, s->file, wbuf, len,
-                           p->off + (!p->active) * p->slot + k);
-        if (id < 0) rc = (int)id;
-      }
-    }
-  }
-  {
-    int64_t w = zs_aio_wait_all(s->aio);
-    if (rc == 0 && w < 0) rc = (int)w;
-  }
-  if (ns) *ns = zs__now_ns() - t0;
-  return rc < 0 ? zs__fail_prefix(rc, "zs__swap_io_pass on %s", s->path) : 0;
-}
-
 /* Writes buffer 0 to part's inactive slot and makes it the active one. */
 static int commit_buf0(zs_swap *s, int part) {
   zs__swap_part *p = &s->parts[part];

@@ -10,7 +10,8 @@
  * compute, so a write that completes while partition i is being stepped
  * frees its buffer for the next read at once. Writes go to each
  * partition's inactive slot; the slots flip only after every write
- * succeeded (see swap.h for the guarantee). */
+ * succeeded (see swap.h for the guarantee). zs_swap_io_pass, at the end,
+ * moves the same bytes without the optimizer, to measure the disk. */
 #include <stdio.h>
 #include <string.h>
 
@@ -191,10 +192,10 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
      * this wait, so the device never runs dry behind the writes ahead of
      * this read in the queue. */
     while (!p.err && zs_aio_test(s->aio, p.rid[b]) == 0) {
-      uint64_t seen = zs__aio_completions(s->aio);
+      uint64_t seen = zs_aio_completions(s->aio);
       issue_reads(&p, -1, i + s->bufcount - 1);
       if (p.err || zs_aio_test(s->aio, p.rid[b]) != 0) break;
-      zs__aio_wait_completion(s->aio, seen);
+      zs_aio_wait_completion(s->aio, seen);
     }
     if (p.err) break;
     rc = zs_aio_wait(s->aio, p.rid[b]);
@@ -243,4 +244,59 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
   s->steps = p.step;
   s->stats.steps++;
   return 0;
+}
+
+/* ------------------------------------------------------- disk measurement */
+
+/* Reads zs_swap_io_pass keeps in flight at most (its rslots). */
+#define ZS__IO_PASS_MAX_READS 64
+
+int zs_swap_io_pass(zs_swap *s, void *rbuf, int rslots, const void *wbuf,
+                    int64_t buflen, int reads, int writes, uint64_t *ns) {
+  uint64_t t0;
+  int64_t ids[ZS__IO_PASS_MAX_READS];
+  int64_t nread = 0;
+  int i, rc = 0;
+  if (!s || (reads && !rbuf) || (writes && !wbuf))
+    return zs__fail(ZS_EINVAL, "zs_swap_io_pass: s, and rbuf for reads and "
+                    "wbuf for writes, must not be NULL");
+  if (rslots < 1 || rslots > ZS__IO_PASS_MAX_READS || buflen < 1)
+    return zs__fail(ZS_EINVAL, "zs_swap_io_pass: rslots = %d must be 1..%d "
+                    "and buflen = %lld >= 1", rslots, ZS__IO_PASS_MAX_READS,
+                    (long long)buflen);
+  t0 = zs__now_ns();
+  for (i = 0; i < s->nparts && rc == 0; i++) {
+    const zs__swap_part *p = &s->parts[i];
+    int64_t k, id;
+    for (k = 0; k < p->slot && rc == 0; k += buflen) {
+      int64_t len = ZS_MIN(buflen, p->slot - k);
+      if (reads) {
+        int r = (int)(nread % rslots);
+        /* The slot's previous read must be done before it is reused. */
+        if (nread >= rslots && (id = zs_aio_wait(s->aio, ids[r])) < 0) {
+          rc = (int)id;
+          break;
+        }
+        id = zs_aio_pread(s->aio, s->file, (char *)rbuf + (int64_t)r * buflen,
+                          len, p->off + p->active * p->slot + k);
+        if (id < 0) {
+          rc = (int)id;
+          break;
+        }
+        ids[r] = id;
+        nread++;
+      }
+      if (writes) {
+        id = zs_aio_pwrite(s->aio, s->file, wbuf, len,
+                           p->off + (!p->active) * p->slot + k);
+        if (id < 0) rc = (int)id;
+      }
+    }
+  }
+  {
+    int64_t w = zs_aio_wait_all(s->aio);
+    if (rc == 0 && w < 0) rc = (int)w;
+  }
+  if (ns) *ns = zs__now_ns() - t0;
+  return rc < 0 ? zs__fail_prefix(rc, "zs_swap_io_pass on %s", s->path) : 0;
 }

@@ -6,7 +6,16 @@
 #include <string.h>
 
 #include "zs_internal.h"
+#include "zspeed/aio.h"
 #include "zt.h"
+
+/* The io_uring probe through the public API: 1 if usable, else 0 and why. */
+static int uring_probe(const char **why) {
+  static char buf[200];
+  int ok = zs_aio_backend_available(ZS_AIO_BACKEND_IO_URING, buf, sizeof buf);
+  *why = buf;
+  return ok;
+}
 
 #if defined(__linux__)
 #  include <errno.h>
@@ -48,7 +57,7 @@ static void uring_blocked_by_seccomp(void) {
   pid = fork();
   ZT_CHECK(pid >= 0);
   if (pid == 0) {
-    int ok = zs__uring_probe(&why);
+    int ok = uring_probe(&why);
     _exit(ok ? 0 : (strstr(why, "not compiled in") ? 3 : 4));
   }
   ZT_CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
@@ -60,7 +69,7 @@ static void uring_blocked_by_seccomp(void) {
   if (pid == 0) {
     char buf[8192];
     if (block_uring() != 0) _exit(5);
-    if (zs__uring_probe(&why)) _exit(6);
+    if (uring_probe(&why)) _exit(6);
     if (!strstr(why, "blocked (EPERM)") || !strstr(why, "seccomp")) _exit(7);
     if (zs_report(buf, sizeof buf, 0) <= 0) _exit(8);
     if (!strstr(buf, "io_uring  .......... unavailable: blocked (EPERM)"))
@@ -75,7 +84,7 @@ static void uring_blocked_by_seccomp(void) {
 #else
 static void uring_blocked_by_seccomp(void) {
   const char *why = NULL;
-  ZT_CHECK(zs__uring_probe(&why) == 0);
+  ZT_CHECK(uring_probe(&why) == 0);
   ZT_CHECK(why && why[0]);
   ZT_SKIP("io_uring is Linux-only (reported as: %s)", why);
 }
@@ -105,4 +114,40 @@ static void report_text_and_json(void) {
   ZT_ERR((int)zs_report(NULL, 0, 0x40), ZS_EINVAL);
 }
 
-ZT_MAIN(ZT_CASE(uring_blocked_by_seccomp), ZT_CASE(report_text_and_json))
+/* zs_report_problems lists exactly the forced choices that are refused,
+ * one per line; the JSON report carries the same list. ctest also runs this
+ * binary with ZSPEED_SIMD=bogus and ZSPEED_AIO_BACKEND=floppy, where both
+ * must be listed. */
+static void report_problems(void) {
+  char buf[2048], small[10], *json;
+  const char *simd_env = getenv("ZSPEED_SIMD"), *aio_env = getenv("ZSPEED_AIO_BACKEND");
+  int simd_bad = zs_simd_level() < 0;
+  int aio_bad = zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, NULL, 0) < 0;
+  int64_t need;
+  int n = zs_report_problems(buf, sizeof buf);
+  ZT_CHECKF(n == simd_bad + aio_bad, "%d problems listed: %s", n, buf);
+  if (simd_env && strcmp(simd_env, "bogus") == 0) ZT_CHECK(simd_bad);
+  if (aio_env && strcmp(aio_env, "floppy") == 0) ZT_CHECK(aio_bad);
+  if (n == 0) ZT_CHECK(buf[0] == '\0');
+  if (simd_bad) ZT_CHECK(strstr(buf, "ZSPEED_SIMD='") != NULL);
+  if (aio_bad) ZT_CHECK(strstr(buf, "ZSPEED_AIO_BACKEND") != NULL);
+  ZT_CHECK((strchr(buf, '\n') != NULL) == (n == 2)); /* one per line */
+  ZT_CHECK(zs_report_problems(NULL, 0) == n);
+  ZT_CHECK(zs_report_problems(small, sizeof small) == n);
+  ZT_CHECK(strlen(small) < sizeof small && strncmp(small, buf, strlen(small)) == 0);
+  need = zs_report(NULL, 0, ZS_REPORT_JSON);
+  json = malloc((size_t)need + 1);
+  ZT_CHECK(json != NULL);
+  zs_report(json, (size_t)need + 1, ZS_REPORT_JSON);
+  if (n == 0) {
+    ZT_CHECK(strstr(json, "\"problems\": []") != NULL);
+  } else {
+    char *first = strstr(json, "\"problems\": [\"");
+    size_t len = strcspn(buf, "\n");
+    ZT_CHECK(first != NULL && strncmp(first + 14, buf, len) == 0);
+  }
+  free(json);
+}
+
+ZT_MAIN(ZT_CASE(uring_blocked_by_seccomp), ZT_CASE(report_text_and_json),
+        ZT_CASE(report_problems))

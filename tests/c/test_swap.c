@@ -713,11 +713,13 @@ static void io_pass_keeps_state(void) {
   for (t = 1; t <= 3; t++) {
     for (k = 0; k < 3; k++) {
       ns = 0;
-      ZT_OK(zs__swap_io_pass(h.s, rbuf, 3, wbuf, lens[k], k != 1, k != 2, &ns));
+      ZT_OK(zs_swap_io_pass(h.s, rbuf, 3, wbuf, lens[k], k != 1, k != 2, &ns));
       ZT_CHECK(ns > 0);
       if (!h_same(&h, 0, __LINE__)) goto out;
     }
-    ZT_ERR(zs__swap_io_pass(h.s, rbuf, 0, wbuf, 4096, 1, 1, &ns), ZS_EINVAL);
+    ZT_ERR(zs_swap_io_pass(h.s, rbuf, 0, wbuf, 4096, 1, 1, &ns), ZS_EINVAL);
+    ZT_ERR(zs_swap_io_pass(h.s, NULL, 3, wbuf, 4096, 1, 0, &ns), ZS_EINVAL);
+    ZT_ERR(zs_swap_io_pass(NULL, rbuf, 3, wbuf, 4096, 1, 1, &ns), ZS_EINVAL);
     ZT_CHECK(zs_swap_steps(h.s) == t - 1);
     h_new_grads(&h);
     ZT_OK(h_step(&h, 1e-3, 1.0));

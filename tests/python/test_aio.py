@@ -182,3 +182,68 @@ def test_cuda_tensor_staged(tmp_path):
     assert h.async_pread(y, path) == 0 and h.wait() == 1
     assert torch.equal(x, y)
     h.close()
+
+
+def test_bytes_like_and_ctypes_buffers(backend, tmp_path):
+    """Any object with the buffer protocol is a buffer: bytes to write from;
+    bytearray, memoryview, array.array and ctypes arrays to read into.
+    Read-only memory is refused as a read target, non-contiguous views
+    everywhere, each with a message that says so."""
+    import array
+    import ctypes
+    h = _handle(backend)
+    path = str(tmp_path / "b.bin")
+    data = bytes(range(256)) * 41 + b"odd tail"
+    assert h.sync_pwrite(data, path) == 1
+    into = bytearray(len(data))
+    h.sync_pread(into, path)
+    assert bytes(into) == data
+    c = (ctypes.c_ubyte * (len(data) - 3))()
+    h.sync_pread(c, path, 3)
+    assert bytes(c) == data[3:]
+    mv = memoryview(bytearray(100))
+    h.sync_pread(mv[10:60], path, 7)
+    assert bytes(mv[10:60]) == data[7:57] and bytes(mv[:10]) == bytes(10)
+    floats = array.array("f", bytes(400))
+    h.sync_pread(floats, path)
+    assert floats.tobytes() == data[:400]
+    with pytest.raises(ValueError, match="buffer is read-only"):
+        h.sync_pread(data, path)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        h.sync_pread(memoryview(into)[::2], path)
+    h.close()
+
+
+def test_one_message_per_mistake_everywhere(tmp_path):
+    """aio, the NVMe swapper and the optimizers describe buffers through one
+    adapter: the same mistake gets the same message in all three, only the
+    buffer's name differs."""
+    from zspeed.ops.adam import adam_step
+    from zspeed.ops.swap import NVMeOptimizerSwapper
+    n = 16
+    ok = np.zeros(n, np.float32)
+
+    def norm(e, name):  # the message with the buffer's name taken out
+        return str(e.value).replace(name + " ", "X ", 1).replace(f"({name})", "(X)")
+    mistakes = {
+        "not contiguous": (ValueError, np.zeros((n, 2), np.float32)[:, 0]),
+        "a list": (TypeError, [0.0] * n),
+        "float64": (TypeError, np.zeros(n)),
+    }
+    h = AsyncIOHandle(backend="threads")
+    with NVMeOptimizerSwapper([n], tmp_path, backend="threads") as sw:
+        sw.init_partition(0, ok)
+        for what, (exc, bad) in mistakes.items():
+            msgs = []
+            with pytest.raises(exc) as e:
+                adam_step(ok.copy(), bad, ok.copy(), ok.copy(), step=1)
+            msgs.append(norm(e, "grad"))
+            with pytest.raises(exc) as e:
+                sw.step([bad])
+            msgs.append(norm(e, "grads[0]"))
+            if what != "float64":  # raw I/O takes any element type
+                with pytest.raises(exc) as e:
+                    h.sync_pwrite(bad, str(tmp_path / "m.bin"))
+                msgs.append(norm(e, "buffer"))
+            assert len(set(msgs)) == 1, (what, msgs)
+    h.close()

@@ -48,11 +48,13 @@ def test_batch_missing_and_nonpositive():
     err({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 4}, "gradient_accumulation_steps: 0")
 
 
-def test_world_size_refused(monkeypatch):
-    err({"train_batch_size": 8}, "world size is 2", "later release", world_size=2)
+def test_world_size_enters_the_batch_rule(monkeypatch):
+    c = ok({"train_batch_size": 8}, world_size=2)
+    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == (8, 4, 1)
+    err({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
+        "8 != 4 * 2 * 2", world_size=2)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(ConfigError, match="world size is 4"):
-        parse_config({"train_batch_size": 8})
+    assert parse_config({"train_batch_size": 8}).train_micro_batch_size_per_gpu == 2
     monkeypatch.setenv("WORLD_SIZE", "x")
     with pytest.raises(ConfigError, match="not an integer"):
         parse_config({"train_batch_size": 8})

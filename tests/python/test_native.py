@@ -130,3 +130,130 @@ def test_wheel_is_py3_none_and_has_no_extension():
             if f.endswith((".so", ".dll", ".dylib")):
                 libs.append(f)
     assert libs == [next(iter(libs))] and libs[0].startswith("zspeed/"), libs
+
+
+# ------------------------------------------------- ctypes mirrors vs the C ABI
+
+def _abi_rows():
+    """Every row of the library's ABI table (zs_abi_entry)."""
+    from zspeed._signatures.common import AbiKind
+    rows, i = [], 0
+    kind, scope, name = ctypes.c_int(), ctypes.c_char_p(), ctypes.c_char_p()
+    value, size = ctypes.c_int64(), ctypes.c_int64()
+    while lib.zs_abi_entry(i, ctypes.byref(kind), ctypes.byref(scope), ctypes.byref(name),
+                           ctypes.byref(value), ctypes.byref(size)):
+        rows.append((AbiKind(kind.value), scope.value.decode(), name.value.decode(),
+                     value.value, size.value))
+        i += 1
+    assert rows, "the ABI table is empty"
+    return rows
+
+
+def _mirrors(table):
+    """One of the STRUCTS / ENUMS / CONSTANTS tables, merged over every
+    module of zspeed._signatures (each C name declared once)."""
+    import importlib
+    import pkgutil
+    from zspeed import _signatures
+    merged = {}
+    for mod in pkgutil.iter_modules(_signatures.__path__):
+        part = getattr(importlib.import_module(f"zspeed._signatures.{mod.name}"), table)
+        assert not set(part) & set(merged), f"{table}: declared twice: {set(part) & set(merged)}"
+        merged.update(part)
+    return merged
+
+
+def test_struct_mirrors_match_the_library():
+    """Every ctypes Structure mirrors a C struct with the same size,
+    alignment, field names, order, offsets and sizes; every public C struct
+    has a mirror."""
+    from zspeed._signatures.common import AbiKind
+    rows = _abi_rows()
+    structs = {r[2]: r for r in rows if r[0] == AbiKind.STRUCT}
+    fields: dict = {}
+    for kind, scope, name, value, size in rows:
+        if kind == AbiKind.FIELD:
+            fields.setdefault(scope, []).append((name, value, size))
+    mirrors = _mirrors("STRUCTS")
+    assert set(mirrors) == set(structs)
+    for cname, cls in mirrors.items():
+        assert ctypes.sizeof(cls) == structs[cname][3], cname
+        assert ctypes.alignment(cls) == structs[cname][4], cname
+        mine = [(n, getattr(cls, n).offset, getattr(cls, n).size) for n, _ in cls._fields_]
+        assert mine == fields[cname], cname
+
+
+def test_enum_and_constant_mirrors_match_the_library():
+    """Every Python enum has exactly the C enum's names and values, every
+    public C enum has one, and the constants agree."""
+    from zspeed._signatures.common import AbiKind
+    rows = _abi_rows()
+    enums: dict = {}
+    for kind, scope, name, value, size in rows:
+        if kind == AbiKind.ENUM:
+            enums.setdefault(scope, {})[name] = value
+            assert size == ctypes.sizeof(ctypes.c_int), (scope, name)
+    mirrors = _mirrors("ENUMS")
+    assert set(mirrors) == set(enums)
+    for cname, (cls, prefix) in mirrors.items():
+        # __members__ also lists zero-valued flags (READ), which iterating
+        # an IntFlag leaves out.
+        mine = {prefix + n: int(m) for n, m in cls.__members__.items()}
+        assert mine == enums[cname], cname
+    consts = {r[2]: r[3] for r in rows if r[0] == AbiKind.CONSTANT}
+    assert _mirrors("CONSTANTS") == consts
+
+
+def _headers():
+    """The text of include/zspeed/*.h without comments, or a skip when the
+    tests do not run from a source tree."""
+    import pathlib
+    import re
+    inc = pathlib.Path(__file__).resolve().parents[2] / "include" / "zspeed"
+    if not inc.is_dir():
+        pytest.skip(f"no source tree here ({inc} is missing)")
+    text = "\n".join(p.read_text() for p in sorted(inc.glob("*.h")))
+    return re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+
+
+def test_abi_table_and_signatures_cover_the_headers():
+    """The C table lists every field of every public struct and every
+    constant of every public enum, as the headers spell them (so a field
+    added to a header and forgotten in src/report/abi.c fails here even when
+    it fits in padding), and SIGNATURES declares every exported function."""
+    import re
+    from zspeed._signatures.common import AbiKind
+    text = _headers()
+    rows = _abi_rows()
+    table_fields: dict = {}
+    table_enums: dict = {}
+    for kind, scope, name, _value, _size in rows:
+        if kind == AbiKind.FIELD:
+            table_fields.setdefault(scope, []).append(name)
+        elif kind == AbiKind.ENUM:
+            table_enums.setdefault(scope, []).append(name)
+    header_fields = {}
+    for tag, body in re.findall(r"typedef struct (zs_\w+) \{(.*?)\} \1;", text, re.S):
+        names = []
+        for decl in body.split(";"):
+            parts = [p.strip() for p in decl.split(",") if p.strip()]
+            names += [re.findall(r"\w+", p)[-1] for p in parts]
+        header_fields[tag] = names
+    assert header_fields == table_fields
+    header_enums = {tag: re.findall(r"\b(ZS_\w+)\s*=", body)
+                    for tag, body in re.findall(r"\benum (zs_[a-z]\w*) \{(.*?)\}", text, re.S)}
+    header_enums.pop("zs_errno", None)  # error codes: zs_err_name describes them
+    assert header_enums == table_enums
+    exported = set(re.findall(r"ZS_EXTERN\s[^;(]*?\b(zs_\w+)\s*\(", text))
+    declared = set()
+    for table in _all_signature_tables():
+        declared |= set(table)
+    assert exported == declared
+
+
+def _all_signature_tables():
+    import importlib
+    import pkgutil
+    from zspeed import _signatures
+    return [importlib.import_module(f"zspeed._signatures.{m.name}").SIGNATURES
+            for m in pkgutil.iter_modules(_signatures.__path__)]

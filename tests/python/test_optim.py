@@ -419,3 +419,29 @@ def test_int8_states_train_mlp_like_fp32():
     assert l32 < f0 / 10, (f0, l32)
     assert l8 <= 1.15 * l32, (l8, l32)
     assert lbf <= 1.15 * l32, (lbf, l32)
+
+
+def test_buffers_other_than_numpy():
+    """ctypes arrays, memoryviews and array.array step exactly like numpy
+    arrays of the same type (format 'f' is fp32, 'H' bf16 bits); read-only
+    memory is refused where the kernel writes."""
+    import array
+    import ctypes
+    rng = np.random.default_rng(12)
+    n = 37
+    p = rng.standard_normal(n).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    gb = (g.view(np.uint32) >> 16).astype(np.uint16)  # bf16 bits (truncated)
+    ref = [p.copy(), np.zeros(n, np.float32), np.zeros(n, np.float32)]
+    adam_step(*ref[:1], gb, *ref[1:], step=1, lr=1e-2)
+    pc = (ctypes.c_float * n)(*p)
+    mc, vc = (ctypes.c_float * n)(), memoryview(bytearray(4 * n)).cast("f")
+    adam_step(pc, array.array("H", gb.tobytes()), mc, vc, step=1, lr=1e-2)
+    assert bytes(pc) == ref[0].tobytes()
+    assert bytes(mc) == ref[1].tobytes() and vc.tobytes() == ref[2].tobytes()
+    frozen = memoryview(p.tobytes()).cast("f")
+    with pytest.raises(ValueError, match="param is read-only"):
+        adam_step(frozen, g, np.zeros(n, np.float32), np.zeros(n, np.float32), step=1)
+    with pytest.raises(TypeError, match="dtype uint8"):
+        adam_step(p.copy(), g.tobytes(), np.zeros(n, np.float32),
+                  np.zeros(n, np.float32), step=1)

@@ -1,6 +1,9 @@
 """`python -m zspeed report` tells the truth: it follows forced SIMD levels,
 refused ones, disabled io_uring, and includes the Python side."""
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -38,10 +41,12 @@ def test_forced_scalar_is_reported(zs):
 def test_unsupported_forced_level_is_an_error_in_the_report(zs):
     best = lib.zs_simd_name(lib.zs_simd_best()).decode()
     missing = "neon" if best != "neon" else "avx2"
-    doc = json.loads(zs("report", "--json", env={"ZSPEED_SIMD": missing}).stdout)
+    res = zs("report", "--json", env={"ZSPEED_SIMD": missing}, check=False)
+    assert res.returncode == 1  # a refused forced level fails the command
+    doc = json.loads(res.stdout)
     assert doc["simd"]["level"] is None
     assert missing in doc["simd"]["error"] and "lacks" in doc["simd"]["error"]
-    text = zs("report", env={"ZSPEED_SIMD": missing}).stdout
+    text = zs("report", env={"ZSPEED_SIMD": missing}, check=False).stdout
     assert "simd level .......... ERROR" in text
 
 
@@ -56,7 +61,9 @@ def test_disabled_uring_is_reported_with_reason(zs):
 def test_forced_aio_backend_is_reported(zs):
     doc = json.loads(zs("report", "--json", env={"ZSPEED_AIO_BACKEND": "threads"}).stdout)
     assert doc["io_backend_auto"]["chosen"] == "threads"
-    doc = json.loads(zs("report", "--json", env={"ZSPEED_AIO_BACKEND": "floppy"}).stdout)
+    res = zs("report", "--json", env={"ZSPEED_AIO_BACKEND": "floppy"}, check=False)
+    assert res.returncode == 1  # an unknown forced backend fails the command
+    doc = json.loads(res.stdout)
     assert doc["io_backend_auto"]["chosen"] is None
     assert "floppy" in doc["io_backend_auto"]["why"]
 
@@ -84,3 +91,73 @@ def test_console_script_matches_module():
     out = subprocess.run([exe, "report", "--json"], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert json.loads(out)["version"] == lib.zs_version_string().decode()
+
+
+# --------------------------------------------------------------- exit status
+
+def _whole_text(out):
+    """The text report is complete: the native part and the Python part."""
+    return out.startswith("zspeed report") and "cuda driver" in out and "torch " in out
+
+
+def test_clean_environment_exits_0(zs):
+    env = {"ZSPEED_SIMD": "auto", "ZSPEED_AIO_BACKEND": "auto"}
+    res = zs("report", env=env, check=False)
+    assert res.returncode == 0 and _whole_text(res.stdout) and res.stderr == ""
+    res = zs("report", "--json", env=env, check=False)
+    assert res.returncode == 0
+    doc = json.loads(res.stdout)
+    assert doc["problems"] == [] and doc["library_error"] is None
+
+
+@pytest.mark.parametrize("var,value,says,as_json", [
+    ("ZSPEED_SIMD", "bogus", "is not a SIMD level", False),
+    ("ZSPEED_SIMD", "missing", "but this CPU lacks it", True),
+    ("ZSPEED_AIO_BACKEND", "floppy", "is not a backend", False),
+    ("ZSPEED_AIO_BACKEND", "unusable", "is not usable here", True),
+])
+def test_refused_forced_choice_exits_1_after_the_whole_report(zs, var, value, says,
+                                                              as_json):
+    if value == "missing":
+        value = "neon" if lib.zs_simd_name(lib.zs_simd_best()).decode() != "neon" else "avx2"
+    if value == "unusable":
+        value = "io_uring" if sys.platform == "win32" else "iocp"
+    res = zs("report", *(["--json"] if as_json else []), env={var: value}, check=False)
+    assert res.returncode == 1
+    assert "1 problem" in res.stderr and says in res.stderr and value in res.stderr
+    if as_json:
+        doc = json.loads(res.stdout)
+        assert len(doc["problems"]) == 1 and says in doc["problems"][0]
+        assert doc["python"]["zspeed_package"]  # the Python part is there too
+    else:
+        assert _whole_text(res.stdout)
+
+
+def test_version_mismatch_exits_1_and_still_reports():
+    """A library of another major.minor: the package refuses it, yet the
+    report describes it (native part included) and exits with 1."""
+    code = textwrap.dedent("""
+        import sys
+        import zspeed._native as n
+        n.__version__ = "9.4.0"
+        from zspeed.cli import main
+        sys.exit(main(["report"]))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert _whole_text(res.stdout)
+    assert "library ........... ERROR:" in res.stdout
+    version = lib.zs_version_string().decode()
+    assert f"is libzspeed {version}" in res.stderr and "zspeed 9.4.0" in res.stderr
+
+
+def test_missing_library_exits_1_and_reports_python(zs, tmp_path):
+    res = zs("report", "--json", env={"ZSPEED_LIBRARY": str(tmp_path / "nope.so")},
+             check=False)
+    assert res.returncode == 1
+    doc = json.loads(res.stdout)
+    assert "cannot find libzspeed" in doc["library_error"]
+    assert doc["problems"] == [doc["library_error"]]
+    assert doc["python"]["zspeed_package"] and "numpy" in doc["python"]
+    assert "cannot find libzspeed" in res.stderr

@@ -269,3 +269,28 @@ def test_fp32_out_is_the_updated_master(tmp_path):
         sw.step(grads, out=outs)
         for i in range(len(sizes)):
             assert np.array_equal(outs[i], sw.get_state(i)["param"])  # a copy: exact
+
+
+def test_uint16_is_bf16_without_naming_it(tmp_path):
+    """numpy uint16 buffers hold bf16 bits for the swapper as for the
+    optimizers: naming the dtype (grad_dtype="bf16") changes nothing, and a
+    name that contradicts the buffer is refused."""
+    rng = np.random.default_rng(11)
+    sizes = [300, 7]
+    init = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    grads = [_bf16_bits(rng, n) for n in sizes]
+    images = []
+    for kw in ({}, {"grad_dtype": "bf16"}):
+        with NVMeOptimizerSwapper(sizes, tmp_path, lr=1e-2) as sw:
+            for i, p in enumerate(init):
+                sw.init_partition(i, p)
+            sw.step(grads, **kw)
+            images.append([sw.read_image(i).tobytes() for i in range(len(sizes))])
+            with pytest.raises(TypeError, match="dtype='fp16'"):
+                sw.step(grads, grad_dtype="fp16")
+            assert sw.steps == 1
+    assert images[0] == images[1]
+    # bf16 bits as initial params are read as bf16 too.
+    with NVMeOptimizerSwapper([7], tmp_path) as sw:
+        sw.init_partition(0, grads[1])
+        assert sw.get_state(0)["param"].tobytes() == _bf16_to_f32(grads[1]).tobytes()

@@ -92,7 +92,7 @@ def test_torch_tensors_and_refusals(tmp_path):
         before = b.read_image(0).tobytes()
         with pytest.raises(ValueError, match="unknown array"):
             b.write_arrays(0, sum=arr["param"])
-        with pytest.raises(ValueError, match="stores it as uint16"):
+        with pytest.raises(TypeError, match="stores it as uint16"):
             b.write_arrays(0, exp_avg=arr["param"])  # fp32 values for bf16 states: not converted
         with pytest.raises(ValueError, match="elements"):
             b.write_arrays(0, param=arr["param"][:-1])

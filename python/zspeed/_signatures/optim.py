@@ -1,8 +1,19 @@
-"""Signatures and structs of include/zspeed/optim.h."""
+"""Signatures, structs, enums and constants of include/zspeed/optim.h."""
 from ctypes import POINTER, Structure, c_double, c_int, c_int64, c_size_t, c_void_p
+from enum import IntEnum
 
-# enum zs_dtype
-F32, BF16, F16, Q8, NONE = 0, 1, 2, 3, -1
+
+class DType(IntEnum):
+    """enum zs_dtype: element types of optimizer buffers."""
+    F32 = 0
+    BF16 = 1
+    F16 = 2
+    Q8 = 3
+    NONE = -1
+
+
+# Short names for the members, as the wrappers use them.
+F32, BF16, F16, Q8, NONE = DType.F32, DType.BF16, DType.F16, DType.Q8, DType.NONE
 # Elements per thread-pool chunk and per 8-bit quantization block.
 OPTIM_CHUNK = 16384
 OPTIM_QBLOCK = 256
@@ -41,6 +52,11 @@ class LionConfig(Structure):
                 ("weight_decay", c_double), ("grad_scale", c_double),
                 ("num_threads", c_int), ("pool", c_void_p)]
 
+
+ENUMS = {"zs_dtype": (DType, "ZS_DTYPE_")}
+STRUCTS = {"zs_optim_tensors": OptimTensors, "zs_adam_config": AdamConfig,
+           "zs_adagrad_config": AdagradConfig, "zs_lion_config": LionConfig}
+CONSTANTS = {"ZS_OPTIM_CHUNK": OPTIM_CHUNK, "ZS_OPTIM_QBLOCK": OPTIM_QBLOCK}
 
 SIGNATURES = {
     "zs_optim_tensors_init": (None, [POINTER(OptimTensors)]),

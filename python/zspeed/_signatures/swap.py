@@ -1,6 +1,14 @@
-"""Signatures of include/zspeed/swap.h (and the structs it passes)."""
+"""Signatures, structs and enums of include/zspeed/swap.h."""
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64,
                     c_uint64, c_void_p)
+from enum import IntEnum
+
+
+class SwapOptimizer(IntEnum):
+    """enum zs_swap_optimizer."""
+    ADAM = 0
+    ADAGRAD = 1
+    LION = 2
 
 
 class SwapConfig(Structure):
@@ -31,6 +39,11 @@ class SwapStats(Structure):
         "last_step_ns")]
 
 
+ENUMS = {"zs_swap_optimizer": (SwapOptimizer, "ZS_SWAP_")}
+STRUCTS = {"zs_swap_config": SwapConfig, "zs_swap_step_args": SwapStepArgs,
+           "zs_swap_stats": SwapStats}
+CONSTANTS: dict = {}
+
 _D = POINTER(c_double)
 _I64 = POINTER(c_int64)
 
@@ -41,6 +54,8 @@ SIGNATURES = {
     "zs_swap_destroy": (c_int, [c_void_p]),
     "zs_swap_init_partition": (c_int, [c_void_p, c_int, c_void_p]),
     "zs_swap_step": (c_int, [c_void_p, POINTER(SwapStepArgs)]),
+    "zs_swap_io_pass": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_int64,
+                                c_int, c_int, POINTER(c_uint64)]),
     "zs_swap_set_hparams": (c_int, [c_void_p, c_double, c_double, c_double,
                                     c_double, c_double]),
     "zs_swap_get_hparams": (None, [c_void_p, _D, _D, _D, _D, _D]),

@@ -1,70 +1,128 @@
-"""Turns numpy arrays and torch tensors into (address, dtype code, numel)
-for the C kernels, without importing torch.
+"""The one adapter from user buffers to what libzspeed takes: an address, a
+size in bytes and elements, and (for the optimizer kernels and the NVMe
+swapper) an element type. The async I/O handle, the swapper and the
+optimizer wrappers all go through :func:`buf`, so a buffer is accepted or
+refused, with the same message, wherever it is passed.
 
-Accepted buffers are C-contiguous and in CPU memory. Element types:
-fp32, bf16, fp16 for params/grads/outputs; fp32/bf16 for states; int8
-(exp_avg codes), uint8 (exp_avg_sq codes) and fp32 scales for 8-bit Adam
-states. numpy has no bfloat16: a numpy ``uint16`` array is read as bf16 bit
-patterns (``x.view(np.uint16)`` of a torch bf16 tensor's ``.numpy()`` after
-``.view(torch.int16)``, or ml_dtypes' bfloat16 viewed as uint16).
+Accepted:
+  * numpy arrays, C-contiguous;
+  * torch tensors, contiguous, in CPU memory; where the caller allows it
+    (``stage=True``, the I/O handle) also device tensors, which are copied
+    through a host tensor (page-locked when CUDA is available). torch is
+    never imported here: a tensor is recognised by its module;
+  * any other object with the buffer protocol: bytearray, bytes (read-only),
+    memoryview, array.array, ctypes arrays; its format gives the element
+    type.
+Element types map to ``DType``: float32, float16, bfloat16, int8 and uint8
+(the 8-bit Adam codes). numpy has no bfloat16: a numpy (or buffer) uint16
+array holds bf16 bit patterns, e.g. ``t.view(torch.int16).numpy().view(
+numpy.uint16)`` of a torch bf16 tensor, or ml_dtypes' bfloat16 viewed as
+uint16. Other element types (float64, int32, ...) have no DType: raw byte
+transfers accept them, the kernels refuse them.
 """
 from __future__ import annotations
 
-from .._signatures.optim import BF16, F16, F32, Q8
+from typing import Any
 
-__all__ = ["Buf", "buf", "is_torch"]
+import numpy as np
 
+from .._signatures.optim import BF16, F16, F32, Q8, DType
+
+__all__ = ["Buf", "buf", "is_torch", "threads"]
+
+# Element type names (numpy's, and torch's without "torch.") -> DType.
 _NUMPY = {"float32": F32, "float16": F16, "uint16": BF16, "bfloat16": BF16,
           "int8": Q8, "uint8": Q8}
-_TORCH = {"torch.float32": F32, "torch.bfloat16": BF16, "torch.float16": F16,
-          "torch.int8": Q8, "torch.uint8": Q8}
+_TORCH = {"float32": F32, "bfloat16": BF16, "float16": F16, "int8": Q8,
+          "uint8": Q8}
 _NAMES = {F32: "fp32", BF16: "bf16", F16: "fp16", Q8: "8-bit codes"}
 
 
-class Buf:
-    """address, dtype code (F32/BF16/F16/Q8), element count, element size
-    and the kind of integer codes ("int8"/"uint8") for Q8."""
-    __slots__ = ("ptr", "dtype", "n", "kind")
-
-    def __init__(self, ptr: int, dtype: int, n: int, kind: str):
-        self.ptr, self.dtype, self.n, self.kind = ptr, dtype, n, kind
-
-
-def is_torch(x) -> bool:
+def is_torch(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
-def buf(x, name: str, *, writable: bool = False, allowed=(F32, BF16, F16)) -> Buf:
-    """Describes x for the C kernels or raises TypeError/ValueError that says
-    what is wrong with it and how to fix it."""
+class Buf:
+    """A described buffer.
+
+    ``ptr`` (address), ``nbytes``, ``n`` (elements), ``dtype`` (a DType, or
+    None for element types the kernels do not take), ``kind`` (the element
+    type's name: "float32", "int8", ...). ``finish()`` completes a staged
+    transfer into a device tensor; the object keeps alive whatever the
+    address points into."""
+    __slots__ = ("ptr", "nbytes", "n", "dtype", "kind", "_keep", "_device")
+
+    def __init__(self, ptr: int, nbytes: int, n: int, dtype: DType | None,
+                 kind: str, keep: Any, device: Any = None):
+        self.ptr, self.nbytes, self.n, self.dtype, self.kind = ptr, nbytes, n, dtype, kind
+        self._keep, self._device = keep, device
+
+    def finish(self) -> None:
+        """After a read into a staged device tensor: copy the host bytes to
+        the device. Nothing to do for host memory."""
+        if self._device is not None:
+            self._device.copy_(self._keep)
+
+
+def _torch_buf(x: Any, name: str, writable: bool, stage: bool) -> tuple:
+    if not x.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; pass .contiguous()")
+    src, device = x, None
+    if x.device.type != "cpu":
+        if not stage:
+            raise ValueError(f"{name} is on {x.device}; zspeed needs it in CPU "
+                             f"memory here (move it with .cpu())")
+        import torch  # noqa: PLC0415 - only for device tensors, on purpose
+        src = torch.empty(x.shape, dtype=x.dtype, device="cpu",
+                          pin_memory=torch.cuda.is_available())
+        if writable:
+            device = x  # filled on the host, copied back by finish()
+        else:
+            src.copy_(x)
+    kind = str(x.dtype).split(".")[-1]
+    return (src.data_ptr(), src.numel() * src.element_size(), src.numel(),
+            _TORCH.get(kind), kind, str(x.dtype), src, device)
+
+
+def _numpy_buf(x: np.ndarray, name: str, writable: bool) -> tuple:
+    if not x.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"{name} is not C-contiguous; pass "
+                         f"numpy.ascontiguousarray({name})")
+    if writable and not x.flags["WRITEABLE"]:
+        raise ValueError(f"{name} is read-only; zspeed writes into it, pass a "
+                         f"writeable array")
+    kind = str(x.dtype)
+    return (x.__array_interface__["data"][0], x.nbytes, x.size, _NUMPY.get(kind),
+            kind, kind, x, None)
+
+
+def buf(x: Any, name: str, *, writable: bool = False,
+        allowed: tuple | None = (F32, BF16, F16), stage: bool = False) -> Buf:
+    """Describes x, or raises TypeError / ValueError saying what is wrong
+    with it and how to fix it.
+
+    name: how messages call x. writable: zspeed writes into x (a read-only
+    array is refused). allowed: the DTypes accepted (None = any element
+    type, for raw bytes). stage: device tensors are copied through a host
+    tensor instead of refused (call ``finish()`` after a read)."""
     if is_torch(x):
-        key = str(x.dtype)
-        if x.device.type != "cpu":
-            raise ValueError(f"{name} is on {x.device}; zspeed's optimizers run "
-                             f"on CPU tensors (move it with .cpu())")
-        if not x.is_contiguous():
-            raise ValueError(f"{name} is not contiguous; pass .contiguous()")
-        dt = _TORCH.get(key)
-        ptr, n = x.data_ptr(), x.numel()
-        kind = key.split(".")[-1]
-    elif hasattr(x, "__array_interface__") and hasattr(x, "flags"):
-        key = str(x.dtype)
-        if not x.flags["C_CONTIGUOUS"]:
-            raise ValueError(f"{name} is not C-contiguous; pass "
-                             f"numpy.ascontiguousarray({name})")
-        if writable and not x.flags["WRITEABLE"]:
-            raise ValueError(f"{name} is read-only; it is updated in place, "
-                             f"pass a writeable array")
-        dt = _NUMPY.get(key)
-        ptr, n = x.__array_interface__["data"][0], x.size
-        kind = key
+        parts = _torch_buf(x, name, writable, stage)
+    elif isinstance(x, np.ndarray):
+        parts = _numpy_buf(x, name, writable)
     else:
-        raise TypeError(f"{name} must be a numpy array or a torch tensor, not "
-                        f"{type(x).__name__}")
-    if dt is None or dt not in allowed:
+        try:
+            view = np.asarray(memoryview(x))
+        except (TypeError, ValueError, NotImplementedError):
+            raise TypeError(f"{name} must be a numpy array, a torch tensor or a "
+                            f"buffer (bytearray, memoryview, ctypes array), not "
+                            f"{type(x).__name__}") from None
+        ptr, nbytes, n, dt, kind, key, _, dev = _numpy_buf(view, name, writable)
+        parts = (ptr, nbytes, n, dt, kind, key, (x, view), dev)
+    ptr, nbytes, n, dt, kind, key, keep, device = parts
+    if allowed is not None and (dt is None or dt not in allowed):
         want = ", ".join(_NAMES[a] for a in allowed)
         raise TypeError(f"{name} has dtype {key}; expected one of: {want}")
-    return Buf(ptr, dt, n, kind)
+    return Buf(ptr, nbytes, n, dt, kind, keep, device)
 
 
 def threads(num_threads) -> int:

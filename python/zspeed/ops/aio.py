@@ -4,9 +4,10 @@
 values of DeepSpeed's ``async_io`` ``aio_handle`` (``sync_pread``,
 ``async_pwrite``, ``wait``, ``new_cpu_locked_tensor``, ...), but runs on
 Linux (io_uring or threads), Windows (IOCP) and macOS (threads) without a
-compiled torch extension. Buffers may be torch CPU tensors, numpy arrays, or
-CUDA tensors (staged through a page-locked host buffer). torch is imported
-only when a tensor is passed, so this module imports without it.
+compiled torch extension. Buffers may be torch CPU tensors, numpy arrays,
+bytes-like objects and ctypes arrays, or CUDA tensors (staged through a
+page-locked host buffer); see zspeed.ops._tensors. torch is imported only
+when a tensor is passed, so this module imports without it.
 
 Differences from DeepSpeed, all deliberate: failures raise
 :class:`zspeed.NativeError` (with the C error name and a message saying what
@@ -21,13 +22,16 @@ import threading
 from typing import Any
 
 from .._native import NativeError, ZSpeedError, check, lib
-from .._signatures.aio import AioConfig, AioStats
+from .._signatures.aio import AioBackend, AioConfig, AioDirect, AioStats
+from .._signatures.common import PinFlags
 from ._lifetime import NativeHandleOwner
+from ._tensors import Buf, buf, is_torch
 
-__all__ = ["AsyncIOHandle", "aio_handle", "aio_backend", "BACKENDS"]
+__all__ = ["AsyncIOHandle", "aio_handle", "aio_backend", "BACKENDS", "DIRECT"]
 
-BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2, "iocp": 3}
-_DIRECT = {"auto": 0, "on": 1, "off": 2}
+# The names users pass for the C enums: "auto", "io_uring", ... / "on", ...
+BACKENDS = {m.name.lower(): m for m in AioBackend}
+DIRECT = {m.name.lower(): m for m in AioDirect}
 # DeepSpeed's get_alignment(): intra_op_parallelism * this.
 _DS_O_DIRECT_ALIGNMENT = 512
 
@@ -38,61 +42,10 @@ def aio_backend(backend: str = "auto") -> tuple[str, str]:
     Raises NativeError (ZS_ENOTSUP) if the backend is forced but unusable."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
-    buf = ctypes.create_string_buffer(512)
-    rc = check(lib.zs_aio_backend_resolve(BACKENDS[backend], buf, len(buf)),
+    why = ctypes.create_string_buffer(512)
+    rc = check(lib.zs_aio_backend_resolve(BACKENDS[backend], why, len(why)),
                "zs_aio_backend_resolve")
-    return lib.zs_aio_backend_name(rc).decode(), buf.value.decode()
-
-
-def _torch():
-    import torch  # noqa: PLC0415 - imported lazily on purpose
-    return torch
-
-
-def _is_tensor(obj: Any) -> bool:
-    return type(obj).__module__.split(".")[0] == "torch"
-
-
-class _Buffer:
-    """Host memory of a user buffer: address, size, and what keeps it alive.
-
-    A CUDA tensor is staged: ``host`` is a pinned CPU tensor of the same
-    bytes; ``finish()`` copies a read back to the device."""
-
-    def __init__(self, obj: Any, for_read: bool):
-        self.obj, self.host, self.device = obj, None, None
-        if _is_tensor(obj):
-            if not obj.is_contiguous():
-                raise ValueError("the tensor must be contiguous (call .contiguous())")
-            if obj.device.type != "cpu":
-                torch = _torch()
-                pin = torch.cuda.is_available()
-                self.host = torch.empty(obj.shape, dtype=obj.dtype, device="cpu",
-                                        pin_memory=pin)
-                if not for_read:
-                    self.host.copy_(obj)
-                self.device, src = obj, self.host
-            else:
-                src = obj
-            self.addr = src.data_ptr()
-            self.nbytes = src.numel() * src.element_size()
-            return
-        try:
-            import numpy as np  # noqa: PLC0415
-        except ImportError:  # pragma: no cover - numpy is a dependency
-            np = None
-        if np is not None and isinstance(obj, np.ndarray):
-            if not obj.flags.c_contiguous:
-                raise ValueError("the array must be C-contiguous (np.ascontiguousarray)")
-            if for_read and not obj.flags.writeable:
-                raise ValueError("cannot read into a read-only array")
-            self.addr, self.nbytes = obj.ctypes.data, obj.nbytes
-            return
-        raise TypeError(f"buffer must be a torch tensor or numpy array, got {type(obj).__name__}")
-
-    def finish(self) -> None:
-        if self.device is not None and self.host is not None:
-            self.device.copy_(self.host)
+    return lib.zs_aio_backend_name(rc).decode(), why.value.decode()
 
 
 class AsyncIOHandle(NativeHandleOwner):
@@ -111,20 +64,20 @@ class AsyncIOHandle(NativeHandleOwner):
                  direct: str = "auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
-        if direct not in _DIRECT:
-            raise ValueError(f"direct must be one of {sorted(_DIRECT)}, got {direct!r}")
+        if direct not in DIRECT:
+            raise ValueError(f"direct must be one of {sorted(DIRECT)}, got {direct!r}")
         cfg = AioConfig()
         lib.zs_aio_config_init(ctypes.byref(cfg))
         cfg.block_size, cfg.queue_depth = int(block_size), int(queue_depth)
         cfg.single_submit, cfg.overlap_events = int(bool(single_submit)), int(bool(overlap_events))
         cfg.intra_op_parallelism = int(intra_op_parallelism)
-        cfg.backend, cfg.direct = BACKENDS[backend], _DIRECT[direct]
+        cfg.backend, cfg.direct = BACKENDS[backend], DIRECT[direct]
         h = ctypes.c_void_p()
         check(lib.zs_aio_create(ctypes.byref(h), ctypes.byref(cfg)), "zs_aio_create")
         self._h = h
         self._cfg = cfg
         self._lock = threading.Lock()
-        self._inflight: dict[int, _Buffer] = {}
+        self._inflight: dict[int, Buf] = {}
         self._locked: dict[int, tuple[int, int, Any]] = {}
 
     # ------------------------------------------------------------ lifetime
@@ -178,16 +131,16 @@ class AsyncIOHandle(NativeHandleOwner):
 
     # ----------------------------------------------------------- requests
     def _submit(self, buffer: Any, filename: Any, file_offset: int, write: bool) -> int:
-        buf = _Buffer(buffer, for_read=not write)
+        b = buf(buffer, "buffer", writable=not write, allowed=None, stage=True)
         h = self._handle()
         if isinstance(filename, int):
             filename = _fd_path(filename)
         path = os.fsencode(filename)
         fn = lib.zs_aio_pwrite_path if write else lib.zs_aio_pread_path
-        rid = fn(h, path, ctypes.c_void_p(buf.addr), buf.nbytes, int(file_offset))
+        rid = fn(h, path, ctypes.c_void_p(b.ptr), b.nbytes, int(file_offset))
         check(rid, "zs_aio_pwrite_path" if write else "zs_aio_pread_path")
         with self._lock:
-            self._inflight[rid] = buf
+            self._inflight[rid] = b
         return rid
 
     def _wait_ids(self, ids: list[int]) -> int:
@@ -195,14 +148,14 @@ class AsyncIOHandle(NativeHandleOwner):
         for rid in ids:
             rc = lib.zs_aio_wait(self._handle(), rid)
             with self._lock:
-                buf = self._inflight.pop(rid, None)
+                b = self._inflight.pop(rid, None)
             if rc < 0:
                 try:
                     check(rc, "wait")
                 except NativeError as e:
                     first = first or e
-            elif buf is not None:
-                buf.finish()
+            elif b is not None:
+                b.finish()
         if first is not None:
             raise first
         return len(ids)
@@ -276,8 +229,8 @@ class AsyncIOHandle(NativeHandleOwner):
         elements of example_tensor's dtype in page-locked, page-aligned memory.
         If the OS refuses to lock (RLIMIT_MEMLOCK), the memory is unlocked but
         still aligned. Free it with free_cpu_locked_tensor."""
-        if _is_tensor(example_tensor):
-            torch = _torch()
+        if is_torch(example_tensor):
+            import torch  # noqa: PLC0415 - only when a tensor is passed
             itemsize = torch.empty((), dtype=example_tensor.dtype).element_size()
         else:
             import numpy as np  # noqa: PLC0415
@@ -285,10 +238,10 @@ class AsyncIOHandle(NativeHandleOwner):
         nbytes = int(num_elem) * itemsize
         ptr = ctypes.c_void_p()
         locked = ctypes.c_int()
-        check(lib.zs_alloc_pinned(ctypes.byref(ptr), max(nbytes, 1), 1,
+        check(lib.zs_alloc_pinned(ctypes.byref(ptr), max(nbytes, 1), PinFlags.FALLBACK,
                                   ctypes.byref(locked)), "zs_alloc_pinned")
         raw = (ctypes.c_ubyte * max(nbytes, 1)).from_address(ptr.value)
-        if _is_tensor(example_tensor):
+        if is_torch(example_tensor):
             t = torch.frombuffer(raw, dtype=example_tensor.dtype, count=int(num_elem))
             key = t.data_ptr()
         else:
@@ -301,7 +254,7 @@ class AsyncIOHandle(NativeHandleOwner):
     def free_cpu_locked_tensor(self, tensor: Any) -> bool:
         """Frees a buffer from new_cpu_locked_tensor; False if it is not one.
         The tensor must not be used afterwards."""
-        key = tensor.data_ptr() if _is_tensor(tensor) else tensor.ctypes.data
+        key = tensor.data_ptr() if is_torch(tensor) else tensor.ctypes.data
         entry = self._locked.pop(key, None)
         if entry is None:
             return False
@@ -320,14 +273,14 @@ def _fd_path(fd: int) -> str:
 
 def _validate(buffer: Any, filename: Any, file_offset: int) -> None:
     """DeepSpeed's validate=True: the file range must equal the buffer."""
-    buf = _Buffer(buffer, for_read=False)
-    data = ctypes.string_at(buf.addr, buf.nbytes)
+    b = buf(buffer, "buffer", allowed=None, stage=True)
+    data = ctypes.string_at(b.ptr, b.nbytes)
     with open(filename, "rb") as f:
         f.seek(file_offset)
-        disk = f.read(buf.nbytes)
+        disk = f.read(b.nbytes)
     if disk != data:
         raise ZSpeedError(f"validation failed: {filename} at offset {file_offset} "
-                          f"differs from the buffer ({buf.nbytes} bytes)")
+                          f"differs from the buffer ({b.nbytes} bytes)")
 
 
 # DeepSpeed's name (AsyncIOBuilder().load().aio_handle): a drop-in alias.

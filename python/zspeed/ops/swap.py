@@ -5,8 +5,8 @@ state of N parameter partitions in one file under ``nvme_path`` and runs a
 whole optimizer step over them as a C pipeline (read partition i+1 while
 stepping partition i while writing back i-1, through ``buffer_count``
 page-locked buffers). Gradients and the optional low-precision copies of the
-updated weights are the caller's buffers: numpy arrays or torch CPU tensors
-(pinned or not). The numerics are exactly those of the in-RAM kernels
+updated weights are the caller's buffers: numpy arrays, torch CPU tensors
+(pinned or not) or other buffers (see zspeed.ops._tensors). The numerics are exactly those of the in-RAM kernels
 (``zs_adam_step`` / ``zs_adagrad_step`` / ``zs_lion_step``), bit for bit.
 
 Error guarantee (see include/zspeed/swap.h): when :meth:`step` raises
@@ -28,108 +28,74 @@ import numpy as np
 
 from .._native import ZSpeedError, check, lib
 from .._signatures.aio import AioConfig
-from .._signatures.optim import OPTIM_QBLOCK
-from .._signatures.swap import SwapConfig, SwapStats, SwapStepArgs
+from .._signatures.optim import BF16, F16, F32, OPTIM_QBLOCK, Q8
+from .._signatures.swap import SwapConfig, SwapOptimizer, SwapStats, SwapStepArgs
 from ._lifetime import NativeHandleOwner
+from ._tensors import buf, is_torch
+from .aio import BACKENDS, DIRECT
 
 __all__ = ["NVMeOptimizerSwapper", "OPTIMIZERS", "STATE_DTYPES"]
 
-# zspeed/optim.h dtypes.
-_F32, _BF16, _F16, _Q8 = 0, 1, 2, 3
-_DT_NAMES = {"fp32": _F32, "float32": _F32, "bf16": _BF16, "bfloat16": _BF16,
-             "fp16": _F16, "float16": _F16}
+# Names of gradient / output dtypes (grad_dtype=, out_dtype=).
+_DT_NAMES = {"fp32": F32, "float32": F32, "bf16": BF16, "bfloat16": BF16,
+             "fp16": F16, "float16": F16}
 # name -> (zs_swap_optimizer, adamw_mode)
-OPTIMIZERS = {"adamw": (0, 1), "adam": (0, 0), "adagrad": (1, 1), "lion": (2, 1)}
-STATE_DTYPES = {"fp32": _F32, "bf16": _BF16, "int8": _Q8}
+OPTIMIZERS = {"adamw": (SwapOptimizer.ADAM, 1), "adam": (SwapOptimizer.ADAM, 0),
+              "adagrad": (SwapOptimizer.ADAGRAD, 1), "lion": (SwapOptimizer.LION, 1)}
+STATE_DTYPES = {"fp32": F32, "bf16": BF16, "int8": Q8}
 # numpy dtype of the stored fp32 / bf16 state elements (bf16 as bit patterns).
-_STORED = {_F32: np.float32, _BF16: np.uint16}
+_STORED = {F32: np.float32, BF16: np.uint16}
 # torch's state key names per optimizer: (key of m, key of v).
-_STATE_KEYS = {0: ("exp_avg", "exp_avg_sq"), 1: (None, "sum"), 2: ("exp_avg", None)}
-_BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2, "iocp": 3}
-_DIRECT = {"auto": 0, "on": 1, "off": 2}
+_STATE_KEYS = {SwapOptimizer.ADAM: ("exp_avg", "exp_avg_sq"),
+               SwapOptimizer.ADAGRAD: (None, "sum"),
+               SwapOptimizer.LION: ("exp_avg", None)}
 _names = itertools.count()
 
 
-def _is_tensor(obj: Any) -> bool:
-    return type(obj).__module__.split(".")[0] == "torch"
-
-
 def _view(obj: Any, what: str, n: int, dtype: str | None = None) -> tuple[int, int]:
-    """(address, zspeed dtype) of a contiguous CPU buffer of n elements.
+    """(address, DType) of a buffer of n fp32, bf16 or fp16 elements; dtype
+    (a name of _DT_NAMES), when given, must be the buffer's."""
+    b = buf(obj, what)
+    if dtype is not None and _DT_NAMES.get(dtype) != b.dtype:
+        raise TypeError(f"{what} has dtype {b.kind}, but dtype={dtype!r} was given")
+    if b.n != n:
+        raise ValueError(f"{what} has {b.n} elements, the partition has {n}")
+    return b.ptr, b.dtype
 
-    numpy float32/float16 arrays and torch float32/float16/bfloat16 CPU
-    tensors carry their dtype; a numpy uint16 array holds bf16 bits and needs
-    ``dtype="bf16"``."""
-    if _is_tensor(obj):
-        if obj.device.type != "cpu":
-            raise ValueError(f"{what} must be a CPU tensor, got device {obj.device}")
-        if not obj.is_contiguous():
-            raise ValueError(f"{what} must be contiguous (call .contiguous())")
-        name = str(obj.dtype).replace("torch.", "")
-        addr, numel = obj.data_ptr(), obj.numel()
-    elif isinstance(obj, np.ndarray):
-        if not obj.flags.c_contiguous:
-            raise ValueError(f"{what} must be C-contiguous (np.ascontiguousarray)")
-        name, addr, numel = obj.dtype.name, obj.ctypes.data, obj.size
-        if name == "uint16":
-            if dtype not in ("bf16", "bfloat16"):
-                raise ValueError(f"{what} is a uint16 array: pass dtype='bf16' if it "
-                                 "holds bfloat16 bits")
-            name = "bfloat16"
+
+def _f32(obj: Any, what: str, n: int) -> tuple[int, Any]:
+    """Address of n fp32 values to read: the buffer itself if it is one,
+    else a float32 numpy copy (numpy uint16 read as bf16 bits, as everywhere
+    in zspeed). Returns (address, the object that owns the memory)."""
+    try:
+        b = buf(obj, what)
+    except (TypeError, ValueError):
+        b = None  # not usable as it is: converted below
+    if b is not None and b.dtype == F32 and b.n == n:
+        return b.ptr, obj
+    if is_torch(obj):
+        arr = obj.detach().float().cpu().numpy()
     else:
-        raise TypeError(f"{what} must be a numpy array or torch CPU tensor, "
-                        f"got {type(obj).__name__}")
-    if name not in _DT_NAMES:
-        raise ValueError(f"{what} has dtype {name}; use float32, bfloat16 or float16")
-    if dtype is not None and _DT_NAMES.get(dtype) != _DT_NAMES[name]:
-        raise ValueError(f"{what} has dtype {name}, but dtype={dtype!r} was given")
-    if numel != n:
-        raise ValueError(f"{what} has {numel} elements, the partition has {n}")
-    return addr, _DT_NAMES[name]
-
-
-def _f32(obj: Any, what: str, n: int, writable: bool = False) -> tuple[int, Any]:
-    """Address of an fp32 buffer (converted to a numpy copy if needed for
-    reading; writable buffers must already be float32)."""
-    if _is_tensor(obj) or isinstance(obj, np.ndarray):
-        try:
-            addr, dt = _view(obj, what, n)
-            if dt == _F32:
-                return addr, obj
-        except ValueError:
-            if writable:
-                raise
-        if writable:
-            raise ValueError(f"{what} must be float32")
-    arr = np.ascontiguousarray(
-        obj.detach().float().cpu().numpy() if _is_tensor(obj) else np.asarray(obj), dtype=np.float32)
+        arr = np.asarray(obj)
+        if arr.dtype == np.uint16:
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
     if arr.size != n:
         raise ValueError(f"{what} has {arr.size} elements, the partition has {n}")
     return arr.ctypes.data, arr
 
 
-def _typed(obj: Any, what: str, dtype: Any, count: int) -> np.ndarray:
-    """A C-contiguous numpy view of ``count`` elements of exactly ``dtype``
-    (uint16 accepts torch bfloat16 tensors: their bit patterns)."""
-    if _is_tensor(obj):
-        import torch  # only reached when a tensor was passed
-        if obj.device.type != "cpu" or not obj.is_contiguous():
-            raise ValueError(f"{what} must be a contiguous CPU tensor")
-        if obj.dtype == torch.bfloat16 and dtype == np.uint16:
-            arr = obj.detach().view(torch.int16).numpy().view(np.uint16)
-        else:
-            arr = obj.detach().numpy()
-    elif isinstance(obj, np.ndarray):
-        arr = obj
-    else:
-        raise TypeError(f"{what} must be a numpy array or torch CPU tensor, got {type(obj).__name__}")
-    if arr.dtype != np.dtype(dtype):
-        raise ValueError(f"{what} has dtype {arr.dtype}; this partition stores it as {np.dtype(dtype)}")
-    if not arr.flags.c_contiguous:
-        raise ValueError(f"{what} must be C-contiguous (np.ascontiguousarray)")
-    if arr.size != count:
-        raise ValueError(f"{what} has {arr.size} elements; the partition's array has {count}")
-    return arr
+def _typed(obj: Any, what: str, dtype: Any, count: int) -> tuple[int, Any]:
+    """(address, owner) of ``count`` C-contiguous elements of exactly ``dtype``
+    (uint16 accepts torch bfloat16 tensors: their bit patterns), through the one
+    buffer adapter."""
+    b = buf(obj, what, allowed=None)
+    kind = "uint16" if b.kind == "bfloat16" else b.kind
+    if kind != np.dtype(dtype).name:
+        raise TypeError(f"{what} has dtype {b.kind}; this partition stores it as {np.dtype(dtype)}")
+    if b.n != count:
+        raise ValueError(f"{what} has {b.n} elements; the partition's array has {count}")
+    return b.ptr, b
 
 
 class NVMeOptimizerSwapper(NativeHandleOwner):
@@ -174,10 +140,10 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {sorted(STATE_DTYPES)}, "
                              f"got {state_dtype!r}")
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
-        if direct not in _DIRECT:
-            raise ValueError(f"direct must be one of {sorted(_DIRECT)}, got {direct!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+        if direct not in DIRECT:
+            raise ValueError(f"direct must be one of {sorted(DIRECT)}, got {direct!r}")
         self.sizes = [int(s) for s in sizes]
         if not self.sizes:
             raise ValueError("sizes must name at least one partition")
@@ -204,13 +170,13 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         if weight_decay is not None:
             cfg.weight_decay = float(weight_decay)
         cfg.adamw_mode, cfg.bias_correction = adamw, int(bool(bias_correction))
-        cfg.num_threads, cfg.direct = int(num_threads), _DIRECT[direct]
+        cfg.num_threads, cfg.direct = int(num_threads), DIRECT[direct]
         cfg.sync_each_step = int(bool(sync_each_step))
         self._aio = AioConfig()
         lib.zs_aio_config_init(ctypes.byref(self._aio))
         self._aio.block_size, self._aio.queue_depth = int(block_size), int(queue_depth)
         self._aio.intra_op_parallelism = int(intra_op_parallelism)
-        self._aio.backend = _BACKENDS[backend]
+        self._aio.backend = BACKENDS[backend]
         self._aio.single_submit = int(bool(single_submit))
         if overlap_events is not None:
             self._aio.overlap_events = int(bool(overlap_events))
@@ -252,7 +218,8 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         """One optimizer step over every partition.
 
         grads: one buffer per partition (all float32, all bfloat16 or all
-          float16; numpy uint16 arrays count as bf16 with grad_dtype="bf16").
+          float16; numpy uint16 arrays hold bf16 bits). grad_dtype /
+          out_dtype ("fp32", "bf16", "fp16"), when given, must match them.
           Each gradient is multiplied by grad_scale (e.g. clip coefficient /
           loss scale) inside the kernel.
         out: None, or one buffer per partition (an entry may be None)
@@ -377,13 +344,13 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         n = self.sizes[self._part(i)]
         km, kv = _STATE_KEYS[self._kind]
         sd = STATE_DTYPES[self.state_dtype]
-        mdt, vdt = (np.int8, np.uint8) if sd == _Q8 else (_STORED[sd],) * 2
+        mdt, vdt = (np.int8, np.uint8) if sd == Q8 else (_STORED[sd],) * 2
         specs: dict[str, tuple[int, Any, int]] = {"param": (0, np.float32, n)}
         if km:
             specs[km] = (1, mdt, n)
         if kv:
             specs[kv] = (2, vdt, n)
-        if sd == _Q8:
+        if sd == Q8:
             nb = (n + OPTIM_QBLOCK - 1) // OPTIM_QBLOCK
             specs[km + "_scale"] = (3, np.float32, nb)
             specs[kv + "_scale"] = (4, np.float32, nb)
@@ -424,9 +391,9 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         keep = []
         for k, obj in arrays.items():
             slot, dt, count = specs[k]
-            arr = _typed(obj, k, dt, count)
-            keep.append(arr)
-            ptr[slot] = ctypes.c_void_p(arr.ctypes.data)
+            addr, owner = _typed(obj, k, dt, count)
+            keep.append(owner)
+            ptr[slot] = ctypes.c_void_p(addr)
         check(lib.zs_swap_write_arrays(self._handle, i, *ptr), "zs_swap_write_arrays")
 
     def read_image(self, i: int) -> np.ndarray:

@@ -504,11 +504,6 @@ class ZSpeedConfig:
                               f"got {type(config).__name__}.")
         self.raw = copy.deepcopy(config)
         ws = world_size_from_env() if world_size is None else world_size
-        if ws > 1:
-            raise ConfigError(
-                f"world size is {ws}, but this zspeed release trains in one process: partitioning "
-                f"optimizer state across ranks (ZeRO data parallelism) comes in a later release. "
-                f"Run one process (unset WORLD_SIZE / do not use a multi-process launcher).")
         self.world_size = ws
         autos: set[str] = set()
         cfg = dict(config)

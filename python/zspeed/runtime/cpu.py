@@ -35,7 +35,8 @@ class HostPath(OffloadedPath):
     """The CPU optimizer over fp32 masters in host memory."""
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
-                 client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int):
+                 client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int,
+                 num_threads: int | None = None):
         super().__init__(layout, buffers)
         lowp = buffers.model_dtype != torch.float32
         shared = not buffers.cuda and all(p.is_contiguous() for ps in layout.params for p in ps)
@@ -57,7 +58,7 @@ class HostPath(OffloadedPath):
         # What the optimizer writes besides the masters: the low-precision weights.
         self._lowp_out = self._out if lowp else None
         self.host = build_host_optimizer(name, params, layout.with_params(self.host_masters), client=client,
-                                         force_native=force_native)
+                                         force_native=force_native, num_threads=num_threads)
         self.optimizer = self.host.optimizer
         self.chunks = _chunks(layout, chunk_elems)
 

@@ -31,8 +31,11 @@ from typing import Any
 
 import torch
 
+from .. import comm
 from .config import ConfigError, ZSpeedConfig, parse_config
 from .cpu import CHUNK_CAP, HostPath
+from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
+from .partition import PartitionPlan
 from .layout import FlatLayout
 from .loss_scaler import build_loss_scaler
 from .lr_schedules import build_scheduler
@@ -61,7 +64,11 @@ def _pick_device() -> torch.device:
             raise ConfigError(f"ZSPEED_DEVICE={forced!r}: zspeed runs on cpu or cuda.")
         return dev
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local = comm.get_local_rank()
+        if local >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} GPU(s): start at most "
+                              f"one rank per GPU on each host (or set ZSPEED_DEVICE=cpu).")
+        return torch.device("cuda", local)
     return torch.device("cpu")
 
 
@@ -86,8 +93,17 @@ class ZSpeedEngine(torch.nn.Module):
         self._config = config
         self.config = config.to_dict()
         self.device = device or _pick_device()
-        self.local_rank = self.device.index if self.device.type == "cuda" else -1
-        self.global_rank, self.world_size, self.dp_world_size = 0, 1, 1
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        # DeepSpeed's names: the rank on this host (LOCAL_RANK, 0 without a launcher), the
+        # rank in the job, and the number of data-parallel ranks.
+        self.local_rank = comm.get_local_rank()
+        self.global_rank = comm.get_rank()
+        self.world_size = self.dp_world_size = comm.get_world_size()
+        if self.world_size != config.world_size:
+            raise ConfigError(f"the config was validated for a world size of {config.world_size}, but the "
+                              f"process group has {self.world_size} ranks; pass the config to "
+                              f"zspeed.initialize after the process group exists.")
         self.dtype = (torch.float16 if config.fp16_enabled else
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
         self.module = model.to(device=self.device, dtype=self.dtype) if self.dtype != torch.float32 \
@@ -120,9 +136,12 @@ class ZSpeedEngine(torch.nn.Module):
             raise ConfigError("an optimizer was given both in the config and as optimizer=; pass only one "
                               "(DeepSpeed refuses this too).")
 
-        self.optimizer_path = _build_path(config, FlatLayout(groups), self.device, self.dtype, optimizer)
+        self._layout = FlatLayout(groups)
+        self._model_params = self._layout.params
+        self._check_ranks_agree()
+        self.optimizer_path = _build_path(config, self._layout, self.device, self.dtype, optimizer,
+                                          self.global_rank, self.world_size)
         self.optimizer = self.optimizer_path.optimizer
-        self._model_params = self.optimizer_path.layout.params
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -132,6 +151,28 @@ class ZSpeedEngine(torch.nn.Module):
             log.info("zspeed engine: %s", self._describe())
 
     # -- construction helpers -----------------------------------------------------------------
+    def _check_ranks_agree(self) -> None:
+        """Ranks that disagree on the config, the model or the launch would deadlock in their
+        first collective or train different models: compare once, fail with the difference."""
+        if self.world_size == 1:
+            return
+        from .._version import __version__
+        mine = {
+            "zspeed version": __version__,
+            "config": self.config,
+            "parameters": [[(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, ps)]
+                           for names, ps in zip(self._names, self._model_params)],
+            "device type": self.device.type,
+        }
+        every: list = [None] * self.world_size
+        torch.distributed.all_gather_object(every, mine)
+        for r, other in enumerate(every):
+            for key in mine:
+                if other[key] != every[0][key]:
+                    raise ConfigError(f"rank {r} differs from rank 0 in its {key}: "
+                                      f"{_first_difference(every[0][key], other[key])}. Every rank must run "
+                                      f"the same script with the same config and model.")
+
     def _param_groups(self, model_parameters, client_opt) -> list:
         if isinstance(client_opt, torch.optim.Optimizer):
             src = client_opt.param_groups
@@ -180,11 +221,20 @@ class ZSpeedEngine(torch.nn.Module):
     def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
         """A DataLoader over ``dataset`` with the micro-batch size (DeepSpeed's name)."""
         gen = None
-        if self._config.top["seed"] is not None:
-            gen = torch.Generator().manual_seed(int(self._config.top["seed"]))
-        return torch.utils.data.DataLoader(
-            dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(), shuffle=shuffle,
-            collate_fn=collate_fn, drop_last=bool(self._config.top["dataloader_drop_last"]), generator=gen)
+        seed = self._config.top["seed"]
+        if seed is not None:
+            gen = torch.Generator().manual_seed(int(seed))
+        bs = batch_size or self.train_micro_batch_size_per_gpu()
+        drop = bool(self._config.top["dataloader_drop_last"])
+        if self.world_size > 1:
+            # Each rank reads its own 1/world_size of every epoch, as DeepSpeed's loader does.
+            sampler = torch.utils.data.distributed.DistributedSampler(
+                dataset, num_replicas=self.world_size, rank=self.global_rank, shuffle=shuffle,
+                seed=0 if seed is None else int(seed), drop_last=drop)
+            return torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, collate_fn=collate_fn,
+                                               drop_last=drop)
+        return torch.utils.data.DataLoader(dataset, batch_size=bs, shuffle=shuffle, collate_fn=collate_fn,
+                                           drop_last=drop, generator=gen)
 
     # -- DeepSpeed's query API ------------------------------------------------------------------
     def train_batch_size(self) -> int:
@@ -257,9 +307,15 @@ class ZSpeedEngine(torch.nn.Module):
 
     def _take_model_step(self, lr_kwargs) -> None:
         path = self.optimizer_path
-        inv_scale = 1.0 / self.loss_scaler.loss_scale
+        # With several ranks the gradients are sums over the ranks: the mean is folded into
+        # the factor, and every rank adds up the statistics of the part it steps.
+        inv_scale = 1.0 / self.loss_scaler.loss_scale / self.world_size
+        if self.world_size > 1 and self._config.zero_stage == 0:
+            self._all_reduce_grads()
         path.gather()
         sumsq, nonfinite = path.grad_stats(inv_scale)
+        if self.world_size > 1:
+            sumsq, nonfinite = self._reduce_stats(sumsq, nonfinite)
         overflow = nonfinite and self._skip_nonfinite
         self._last_overflow = overflow
         if overflow:
@@ -287,6 +343,43 @@ class ZSpeedEngine(torch.nn.Module):
         if spp and self.global_steps % spp == 0:
             log.info("step=%d lr=%s loss_scale=%g grad_norm=%s skipped=%d", self.global_steps, self.get_lr(),
                      self.loss_scaler.loss_scale, self._global_grad_norm, self.skipped_steps)
+
+    def _comm_device(self) -> torch.device:
+        return self.device if comm.get_backend() == "nccl" else torch.device("cpu")
+
+    def _reduce_stats(self, sumsq: float, nonfinite: bool) -> tuple[float, bool]:
+        """Every rank's (sum of squares, any inf/NaN) added up, so all take the same decision."""
+        t = torch.tensor([sumsq if math.isfinite(sumsq) else 0.0, 1.0 if nonfinite or not math.isfinite(sumsq)
+                          else 0.0], dtype=torch.float64, device=self._comm_device())
+        torch.distributed.all_reduce(t)
+        total, bad = float(t[0]), float(t[1]) > 0
+        return (float("inf") if bad else total), bad
+
+    def _all_reduce_grads(self) -> None:
+        """ZeRO stage 0 with several ranks (plain data parallelism): every gradient summed over
+        the ranks in place, in flat buckets of one dtype; a missing gradient counts as zeros."""
+        cdev = self._comm_device()
+        by_dtype: dict = {}
+        for p in (p for ps in self._model_params for p in ps):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+        cap = max(1, min(int(self._config.zero["reduce_bucket_size"]), _BUCKET_CAP))
+        for dtype in sorted(by_dtype, key=str):
+            params = by_dtype[dtype]
+            i = 0
+            while i < len(params):
+                bucket, n = [], 0
+                while i < len(params) and (not bucket or n + params[i].numel() <= cap):
+                    bucket.append(params[i])
+                    n += params[i].numel()
+                    i += 1
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(cdev)
+                torch.distributed.all_reduce(flat)
+                at = 0
+                for p in bucket:
+                    p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
+                    at += p.numel()
 
     # -- checkpoints (see checkpoint.py) ------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
@@ -338,21 +431,78 @@ class ZSpeedEngine(torch.nn.Module):
         self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
 
 
+_COMM_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+                "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def _comm_dtype(config: ZSpeedConfig, dtype: torch.dtype) -> torch.dtype:
+    name = config.top["communication_data_type"]
+    if name is None:
+        return dtype
+    if name not in _COMM_DTYPES:
+        raise ConfigError(f"communication_data_type = {name!r} is not one of fp32, fp16, bf16.")
+    return _COMM_DTYPES[name]
+
+
+def _host_threads(world_size: int) -> int | None:
+    """Threads of this rank's CPU optimizer: the cores shared by the ranks on this host,
+    unless ZSPEED_NUM_THREADS decides (None: the library's default pool, all cores)."""
+    if world_size == 1 or os.environ.get("ZSPEED_NUM_THREADS"):
+        return None
+    local = max(1, comm.get_local_world_size())
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // local)
+
+
 def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, dtype: torch.dtype,
-                client) -> OptimizerPath:
-    """The optimizer path of zero_optimization.offload_optimizer.device (none, cpu, nvme)."""
+                client, rank: int = 0, world_size: int = 1) -> OptimizerPath:
+    """The optimizer path of zero_optimization.offload_optimizer.device (none, cpu, nvme); with
+    several ranks and ZeRO stage 1 or 2, over this rank's shards (dp.py)."""
     name, params = config.optimizer_name, config.optimizer_params
-    if not config.offloaded:
+    bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
+    if world_size > 1 and config.zero_stage >= 1:
+        plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=bucket)
+        sm = ShardedModel(layout, plan, device, dtype)
+        kw = dict(stage=config.zero_stage, overlap=bool(config.zero["overlap_comm"]),
+                  comm_cpu=comm.get_backend() != "nccl", comm_dtype=_comm_dtype(config, dtype))
+        if not config.offloaded:
+            return ShardedDevicePath(sm, name, params, client, **kw)
+        buffers = ShardedBuffers(sm, pin_memory=config.offload["pin_memory"], **kw)
+        layout = sm.local_layout
+    elif not config.offloaded:
         return DevicePath(layout, device, dtype, name, params, client)
+    else:
+        buffers = HostBuffers(layout, device, dtype, config.offload["pin_memory"], bucket,
+                              flat_grads=config.offload_device == "nvme")
     nvme = config.offload_device == "nvme"
-    buffers = HostBuffers(layout, device, dtype, config.offload["pin_memory"],
-                          min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP), flat_grads=nvme)
+    threads = _host_threads(world_size)
+    if threads is not None and rank == 0:
+        log.info("zspeed: %d rank(s) on this host share its cores: %d CPU optimizer threads per rank "
+                 "(set ZSPEED_NUM_THREADS to choose)", comm.get_local_world_size(), threads)
     if nvme:
         return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
                         aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
     return HostPath(layout, buffers, name, params, client=client,
                     force_native=bool(config.top["zero_force_ds_cpu_optimizer"]),
-                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP))
+                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads)
+
+
+def _first_difference(a, b) -> str:
+    """A short description of where two nested values first differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if a.get(k) != b.get(k):
+                return f"{k}: {_first_difference(a.get(k), b.get(k))}"
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{len(b)} entries instead of {len(a)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return f"[{i}]: {_first_difference(x, y)}"
+    return f"{b!r} instead of {a!r}"
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
@@ -363,12 +513,17 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
 
     ``config`` is a dict or a JSON path; ``args.deepspeed_config`` is honoured;
     ``config_params`` is DeepSpeed's older name for ``config``."""
-    del distributed_port, dist_init_required  # one process: there is nothing to initialize
     if mpu is not None or mesh_param is not None:
         raise ConfigError("model parallelism (mpu / mesh_param) is not supported by zspeed yet.")
     if config is not None and config_params is not None:
         raise ConfigError("pass the config once: config= or config_params=, not both.")
-    cfg = parse_config(config if config is not None else config_params, args=args)
+    # As DeepSpeed: create (or adopt) the process group first; with no launcher it is a
+    # one-process group, so scripts may call torch.distributed / zspeed.comm afterwards.
+    comm.init_distributed(dist_init_required=dist_init_required,
+                          distributed_port=distributed_port or comm.TORCH_DISTRIBUTED_DEFAULT_PORT,
+                          verbose=False)
+    cfg = parse_config(config if config is not None else config_params, args=args,
+                       world_size=comm.get_world_size())
     if cfg.top["seed"] is not None:
         torch.manual_seed(int(cfg.top["seed"]))
     engine = ZSpeedEngine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,

@@ -1,32 +1,35 @@
-"""The partition plan: which slice of each parameter group's flat space a rank owns.
+"""The partition plan: which part of each parameter group a data-parallel rank owns.
 
-ZeRO stages 1 and 2 give every data-parallel rank one contiguous slice of each
-parameter group, laid out as the group's parameters flattened one after another. The
-group is padded at its end so that its length is a multiple of ``world_size * align``,
-and rank r owns ``[r * P, (r + 1) * P)`` with ``P = padded / world_size``: slices are
-balanced to within ``align`` elements, and every slice starts on an ``align``
-boundary (in elements), so that host buffers, NVMe partitions and 8-bit quantization
-blocks of different ranks never straddle. With one rank the single slice is the whole
-group and its pieces are the whole parameters, so nothing changes against an
-unpartitioned run.
+Each parameter group is a flat space: its parameters one after another (layout.py).
+The plan cuts it into *units* of whole consecutive parameters, about
+``unit_elems`` elements each (a larger parameter is a unit of its own). A unit is
+the grain of communication: its gradients are reduce-scattered in one collective
+as soon as they are all there, and its updated weights come back in one all-gather.
+Each unit is padded at its end to a multiple of ``world_size * align`` elements and
+split into ``world_size`` equal *shards*: rank r owns shard r of every unit. So
+every collective moves equal parts for every rank, shards are balanced to within
+``align`` elements, and every shard starts on an ``align`` boundary (in elements),
+which keeps 8-bit quantization blocks (256) and direct-I/O sectors (512 bytes)
+from straddling ranks.
 
-A slice is described by its *pieces*: the parts of parameters that fall inside it,
-as ``Piece(param, offset in the param, offset in the slice, length)``. A parameter
-may be split between two (or more) ranks; every element has exactly one owner.
+A rank's *local space* in a group is its shards of the group's units, one after
+another. What it owns is described by *pieces*: the parts of parameters that fall
+into its shards, ``Piece(param, offset in the parameter, offset in the local
+space, length, unit)``. A parameter may be split between ranks; every element has
+exactly one owner. With one rank every piece is a whole parameter.
 
-Nothing here touches tensors: the plan is plain integers, computed identically on
-every rank from the parameter counts, so that ranks agree on it without talking
-(the engine checks the counts across ranks once, at start-up).
+The plan is plain integers, computed identically on every rank from the parameter
+sizes, so ranks agree on it without talking (the engine compares the sizes across
+ranks once, at start-up).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Piece", "GroupPlan", "PartitionPlan", "DEFAULT_ALIGN"]
+__all__ = ["Piece", "Unit", "GroupPlan", "PartitionPlan", "DEFAULT_ALIGN"]
 
-# Elements: 256 is the 8-bit optimizer's quantization block and, at 2 bytes or more per
-# element, a multiple of 512 bytes, so slices of low-precision buffers start on
-# direct-I/O sector boundaries too.
+# Elements: the 8-bit optimizer's quantization block; at 2 bytes or more per element
+# also a multiple of 512 bytes (direct-I/O sectors).
 DEFAULT_ALIGN = 256
 
 
@@ -34,74 +37,96 @@ DEFAULT_ALIGN = 256
 class Piece:
     param: int      # index of the parameter in its group
     offset: int     # first element of the piece inside the parameter (flattened)
-    at: int         # first element of the piece inside the owning rank's slice
+    at: int         # first element of the piece in the owning rank's local space
     length: int
+    unit: int       # index of the unit (in its group) the piece belongs to
 
 
 @dataclass(frozen=True)
+class Unit:
+    first: int      # index of the unit's first parameter in the group
+    count: int      # number of parameters
+    start: int      # first element in the group's flat space
+    length: int     # real elements (without padding)
+    padded: int     # length rounded up to a multiple of world_size * align
+    shard: int      # padded // world_size: elements per rank
+
+
 class GroupPlan:
-    numels: tuple          # elements of each parameter of the group
-    offsets: tuple         # start of each parameter in the group's flat space
-    total: int             # sum of numels
-    padded: int            # total rounded up to a multiple of world_size * align
-    slice_len: int         # elements per rank (padded // world_size)
+    """One parameter group: its parameters' sizes, its units, and per rank its pieces."""
 
-    def bounds(self, rank: int) -> tuple[int, int]:
-        """Flat [start, end) of rank's slice, clipped to the real parameters."""
-        start = rank * self.slice_len
-        return min(start, self.total), min(start + self.slice_len, self.total)
+    def __init__(self, numels: tuple, world_size: int, align: int, unit_elems: int):
+        self.numels = numels
+        self.offsets: list[int] = []
+        pos = 0
+        for n in numels:
+            self.offsets.append(pos)
+            pos += n
+        self.total = pos
+        self.world_size = world_size
+        quantum = world_size * align
+        self.units: list[Unit] = []
+        first, start, filled = 0, 0, 0
+        for pi, n in enumerate(numels):
+            if filled and filled + n > unit_elems:
+                self._close(first, pi, start, filled, quantum)
+                first, start, filled = pi, self.offsets[pi], 0
+            filled += n
+        if first < len(numels) or not self.units:
+            self._close(first, len(numels), start, filled, quantum)
+        self.unit_of = [0] * len(numels)
+        self.local_start: list[int] = []  # start of each unit's shard in a rank's local space
+        pos = 0
+        for ui, u in enumerate(self.units):
+            for pi in range(u.first, u.first + u.count):
+                self.unit_of[pi] = ui
+            self.local_start.append(pos)
+            pos += u.shard
+        self.local_len = pos  # elements of every rank's local space (padding included)
 
-    def owned(self, rank: int) -> int:
-        """Real (unpadded) elements rank owns."""
-        a, b = self.bounds(rank)
-        return b - a
+    def _close(self, first: int, end: int, start: int, length: int, quantum: int) -> None:
+        padded = max(quantum, -(-length // quantum) * quantum)
+        self.units.append(Unit(first, end - first, start, length, padded, padded // self.world_size))
 
     def pieces(self, rank: int) -> list:
-        """The parts of parameters inside rank's slice, in flat order."""
-        a, b = self.bounds(rank)
+        """The parts of parameters in rank's shards, in local order."""
         out = []
-        for pi, (off, n) in enumerate(zip(self.offsets, self.numels)):
-            lo, hi = max(a, off), min(b, off + n)
-            if lo < hi:
-                out.append(Piece(pi, lo - off, lo - a, hi - lo))
+        for ui, u in enumerate(self.units):
+            lo, hi = u.start + rank * u.shard, u.start + (rank + 1) * u.shard  # group flat range
+            for pi in range(u.first, u.first + u.count):
+                off, n = self.offsets[pi], self.numels[pi]
+                a, b = max(lo, off), min(hi, off + n)
+                if a < b:
+                    out.append(Piece(pi, a - off, self.local_start[ui] + a - lo, b - a, ui))
         return out
 
-    def owner(self, flat_index: int) -> int:
-        """The rank owning the element at flat_index of the group."""
-        return flat_index // self.slice_len
+    def owned(self, rank: int) -> int:
+        """Real (unpadded) elements rank owns in this group."""
+        return sum(p.length for p in self.pieces(rank))
 
 
 class PartitionPlan:
-    """Per parameter group, the ranks' slices (see the module docstring)."""
+    """Per parameter group, the units and every rank's pieces (see the module docstring)."""
 
-    def __init__(self, group_numels: list, world_size: int, rank: int, align: int = DEFAULT_ALIGN):
+    def __init__(self, group_numels: list, world_size: int, rank: int, align: int = DEFAULT_ALIGN,
+                 unit_elems: int = 1 << 24):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
-        if align < 1:
-            raise ValueError("align must be >= 1")
-        self.world_size, self.rank, self.align = world_size, rank, align
-        self.groups: list[GroupPlan] = []
+        if align < 1 or unit_elems < 1:
+            raise ValueError("align and unit_elems must be >= 1")
         for numels in group_numels:
-            numels = tuple(int(n) for n in numels)
-            if any(n < 0 for n in numels):
+            if any(int(n) < 0 for n in numels):
                 raise ValueError("parameter sizes must be >= 0")
-            offsets, pos = [], 0
-            for n in numels:
-                offsets.append(pos)
-                pos += n
-            unit = world_size * align
-            padded = max(unit, -(-pos // unit) * unit)
-            self.groups.append(GroupPlan(numels, tuple(offsets), pos, padded, padded // world_size))
+        self.world_size, self.rank, self.align, self.unit_elems = world_size, rank, align, unit_elems
+        self.groups = [GroupPlan(tuple(int(n) for n in ns), world_size, align, unit_elems)
+                       for ns in group_numels]
 
     def pieces(self, group: int, rank: int | None = None) -> list:
         return self.groups[group].pieces(self.rank if rank is None else rank)
-
-    def slice_len(self, group: int) -> int:
-        return self.groups[group].slice_len
 
     def owned(self, group: int, rank: int | None = None) -> int:
         return self.groups[group].owned(self.rank if rank is None else rank)
 
     def signature(self) -> tuple:
-        """What every rank must agree on: world size, alignment and every group's sizes."""
-        return (self.world_size, self.align, tuple(g.numels for g in self.groups))
+        """What every rank must agree on: world size, cuts and every group's sizes."""
+        return (self.world_size, self.align, self.unit_elems, tuple(g.numels for g in self.groups))

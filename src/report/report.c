@@ -1,10 +1,12 @@
 /* report.c - zs_report(): what zspeed sees on this machine, as text or JSON.
- * The native `zspeed report` command and `python -m zspeed report` print it. */
+ * The native `zspeed report` command and `python -m zspeed report` print it.
+ * It asks each area for its own facts (CPU and memory from common, backend
+ * availability from aio) and words nothing twice. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "zs_internal.h"
+#include "report/report_internal.h"
 #include "zspeed/aio.h"
 
 #ifndef _WIN32
@@ -80,6 +82,14 @@ static void zs__sb_json_str(zs__sb *sb, const char *s) {
   zs__sb_add(sb, "\"");
 }
 
+/* A JSON string literal, or null for NULL. */
+static void zs__sb_json_opt(zs__sb *sb, const char *s) {
+  if (s)
+    zs__sb_json_str(sb, s);
+  else
+    zs__sb_add(sb, "null");
+}
+
 /* ------------------------------------------------------------ facts */
 
 static const char *zs__compiler(void) {
@@ -123,27 +133,13 @@ static void zs__os(char *out, size_t cap) {
 #endif
 }
 
-typedef struct {
+/* The I/O backends in the order the report lists them. */
+static const struct {
   const char *name;
-  int available;
-  const char *why;
-} zs__backend_info;
-
-static void zs__backends(zs__backend_info b[3]) {
-  b[0].name = "threads";
-  b[0].available = 1;
-  b[0].why = "available (portable pread/pwrite worker pool, always built)";
-  b[1].name = "io_uring";
-  b[1].available = zs__uring_probe(&b[1].why);
-  b[2].name = "iocp";
-#ifdef _WIN32
-  b[2].available = 1;
-  b[2].why = "available (overlapped I/O completion ports)";
-#else
-  b[2].available = 0;
-  b[2].why = "Windows only";
-#endif
-}
+  int backend;
+} zs__report_backends[3] = {{"threads", ZS_AIO_BACKEND_THREADS},
+                            {"io_uring", ZS_AIO_BACKEND_IO_URING},
+                            {"iocp", ZS_AIO_BACKEND_IOCP}};
 
 static void zs__features_str(char *out, size_t cap, uint32_t f, int json) {
   static const struct {
@@ -175,6 +171,43 @@ static void zs__bytes_str(char *out, size_t cap, uint64_t b) {
     snprintf(out, cap, "%llu KiB", (unsigned long long)(b >> 10));
 }
 
+/* ----------------------------------------------------------- problems */
+
+/* Choices the environment forces that the library refuses, each worded by
+ * the call that refuses it. The SIMD level and the I/O backend are the
+ * choices a variable can force (ZSPEED_SIMD, ZSPEED_AIO_BACKEND); both are
+ * decided once per process, so asking again is cheap. */
+#define ZS__MAX_PROBLEMS 2
+
+typedef struct {
+  int n;
+  char msg[ZS__MAX_PROBLEMS][512];
+} zs__problems;
+
+static void zs__find_problems(zs__problems *p) {
+  p->n = 0;
+  if (zs_simd_level() < 0)
+    snprintf(p->msg[p->n++], sizeof p->msg[0], "%s", zs_last_error());
+  if (zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, NULL, 0) < 0)
+    snprintf(p->msg[p->n++], sizeof p->msg[0], "%s", zs_last_error());
+}
+
+int zs_report_problems(char *buf, size_t cap) {
+  zs__problems p;
+  size_t len = 0;
+  int i;
+  zs__find_problems(&p);
+  if (buf && cap > 0) {
+    buf[0] = '\0';
+    for (i = 0; i < p.n && len + 1 < cap; i++) {
+      int w = snprintf(buf + len, cap - len, "%s%s", i ? "\n" : "", p.msg[i]);
+      if (w < 0) break;
+      len = ZS_MIN(len + (size_t)w, cap - 1);
+    }
+  }
+  return p.n;
+}
+
 /* ------------------------------------------------------------- report */
 
 int64_t zs_report(char *buf, size_t cap, unsigned flags) {
@@ -185,9 +218,11 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
   const char *lock_warning = NULL;
   int json = (flags & ZS_REPORT_JSON) != 0, level, best, cuda_ok, i;
   uint64_t lim = zs_memlock_limit(), ramb = zs_ram_bytes();
-  zs__backend_info be[3];
+  int be_ok[3];
+  char be_why[3][200];
   char simd_err[512] = "", aio_why[512] = "", aio_chosen[32] = "";
   int64_t total;
+  zs__problems problems;
 
   if (flags & ~(unsigned)ZS_REPORT_JSON)
     return zs__fail(ZS_EINVAL, "zs_report: unknown flags 0x%x", flags);
@@ -210,7 +245,9 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
                      "copies). Raise it with 'ulimit -l unlimited' or in "
                      "/etc/security/limits.conf";
   }
-  zs__backends(be);
+  for (i = 0; i < 3; i++)
+    be_ok[i] = zs_aio_backend_available(zs__report_backends[i].backend,
+                                        be_why[i], sizeof be_why[i]);
   {
     int b = zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, aio_why, sizeof aio_why);
     if (b > 0)
@@ -219,6 +256,7 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
       snprintf(aio_why, sizeof aio_why, "%s", zs_last_error());
   }
   cuda_ok = zs__cuda_probe(cuda, sizeof cuda);
+  zs__find_problems(&problems);
 
   if (json) {
     zs__sb_add(&sb, "{\n  \"version\": \"%s\",\n", zs_version_string());
@@ -244,21 +282,12 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     else
       zs__sb_add(&sb, "null");
     zs__sb_add(&sb, ", \"forced_by_env\": ");
-    if (simd_env)
-      zs__sb_json_str(&sb, simd_env);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, simd_env);
     zs__sb_add(&sb, ", \"error\": ");
-    if (level < 0)
-      zs__sb_json_str(&sb, simd_err);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, level < 0 ? simd_err : NULL);
     zs__sb_add(&sb, "},\n  \"threads\": {\"default\": %d, \"env\": ",
                zs_pool_size(zs_pool_default()) + 1);
-    if (threads_env)
-      zs__sb_json_str(&sb, threads_env);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, threads_env);
     zs__sb_add(&sb, "},\n  \"memory\": {\"ram_bytes\": %llu, "
                "\"memlock_limit_bytes\": ", (unsigned long long)ramb);
     if (lim == UINT64_MAX)
@@ -266,28 +295,28 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     else
       zs__sb_add(&sb, "%llu", (unsigned long long)lim);
     zs__sb_add(&sb, ", \"memlock_warning\": ");
-    if (lock_warning)
-      zs__sb_json_str(&sb, lock_warning);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, lock_warning);
     zs__sb_add(&sb, "},\n  \"io_backends\": {");
     for (i = 0; i < 3; i++) {
       zs__sb_add(&sb, "%s\n    \"%s\": {\"available\": %s, \"why\": ",
-                 i ? "," : "", be[i].name, be[i].available ? "true" : "false");
-      zs__sb_json_str(&sb, be[i].why);
+                 i ? "," : "", zs__report_backends[i].name,
+                 be_ok[i] ? "true" : "false");
+      zs__sb_json_str(&sb, be_why[i]);
       zs__sb_add(&sb, "}");
     }
     zs__sb_add(&sb, "\n  },\n  \"io_backend_auto\": {\"chosen\": ");
-    if (aio_chosen[0])
-      zs__sb_json_str(&sb, aio_chosen);
-    else
-      zs__sb_add(&sb, "null");
+    zs__sb_json_opt(&sb, aio_chosen[0] ? aio_chosen : NULL);
     zs__sb_add(&sb, ", \"why\": ");
     zs__sb_json_str(&sb, aio_why);
     zs__sb_add(&sb, "},\n  \"cuda_driver\": {\"available\": %s, "
                "\"detail\": ", cuda_ok ? "true" : "false");
     zs__sb_json_str(&sb, cuda);
-    zs__sb_add(&sb, "}\n}\n");
+    zs__sb_add(&sb, "},\n  \"problems\": [");
+    for (i = 0; i < problems.n; i++) {
+      zs__sb_add(&sb, "%s", i ? ", " : "");
+      zs__sb_json_str(&sb, problems.msg[i]);
+    }
+    zs__sb_add(&sb, "]\n}\n");
   } else {
     zs__features_str(feats, sizeof feats, zs_cpu_features(), 0);
     zs__sb_add(&sb, "zspeed report\n");
@@ -319,8 +348,8 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     if (lock_warning) zs__sb_add(&sb, "  WARNING: %s\n", lock_warning);
     zs__sb_add(&sb, "io backends:\n");
     for (i = 0; i < 3; i++)
-      zs__sb_add(&sb, "  %-9s .......... %s%s\n", be[i].name,
-                 be[i].available ? "" : "unavailable: ", be[i].why);
+      zs__sb_add(&sb, "  %-9s .......... %s%s\n", zs__report_backends[i].name,
+                 be_ok[i] ? "" : "unavailable: ", be_why[i]);
     if (aio_chosen[0])
       zs__sb_add(&sb, "  auto chooses ...... %s (%s)\n", aio_chosen, aio_why);
     else

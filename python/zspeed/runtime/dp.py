@@ -1,0 +1,516 @@
+"""Data parallelism: ZeRO stages 1 and 2 over several ranks (torch.distributed).
+
+Every rank holds the whole model (on its GPU, or the CPU) and trains it on its own
+micro-batches. The partition plan (partition.py) cuts each parameter group into
+units of whole parameters and every unit into one shard per rank. Three pieces
+build on it:
+
+:class:`ShardedModel`
+    flattens the parameters of each unit into one buffer on the model's device
+    (each parameter becomes a view of it, so an all-gather into the buffer updates
+    the model in place), and describes this rank's *local space*: its shards of
+    the group's units, laid out as a :class:`~zspeed.runtime.layout.FlatLayout`
+    whose "parameters" are the pieces of real parameters it owns plus the padding
+    at the end of a shard. The optimizer paths (cpu.py, nvme.py and
+    :class:`ShardedDevicePath` below) work on that layout exactly as they work on
+    the whole model in one process: pieces are stepped like parameters (padding
+    stays zero: zero gradient, zero weight, zero state).
+:class:`GradReducer`
+    reduce-scatters each unit's gradients into this rank's shard: on the boundary
+    micro-batch a hook per parameter copies its gradient into the unit's buffer;
+    with stage 2 a unit's collective starts as soon as all its gradients are there
+    (asynchronously with overlap_comm, else waited for before backward goes on),
+    with stage 1 every unit is reduced after backward. Collectives are issued in one
+    fixed order (descending unit index, the order backward usually produces them), so
+    every rank issues the same sequence whatever order its hooks fire in.
+:class:`ShardedBuffers`
+    the interface of offload.HostBuffers for the offloaded paths: host buffers in the
+    local space, the reduced gradients, and the way back: the updated shard goes into
+    the unit buffer and one all-gather per unit gives every rank every weight.
+
+Gradient accumulation sums on the device between boundaries (no communication);
+the boundary's backward reduces the sum. Gradients are summed across ranks and the
+mean is taken in the step's gradient factor (1 / world size folded into the
+unscale/clip multiplier), so no extra pass runs over them; the sum of squares and the
+overflow flag each rank computes over its shard are all-reduced by the engine, so
+every rank takes the same skip/clip decision.
+
+Communication device: NCCL reduces on the GPU, and only the shard crosses to the host
+(offload); Gloo reduces host tensors, so with a CUDA model (Windows) the unit's
+gradients are copied to the host first and reduced there, after backward (Gloo cannot
+overlap with the GPU's work here). On a CPU-only run everything is host memory.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+
+import torch
+import torch.distributed as td
+
+from .layout import FlatLayout
+from .offload import pin_in_place, _unpin
+from .partition import PartitionPlan
+from .paths import OptimizerPath
+from .optimizers import build_device_optimizer, rebuild_like
+
+log = logging.getLogger("zspeed.dp")
+
+__all__ = ["ShardedModel", "GradReducer", "ShardedBuffers", "ShardedDevicePath", "PAD"]
+
+PAD = -1  # Piece.param of the padding at the end of a shard
+
+
+class ShardedModel:
+    """The model's parameters flattened per unit on its device, and this rank's local space."""
+
+    def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
+                 group=None):
+        self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
+        self.group = group
+        self.rank, self.world_size = plan.rank, plan.world_size
+        # Per group, per unit: one flat buffer holding the unit's parameters.
+        self.bufs: list[list[torch.Tensor]] = []
+        with torch.no_grad():
+            for gi, gp in enumerate(plan.groups):
+                row = []
+                for u in gp.units:
+                    buf = torch.zeros(u.padded, dtype=dtype, device=device)
+                    at = 0
+                    for pi in range(u.first, u.first + u.count):
+                        p = layout.params[gi][pi]
+                        n = p.numel()
+                        view = buf[at:at + n]
+                        view.copy_(p.detach().reshape(-1))
+                        p.data = view.view(p.shape)
+                        at += n
+                    row.append(buf)
+                self.bufs.append(row)
+        # The local space: per group, the pieces (plus padding) in local order.
+        self.pieces: list[list] = []      # per group: (Piece or None for padding, local start, length)
+        local_params: list[list[torch.Tensor]] = []
+        for gi, gp in enumerate(plan.groups):
+            entries, tensors = [], []
+            mine = plan.pieces(gi)
+            for ui, u in enumerate(gp.units):
+                shard0 = gp.local_start[ui]
+                at = shard0
+                for pc in (p for p in mine if p.unit == ui):
+                    entries.append((pc, pc.at, pc.length))
+                    tensors.append(self.shard(gi, ui)[pc.at - shard0:pc.at - shard0 + pc.length])
+                    at = pc.at + pc.length
+                if at < shard0 + u.shard:  # padding (or a shard holding nothing real)
+                    entries.append((None, at, shard0 + u.shard - at))
+                    tensors.append(self.shard(gi, ui)[at - shard0:])
+            self.pieces.append(entries)
+            local_params.append(tensors)
+        self.local_layout = FlatLayout(layout.with_params(local_params))
+
+    def shard(self, gi: int, ui: int) -> torch.Tensor:
+        """This rank's shard of unit ui of group gi (a view of the unit's buffer)."""
+        u = self.plan.groups[gi].units[ui]
+        return self.bufs[gi][ui].narrow(0, self.rank * u.shard, u.shard)
+
+    def local_range(self, gi: int, ui: int) -> tuple[int, int]:
+        """(start, length) of unit ui's shard in the local space of group gi."""
+        gp = self.plan.groups[gi]
+        return gp.local_start[ui], gp.units[ui].shard
+
+    def all_gather(self, comm_cpu: bool, host_out: list | None = None) -> None:
+        """Every rank's updated shards into every unit buffer (so into the parameters).
+
+        comm_cpu with a CUDA model (Gloo): the shards are gathered from ``host_out`` (per
+        group, the flat local-space host buffer holding the new weights) on the host and
+        the whole unit is then copied to the device."""
+        with torch.no_grad():
+            for gi, row in enumerate(self.bufs):
+                for ui in range(len(row)):
+                    buf, (start, n) = row[ui], self.local_range(gi, ui)
+                    if comm_cpu and self.device.type == "cuda":
+                        full = torch.empty(buf.numel(), dtype=buf.dtype)
+                        td.all_gather_into_tensor(full, host_out[gi][start:start + n].contiguous(),
+                                                  group=self.group)
+                        buf.copy_(full, non_blocking=False)
+                    elif self.device.type == "cuda":
+                        td.all_gather_into_tensor(buf, self.shard(gi, ui), group=self.group)
+                    else:  # Gloo on host tensors: the input must not alias the output
+                        td.all_gather_into_tensor(buf, self.shard(gi, ui).clone(), group=self.group)
+
+
+class GradReducer:
+    """Reduce-scatters the boundary's gradients, unit by unit, into this rank's shard
+    (see the module docstring). ``dests``: per group, a flat buffer of the local space
+    (host or device, any float dtype) that receives the summed shard."""
+
+    def __init__(self, sharded: ShardedModel, dests: list, *, stage: int, overlap: bool, comm_cpu: bool,
+                 comm_dtype: torch.dtype):
+        self.sm, self.dests = sharded, dests
+        self.layout = sharded.layout
+        self.device = sharded.device
+        self.cuda = self.device.type == "cuda"
+        self.comm_cpu = comm_cpu
+        self.comm_dtype = comm_dtype
+        # Stage 1 reduces after backward; stage 2 during it (Gloo with a CUDA model after,
+        # as the copies to the host must complete first).
+        self.eager = stage >= 2 and not (comm_cpu and self.cuda)
+        self.overlap = overlap
+        self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self._armed = False
+        self._order = [(gi, ui) for gi, gp in enumerate(sharded.plan.groups) for ui in range(len(gp.units))]
+        self._order.reverse()
+        self._missing: dict = {}
+        self._unit_bufs: dict = {}
+        self._next = 0           # index into _order of the next unit to issue
+        self._works: list = []   # (work, finish callback) in issue order
+        self._norms: list = []   # CUDA: fp32 norms of the reduced shards, on the device
+        self.reset()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
+                       for ps in self.layout.params for p in ps]
+
+    # -- backward ------------------------------------------------------------------------------------
+    def before_backward(self, boundary: bool) -> None:
+        self._armed = boundary and self.eager
+
+    def _unit_buf(self, gi: int, ui: int) -> torch.Tensor:
+        key = (gi, ui)
+        buf = self._unit_bufs.get(key)
+        if buf is None:
+            u = self.sm.plan.groups[gi].units[ui]
+            buf = torch.empty(u.padded, dtype=self.comm_dtype, device=self.device)
+            if u.padded > u.length:
+                buf[u.length:].zero_()
+            self._unit_bufs[key] = buf
+        return buf
+
+    def _take(self, gi: int, pi: int, g: torch.Tensor | None) -> None:
+        """Puts parameter pi's gradient (or zeros) into its unit buffer."""
+        gp = self.sm.plan.groups[gi]
+        ui = gp.unit_of[pi]
+        off = gp.offsets[pi] - gp.units[ui].start
+        dst = self._unit_buf(gi, ui)[off:off + gp.numels[pi]]
+        with torch.no_grad():
+            if g is None:
+                dst.zero_()
+            else:
+                dst.copy_(g.reshape(-1))
+        self._taken.add((gi, pi))
+        self._missing[(gi, ui)] -= 1
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self._armed or p.grad is None:
+            return
+        gi, pi = self.layout.index[id(p)]
+        self._take(gi, pi, p.grad)
+        p.grad = None
+        self._issue_ready()
+
+    def _issue_ready(self) -> None:
+        while self._next < len(self._order) and self._missing[self._order[self._next]] == 0:
+            self._issue(*self._order[self._next])
+            self._next += 1
+
+    def _issue(self, gi: int, ui: int) -> None:
+        buf = self._unit_bufs.pop((gi, ui))
+        start, n = self.sm.local_range(gi, ui)
+        dest = self.dests[gi][start:start + n]
+        group = self.sm.group
+        if self.comm_cpu and self.cuda:
+            host = torch.empty(buf.numel(), dtype=buf.dtype, pin_memory=False)
+            host.copy_(buf)
+            out = torch.empty(n, dtype=buf.dtype)
+            td.reduce_scatter_tensor(out, host, group=group)
+            dest.copy_(out)
+            return
+        if not self.cuda:  # host tensors (Gloo)
+            same = dest.dtype == buf.dtype and dest.is_contiguous()
+            out = dest if same else torch.empty(n, dtype=buf.dtype)
+            work = td.reduce_scatter_tensor(out, buf, group=group, async_op=True)
+            self._works.append((work, None if same else (lambda o=out, d=dest: d.copy_(o)), buf))
+            if not self.overlap:
+                self._finish_all()
+            return
+        # CUDA with NCCL: reduce on the device, then the shard goes where dests says.
+        out = torch.empty(n, dtype=buf.dtype, device=self.device)
+        work = td.reduce_scatter_tensor(out, buf, group=group, async_op=True)
+        with torch.cuda.stream(self.side):
+            work.wait()  # the side stream waits for the collective
+            self._norms.append(torch.linalg.vector_norm(out, 2, dtype=torch.float32))
+            dest.copy_(out, non_blocking=True)
+            out.record_stream(self.side)
+            buf.record_stream(self.side)
+        if not self.overlap:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+
+    def _finish_all(self) -> None:
+        for work, finish, _buf in self._works:
+            work.wait()
+            if finish is not None:
+                finish()
+        self._works.clear()
+
+    def after_backward(self) -> None:
+        self._armed = False
+
+    # -- the step --------------------------------------------------------------------------------------
+    def gather(self) -> None:
+        """Reduces what is left (every unit with stage 1) in the fixed order, and waits. A
+        parameter whose hook did not fire on the boundary contributes the gradient it has
+        (accumulated in earlier micro-batches) or zeros."""
+        for gi, ui in self._order[self._next:]:
+            u = self.sm.plan.groups[gi].units[ui]
+            for pi in range(u.first, u.first + u.count):
+                if (gi, pi) not in self._taken:
+                    p = self.layout.params[gi][pi]
+                    self._take(gi, pi, p.grad)
+                    p.grad = None
+        while self._next < len(self._order):
+            self._issue(*self._order[self._next])
+            self._next += 1
+        self._finish_all()
+        if self.cuda:
+            self.side.synchronize()
+
+    def local_norms(self) -> list:
+        return self._norms
+
+    def reset(self) -> None:
+        self._missing = {(gi, ui): u.count for gi, gp in enumerate(self.sm.plan.groups)
+                         for ui, u in enumerate(gp.units)}
+        self._unit_bufs = {}
+        self._next = 0
+        self._works = []
+        self._norms = []
+        self._taken = set()
+
+
+def _flat_base(views: list, flats: list) -> list | None:
+    """Per group, the flat tensor whose per-piece views ``views`` are (None if not among ``flats``)."""
+    out = []
+    for gi, row in enumerate(views):
+        hit = next((f for f in flats if row and f.data_ptr() == row[0].data_ptr()), None)
+        if hit is None:
+            return None
+        out.append(hit)
+    return out
+
+
+class _ShardedSource:
+    """offload.HostBuffers' gradient source for several ranks: the GradReducer's shards."""
+
+    def __init__(self, reducer: GradReducer, grads: list, device_norms: bool):
+        self.reducer, self.grads, self.device_norms = reducer, grads, device_norms
+
+    def before_backward(self, boundary: bool) -> None:
+        self.reducer.before_backward(boundary)
+
+    def after_backward(self) -> None:
+        self.reducer.after_backward()
+
+    def gather(self) -> list:
+        self.reducer.gather()
+        return self.grads
+
+    def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
+        if self.device_norms:
+            norms = self.reducer.local_norms()
+            if not norms:
+                return 0.0, False
+            total = torch.stack(norms).to(torch.float64).square().sum().item() * float(scale) ** 2
+            return total, not math.isfinite(total)
+        return host_stats([g for row in grads for g in row], scale)
+
+    def reset(self) -> None:
+        self.reducer.reset()
+
+
+class ShardedBuffers:
+    """offload.HostBuffers for several ranks (see the module docstring): host buffers in this
+    rank's local space, gradients reduce-scattered into them, weights all-gathered back."""
+
+    def __init__(self, sm: ShardedModel, *, pin_memory: bool, stage: int, overlap: bool, comm_cpu: bool,
+                 comm_dtype: torch.dtype):
+        self.sm = sm
+        self.layout = sm.local_layout
+        self.device = sm.device
+        self.cuda = self.device.type == "cuda"
+        self.model_dtype = sm.dtype
+        self.comm_cpu = comm_cpu
+        self._pin = self.cuda and pin_memory
+        self._pinned_ptrs: list[int] = []
+        self._pinned_any = False
+        import weakref
+        weakref.finalize(self, _unpin, self._pinned_ptrs)
+        self._flats: list = []
+        self.flat_grads, self.grads = self.alloc(sm.dtype)
+        self.reducer = GradReducer(sm, self.flat_grads, stage=stage, overlap=overlap, comm_cpu=comm_cpu,
+                                   comm_dtype=comm_dtype)
+        self._source = _ShardedSource(self.reducer, self.grads, device_norms=self.cuda and not comm_cpu)
+        self._h2d_done = None
+        self._pending_src = None
+
+    @property
+    def pinned(self) -> bool:
+        return self._pin and self._pinned_any
+
+    def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
+        flats = []
+        for total in self.layout.totals:
+            t = torch.zeros(total, dtype=dtype)
+            if self._pin:
+                ok = pin_in_place(t)
+                if ok:
+                    self._pinned_ptrs.append(t.data_ptr())
+                    self._pinned_any = True
+                elif ok is None:
+                    try:
+                        t = torch.zeros(total, dtype=dtype, pin_memory=True)
+                        self._pinned_any = True
+                    except RuntimeError as e:
+                        warnings.warn(f"zspeed: pinned host allocation refused ({e}); offload buffers stay "
+                                      f"pageable.", RuntimeWarning, stacklevel=3)
+            flats.append(t)
+        self._flats.extend(flats)
+        return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
+
+    # -- gradients --------------------------------------------------------------------------------
+    def before_backward(self, boundary: bool) -> None:
+        self._source.before_backward(boundary)
+
+    def after_backward(self) -> None:
+        self._source.after_backward()
+
+    def gather(self) -> list:
+        return self._source.gather()
+
+    def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
+        return self._source.grad_stats(grads, scale, host_stats)
+
+    def release(self) -> None:
+        for ps in self.sm.layout.params:
+            for p in ps:
+                p.grad = None
+        self._source.reset()
+
+    # -- weights ----------------------------------------------------------------------------------
+    def wait_host_buffers(self) -> None:
+        if self._h2d_done is not None:
+            self._h2d_done.synchronize()
+            self._h2d_done = None
+
+    def write_back(self, src: list, keys: list) -> None:
+        """Puts the new weights of the pieces ``keys`` into this rank's shards of the unit
+        buffers (on the host path with Gloo and a CUDA model: remembered for the all-gather,
+        which then runs on the host)."""
+        self._pending_src = src
+        if self.comm_cpu and self.cuda:
+            return
+        with torch.no_grad():
+            for gi, pi in keys:
+                p, s = self.layout.params[gi][pi], src[gi][pi]
+                if s.data_ptr() != p.data_ptr():
+                    p.copy_(s, non_blocking=self.cuda)
+
+    def end_write_back(self) -> None:
+        """One all-gather per unit: every rank's new shard into every rank's parameters."""
+        host_out = None
+        if self.comm_cpu and self.cuda:
+            host_out = _flat_base(self._pending_src, self._flats)
+        self.sm.all_gather(self.comm_cpu, host_out)
+        self._pending_src = None
+        if self.cuda:
+            self._h2d_done = torch.cuda.Event()
+            self._h2d_done.record(torch.cuda.current_stream(self.device))
+
+    def refresh(self, masters: list, outs: list | None) -> None:
+        """After a checkpoint load replaced this rank's masters: its shards, its weight buffers
+        and then, by all-gather, every parameter follow them."""
+        with torch.no_grad():
+            for ps, ms in zip(self.layout.params, masters):
+                for p, m in zip(ps, ms):
+                    if p.data_ptr() != m.data_ptr():
+                        p.copy_(m.reshape(-1).to(p.device, p.dtype))
+            for ms, os_ in zip(masters, outs or []):
+                for m, o in zip(ms, os_):
+                    if o.data_ptr() != m.data_ptr():
+                        o.copy_(m.reshape(-1))
+        src = outs if outs is not None else masters
+        self._pending_src = src
+        self.end_write_back()
+        self.wait_host_buffers()
+
+
+class ShardedDevicePath(OptimizerPath):
+    """torch's optimizer on the device over this rank's shards (offload_optimizer.device none,
+    several ranks): one flat fp32 master per group (the local space), reduced gradients
+    in fp32 beside it, updated weights into the shards and all-gathered."""
+
+    def __init__(self, sm: ShardedModel, name: str | None, params: dict, client, *, stage: int,
+                 overlap: bool, comm_cpu: bool, comm_dtype: torch.dtype):
+        super().__init__(sm.local_layout)
+        self.sm = sm
+        dev = sm.device
+        with torch.no_grad():
+            self._flat = [torch.cat([sm.shard(gi, ui) for ui in range(len(gp.units))]).to(dev, torch.float32)
+                          for gi, gp in enumerate(sm.plan.groups)]
+        self._gflat = [torch.zeros_like(f) for f in self._flat]
+        for f, g in zip(self._flat, self._gflat):
+            f.grad = g
+        self._views = [self.layout.views(f, gi) for gi, f in enumerate(self._flat)]
+        flat_groups = [[f] for f in self._flat]
+        if client is not None:
+            self.optimizer = rebuild_like(client, flat_groups)
+        else:
+            self.optimizer = build_device_optimizer(name, params, sm.layout.with_params(flat_groups), dev)
+        self.reducer = GradReducer(sm, self._gflat, stage=stage, overlap=overlap, comm_cpu=comm_cpu,
+                                   comm_dtype=comm_dtype)
+        self.comm_cpu = comm_cpu
+
+    def before_backward(self, boundary: bool) -> None:
+        self.reducer.before_backward(boundary)
+
+    def after_backward(self) -> None:
+        self.reducer.after_backward()
+
+    def gather(self) -> None:
+        self.reducer.gather()
+
+    def grad_stats(self, scale: float) -> tuple[float, bool]:
+        from .optimizers import torch_grad_stats
+        return torch_grad_stats(self._gflat, scale)
+
+    def apply(self, factor: float) -> None:
+        if factor != 1.0:
+            torch._foreach_mul_(self._gflat, factor)
+        self.optimizer.step()
+        self._to_model()
+
+    def _to_model(self) -> None:
+        host_out = None
+        with torch.no_grad():
+            for gi, gp in enumerate(self.sm.plan.groups):
+                for ui in range(len(gp.units)):
+                    start, n = self.sm.local_range(gi, ui)
+                    self.sm.shard(gi, ui).copy_(self._flat[gi][start:start + n])
+            if self.comm_cpu and self.sm.device.type == "cuda":
+                host_out = [f.to("cpu", self.sm.dtype) for f in self._flat]
+        self.sm.all_gather(self.comm_cpu, host_out)
+
+    def release(self) -> None:
+        self.reducer.reset()
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        for ps in self.sm.layout.params:
+            for p in ps:
+                p.grad = None
+
+    def masters(self) -> list:
+        return self._views
+
+    def load_masters(self, masters: list) -> None:
+        with torch.no_grad():
+            for vs, srcs in zip(self._views, masters):
+                for v, s in zip(vs, srcs):
+                    v.copy_(s.reshape(-1).to(v.device, torch.float32))
+        self._to_model()
