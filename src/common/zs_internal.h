@@ -125,6 +125,19 @@ uint64_t zs__now_ns(void);
  * returns NULL for empty values. */
 const char *zs__getenv(const char *name);
 
+/* --------------------------------------------------------------- numbers */
+
+/* The strict number parser of environment variables and the native
+ * command's options (parse.c). The whole string must be the number; a value
+ * outside [lo, hi] is refused, never clamped. Returns 0, ZS_EINVAL (not a
+ * number; the message says what is expected) or ZS_ERANGE (the message
+ * gives the range). */
+int zs__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* A byte or element count: an integer or decimal with an optional binary
+ * unit (K, M, G, T = 2^10 .. 2^40, optionally followed by "iB" or "B"),
+ * or 2^k; the result must be a whole number. */
+int zs__parse_size(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
 /* ----------------------------------------------------------------- files */
 
 enum zs__open_flags {
