@@ -114,6 +114,12 @@ void zs__cond_signal(zs__cond *c);
 void zs__cond_broadcast(zs__cond *c);
 void zs__call_once(zs__once_t *o, void (*fn)(void));
 
+/* Threads of one pool at most, the caller included (ZSPEED_NUM_THREADS). */
+#define ZS__MAX_THREADS 4096
+/* 0 if the default pool exists; else its error code, with the message
+ * saying why (an unusable ZSPEED_NUM_THREADS names the variable). */
+int zs__pool_default_check(void);
+
 /* ----------------------------------------------------------------- clock */
 
 /* Monotonic nanoseconds. */

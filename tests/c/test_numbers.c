@@ -1,5 +1,8 @@
 /* The strict number parser (zs__parse_int, zs__parse_size) that the native
- * command's options go through. */
+ * command's options and ZSPEED_NUM_THREADS go through, and the default
+ * pool's handling of ZSPEED_NUM_THREADS: a usable value sizes the pool, any
+ * other is refused (never replaced by the core count). numbers.cmake runs
+ * this binary with several values of the variable. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,4 +69,40 @@ static void parse_size_units_and_limits(void) {
   ZT_CHECK(v == 8191 * 1024 + 896);
 }
 
-ZT_MAIN(ZT_CASE(parse_int_is_strict), ZT_CASE(parse_size_units_and_limits))
+/* As ZSPEED_NUM_THREADS says: a usable value sizes the default pool (the
+ * caller counts as one of the threads), anything else leaves no default
+ * pool, and every use of it fails naming the variable. */
+static void count_visit(void *ctx, size_t b, size_t e, int worker) {
+  (void)worker;
+  zs__atomic_add64((volatile int64_t *)ctx, (int64_t)(e - b));
+}
+
+static void default_pool_follows_the_variable(void) {
+  const char *env = getenv("ZSPEED_NUM_THREADS");
+  int64_t want = 0, seen = 0;
+  int usable = !env || !env[0] ||
+               zs__parse_int(env, 1, ZS__MAX_THREADS, &want) == 0;
+  zs_pool *p = zs_pool_default();
+  if (!env || !env[0]) want = zs_cpu_count();
+  if (usable) {
+    ZT_CHECK(p != NULL);
+    /* The pool keeps one worker even for 1 thread (zs_pool_submit needs
+     * one to make progress). */
+    ZT_CHECKF(zs_pool_size(p) + 1 == (int)ZS_MAX(want, 2),
+              "ZSPEED_NUM_THREADS=%s: %d threads", env ? env : "(unset)",
+              zs_pool_size(p) + 1);
+    ZT_OK(zs__pool_default_check());
+    ZT_OK(zs_pool_parallel_for(NULL, 100, 7, 0, count_visit, &seen));
+    ZT_CHECK(seen == 100);
+    return;
+  }
+  ZT_CHECK(p == NULL);
+  ZT_CHECK(zs__pool_default_check() < 0);
+  ZT_CHECKF(strstr(zs_last_error(), "ZSPEED_NUM_THREADS=") != NULL,
+            "%s", zs_last_error());
+  ZT_CHECK(zs_pool_parallel_for(NULL, 100, 7, 0, count_visit, &seen) < 0);
+  ZT_CHECK(seen == 0 && strstr(zs_last_error(), "ZSPEED_NUM_THREADS") != NULL);
+}
+
+ZT_MAIN(ZT_CASE(parse_int_is_strict), ZT_CASE(parse_size_units_and_limits),
+        ZT_CASE(default_pool_follows_the_variable))

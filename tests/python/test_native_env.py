@@ -57,3 +57,38 @@ def test_folder_or_text_file_is_a_clear_error(tmp_path):
     text.write_text("not a library\n")
     out = _load_with(str(text))
     assert out.startswith("ZSpeedError") and "ZSPEED_LIBRARY" in out and str(text) in out, out
+
+
+THREADS_PROBE = textwrap.dedent("""
+    import numpy as np
+    from zspeed import NativeError
+    from zspeed.ops.adam import adam_step
+    p = np.ones(1000, np.float32)
+    try:
+        adam_step(p, np.ones(1000, np.float32), np.zeros(1000, np.float32), np.zeros(1000, np.float32), step=1)
+        print("STEPPED", bool((p != 1).all()))
+    except NativeError as e:
+        print("NativeError", e.name, e.detail, bool((p == 1).all()))
+""")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "100000", "4.5", " 4"])
+def test_unusable_thread_count_is_refused_not_replaced(value, zs):
+    env = dict(os.environ, ZSPEED_NUM_THREADS=value)
+    res = subprocess.run([sys.executable, "-c", THREADS_PROBE], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("NativeError") and f"ZSPEED_NUM_THREADS={value}" in res.stdout, res.stdout
+    assert res.stdout.rstrip().endswith("True")  # nothing was modified
+    rep = zs("report", env={"ZSPEED_NUM_THREADS": value}, check=False)
+    assert rep.returncode == 1 and f"ZSPEED_NUM_THREADS={value}" in rep.stderr
+    assert "threads ............. ERROR" in rep.stdout
+
+
+def test_usable_thread_count_is_applied(zs):
+    env = dict(os.environ, ZSPEED_NUM_THREADS="3")
+    res = subprocess.run([sys.executable, "-c", THREADS_PROBE], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.stdout.startswith("STEPPED True"), (res.stdout, res.stderr)
+    rep = zs("report", env={"ZSPEED_NUM_THREADS": "3"})
+    assert "threads ............. 3 (ZSPEED_NUM_THREADS=3)" in rep.stdout
