@@ -129,8 +129,8 @@ typedef struct zs_swap_step_args {
   int out_dtype;
   double grad_scale; /* multiplies every gradient (default 1) */
   double lr;         /* this step's lr; negative = the current lr (default) */
-  /* Adam's step number for bias correction; 0 (default) = zs_swap_steps()
-   * + 1. */
+  /* Adam's step number for bias correction, in [0, 2^63 - 2]; 0 (default)
+   * = zs_swap_steps() + 1. The committed step count becomes this number. */
   int64_t step;
 } zs_swap_step_args;
 
@@ -189,7 +189,8 @@ ZS_EXTERN void zs_swap_get_hparams(const zs_swap *s, double *lr,
 
 /* Committed steps (successful zs_swap_step calls, or the value set). */
 ZS_EXTERN int64_t zs_swap_steps(const zs_swap *s);
-/* Sets the step counter, e.g. after resuming from a checkpoint. */
+/* Sets the step counter, e.g. after resuming from a checkpoint: steps in
+ * [0, 2^63 - 2], so that the next step's number exists (else ZS_EINVAL). */
 ZS_EXTERN int zs_swap_set_steps(zs_swap *s, int64_t steps);
 
 /* ------------------------------------------------- checkpoint state */

@@ -315,8 +315,10 @@ void zs_swap_get_hparams(const zs_swap *s, double *lr, double *b1, double *b2,
 int64_t zs_swap_steps(const zs_swap *s) { return s ? s->steps : 0; }
 
 int zs_swap_set_steps(zs_swap *s, int64_t steps) {
-  if (!s || steps < 0)
-    return zs__fail(ZS_EINVAL, "zs_swap_set_steps: steps must be >= 0");
+  /* The next step is numbered steps + 1, which must be an int64_t too. */
+  if (!s || steps < 0 || steps == INT64_MAX)
+    return zs__fail(ZS_EINVAL, "zs_swap_set_steps: steps = %lld must be in "
+                    "[0, 2^63 - 2]", (long long)steps);
   s->steps = steps;
   return 0;
 }
