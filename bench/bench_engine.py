@@ -9,6 +9,8 @@ then one machine-readable line starting with RESULT.
   python bench/bench_engine.py --impl torch             # GPU-only reference (torch fused AdamW)
   python bench/bench_engine.py --impl deepspeed         # DeepSpeed ZeRO-2 + offload (if installed)
   python bench/bench_engine.py --layers 2 --d-model 512 --seq 256 --steps 5   # shrunk smoke run
+  torchrun --nproc_per_node 2 bench/bench_engine.py     # data parallel: batch 8 x 1024 per rank,
+                                                        # tokens/s over all ranks, memory per rank
 Flags: --torch-adam (torch AdamW on the CPU instead of zspeed.ops), --state-dtype bf16|int8,
 --no-pin, --offload none, --dtype fp16|bf16, --threads N (CPU optimizer threads).
 """
@@ -66,7 +68,15 @@ def main():
         sys.exit("bench_engine.py needs a CUDA GPU")
     if a.threads:
         torch.set_num_threads(a.threads)
-    dev = torch.device("cuda", 0)
+    # Under torchrun every rank drives the GPU LOCAL_RANK and reads its own batches.
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and a.impl == "torch":
+        sys.exit("--impl torch is the one-GPU reference; run it without torchrun")
+    # ZSPEED_DEVICE=cuda:0 puts every rank on one GPU (with ZSPEED_DIST_BACKEND=gloo: NCCL
+    # needs one GPU per rank), as on a one-GPU machine.
+    dev = torch.device(os.environ.get("ZSPEED_DEVICE") or f"cuda:{local}")
+    torch.cuda.set_device(dev)
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=a.vocab, max_len=a.seq, d_model=a.d_model, n_layer=a.layers, n_head=a.heads)
     model = GPT(cfg)
@@ -107,7 +117,8 @@ def main():
             engine.step()
     torch.cuda.synchronize()
     t_init = time.perf_counter() - t_init
-    g = torch.Generator(device=dev).manual_seed(0)
+    rank = int(os.environ.get("RANK", "0"))
+    g = torch.Generator(device=dev).manual_seed(rank)
     times, fb, st = [], [], []
     for i in range(a.warmup + a.steps):
         x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
@@ -129,21 +140,43 @@ def main():
         print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  loss {loss.item():.4f}",
               flush=True)
     med = statistics.median(times)
+    mine = {"peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+            "host_rss_gib": round(_rss() / 2**30, 2), "step_s": round(med, 4)}
+    per_rank = [mine]
+    if world > 1:
+        import torch.distributed as td
+        per_rank = [None] * world
+        td.all_gather_object(per_rank, mine)
+        if rank != 0:
+            return
     res = {
         "impl": a.impl, "offload": a.offload, "params": nparams, "layers": a.layers, "d_model": a.d_model,
         "batch": a.batch, "seq": a.seq, "dtype": a.dtype, "torch_adam": a.torch_adam,
-        "state_dtype": a.state_dtype, "pin": not a.no_pin,
+        "state_dtype": a.state_dtype, "pin": not a.no_pin, "world_size": world,
         "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
-        "opt_step_s": round(statistics.median(st), 4), "tokens_per_s": round(a.batch * a.seq / med, 1),
-        "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+        "opt_step_s": round(statistics.median(st), 4),
+        "tokens_per_s": round(world * a.batch * a.seq / max(r["step_s"] for r in per_rank), 1),
+        "peak_alloc_gib": max(r["peak_alloc_gib"] for r in per_rank),
+        "peak_reserved_gib": max(r["peak_reserved_gib"] for r in per_rank),
+        "host_rss_gib_per_rank": [r["host_rss_gib"] for r in per_rank],
         "init_s": round(t_init, 1), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
         "cpu_threads": torch.get_num_threads(),
     }
     print(f"{a.impl}: {nparams / 1e9:.2f}B params, median step {med:.3f}s "
           f"(fwd+bwd {res['fwd_bwd_s']:.3f}s + optimizer {res['opt_step_s']:.3f}s), "
-          f"{res['tokens_per_s']:,.0f} tokens/s, peak GPU {res['peak_alloc_gib']:.2f} GiB allocated")
+          f"{res['tokens_per_s']:,.0f} tokens/s over {world} rank(s), peak GPU {res['peak_alloc_gib']:.2f} GiB "
+          f"allocated per rank")
     print("RESULT " + json.dumps(res))
+
+
+def _rss() -> int:
+    """Resident memory of this process (bytes); 0 where /proc is missing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
 
 
 if __name__ == "__main__":

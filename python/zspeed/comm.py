@@ -168,13 +168,40 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
                                f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}. Start the job with torchrun, "
                                f"`zspeed launch` or DeepSpeed's launcher, or set {', '.join(missing)} "
                                f"(MASTER_PORT is usually {distributed_port}).")
-    # A group left alive at interpreter exit can abort the process from Gloo's threads
-    # ("terminate called without an active exception"): zspeed destroys what it created.
     import atexit
-    atexit.register(destroy_process_group)
+    atexit.register(_shutdown)
     if verbose and get_rank() == 0:
         log.info("zspeed: torch.distributed initialized: backend %s, world size %d", get_backend(),
                  get_world_size())
+
+
+def _shutdown() -> None:
+    """At interpreter exit, the group zspeed created is destroyed on every rank, and rank 0,
+    whose process serves the launcher's key-value store, leaves last. A group left to the
+    interpreter's teardown, or a store that disappears while another rank still tears down
+    its group, can abort that rank from a communication thread ("terminate called without
+    an active exception") after its work is done."""
+    if not is_initialized():
+        return
+    ws, rank, store = get_world_size(), get_rank(), None
+    if ws > 1:
+        try:
+            from torch.distributed import distributed_c10d
+            store = distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 - an older torch: no ordered exit, still a clean destroy
+            store = None
+    _td.destroy_process_group()
+    if store is None:
+        return
+    import time
+    try:
+        store.add("zspeed/exited", 1)
+        if rank == 0:
+            deadline = time.monotonic() + 30.0
+            while store.add("zspeed/exited", 0) < ws and time.monotonic() < deadline:
+                time.sleep(0.01)
+    except Exception:  # noqa: BLE001 - another rank already gone: nothing left to order
+        pass
 
 
 def destroy_process_group(group=None) -> None:

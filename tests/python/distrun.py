@@ -36,10 +36,10 @@ def run_ranks(n: int, code: str, *, env: dict | None = None, timeout: float = 30
     src = textwrap.dedent(code)
     for r in range(n):
         e = dict(os.environ)
+        e.update(ZSPEED_DEVICE="cpu", OMP_NUM_THREADS="1")  # defaults the caller's env may change
         e.update(env or {})
         e.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ZSPEED_DEVICE="cpu",
-                 PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
         procs.append(subprocess.Popen([sys.executable, "-c", src], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     if kill_rank is not None:

@@ -291,10 +291,15 @@ class ZSpeedEngine(torch.nn.Module):
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
         self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
         try:
-            scaled.backward(retain_graph=retain_graph)
+            with self._collectives("backward"):
+                scaled.backward(retain_graph=retain_graph)
         finally:
             self.optimizer_path.after_backward()
         return loss
+
+    def _collectives(self, what: str):
+        """Turns a failed collective into an error that says what probably happened."""
+        return _CollectiveErrors(self, what)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer_path.zero_grad()
@@ -302,7 +307,8 @@ class ZSpeedEngine(torch.nn.Module):
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Ends a micro-batch; on the accumulation boundary runs the optimizer."""
         if self.is_gradient_accumulation_boundary():
-            self._take_model_step(lr_kwargs)
+            with self._collectives("step"):
+                self._take_model_step(lr_kwargs)
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs) -> None:
@@ -314,7 +320,7 @@ class ZSpeedEngine(torch.nn.Module):
             self._all_reduce_grads()
         path.gather()
         sumsq, nonfinite = path.grad_stats(inv_scale)
-        if self.world_size > 1:
+        if self.world_size > 1 and self._config.zero_stage >= 1:  # stage 0: every rank has every gradient
             sumsq, nonfinite = self._reduce_stats(sumsq, nonfinite)
         overflow = nonfinite and self._skip_nonfinite
         self._last_overflow = overflow
@@ -490,18 +496,45 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
                     chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads)
 
 
+class _CollectiveErrors:
+    """Context: with several ranks, a collective that fails because a peer is gone (killed,
+    crashed, out of memory, timed out) becomes a DistributedError naming this rank and the
+    likely cause; other errors pass unchanged."""
+
+    def __init__(self, engine, what: str):
+        self.engine, self.what = engine, what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or self.engine.world_size == 1:
+            return False
+        backend_error = getattr(torch.distributed, "DistBackendError", ())
+        text = str(exc)
+        if isinstance(exc, backend_error) or (isinstance(exc, RuntimeError) and any(
+                k in text for k in ("Connection closed by peer", "Connection reset", "Timed out",
+                                    "timed out", "Broken pipe", "NCCL", "Gloo", "gloo"))):
+            raise comm.DistributedError(
+                f"rank {self.engine.global_rank} of {self.engine.world_size}: a collective in engine."
+                f"{self.what}() failed ({text.splitlines()[0] if text else typ.__name__}). Another rank has "
+                f"most likely stopped (crashed, killed, out of memory) or is stuck: look at the other "
+                f"ranks' output. The collective timeout is DEEPSPEED_TIMEOUT minutes (default 10).") from exc
+        return False
+
+
 def _first_difference(a, b) -> str:
     """A short description of where two nested values first differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in list(a) + [k for k in b if k not in a]:
             if a.get(k) != b.get(k):
                 return f"{k}: {_first_difference(a.get(k), b.get(k))}"
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    if isinstance(a, list) and isinstance(b, list):  # tuples are records: shown whole
         if len(a) != len(b):
             return f"{len(b)} entries instead of {len(a)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for x, y in zip(a, b):
             if x != y:
-                return f"[{i}]: {_first_difference(x, y)}"
+                return _first_difference(x, y)
     return f"{b!r} instead of {a!r}"
 
 
