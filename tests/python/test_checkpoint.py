@@ -542,3 +542,28 @@ def test_to_fp32_into_a_folder_and_failures_leave_no_temporary(tmp_path, monkeyp
     (tmp_path / "file").write_text("x")
     assert main_to_fp32([str(tmp_path / "ck"), str(tmp_path / "file" / "w.safetensors")]) == 1
     assert "cannot create the output folder" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_a_tag_may_be_a_symlink_when_loading_and_is_never_replaced_through_one(tmp_path):
+    e = make("fp32")
+    train(e, data(1), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="global_step1")
+    os.symlink("global_step1", tmp_path / "best")
+    assert make("fp32").load_checkpoint(tmp_path, tag="best")[0].endswith("best")
+    with pytest.raises(CheckpointError, match="not a folder"):
+        e.save_checkpoint(tmp_path, tag="best")
+    assert os.readlink(tmp_path / "best") == "global_step1"
+
+
+def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    e = make("fp32")
+    train(e, data(1), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="t")
+    e.save_checkpoint(tmp_path, tag="t")
+    assert make("fp32").load_checkpoint(tmp_path)[0].endswith("t") and leftovers(tmp_path) == []

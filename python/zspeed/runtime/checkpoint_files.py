@@ -229,14 +229,18 @@ def _exists(d: _Dir, name: str) -> bool:
         return False
 
 
-def _is_dir(d: _Dir, name: str) -> bool:
-    try:
-        return d.lstat(name).st_mode & 0o170000 == 0o040000
-    except FileNotFoundError:
-        return False
-
-
 # -- the folder lock --------------------------------------------------------------------------------
+_NO_LOCKS = {getattr(errno, n) for n in ("ENOLCK", "EOPNOTSUPP", "ENOTSUP", "ENOSYS", "EINVAL") if hasattr(errno, n)}
+_warned_no_locks = False
+
+
+def _warn_no_locks(e: OSError) -> None:
+    global _warned_no_locks
+    _warned_no_locks = True
+    log.warning("zspeed: the checkpoint folder's file system does not support locks (%s); saves and "
+                "loads proceed without one, so two processes must not save into one folder at once", e)
+
+
 class _Lock:
     """An advisory lock on ``<folder>/.zspeed-lock``: exclusive for saves, shared for loads
     (exclusive on Windows, which offers no shared lock through msvcrt). Released when the
@@ -268,10 +272,17 @@ class _Lock:
         op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if block else fcntl.LOCK_NB)
         try:
             fcntl.flock(self.fd, op)
-            self.held = True
-            return True
         except BlockingIOError:
             return False
+        except OSError as e:
+            if e.errno not in _NO_LOCKS:
+                raise
+            # A file system without locks (some FUSE and network mounts): saves still work,
+            # but nothing keeps two processes from saving into the folder at once.
+            if not _warned_no_locks:
+                _warn_no_locks(e)
+        self.held = True
+        return True
 
     def release(self) -> None:
         if self.fd is None:
@@ -284,7 +295,8 @@ class _Lock:
                     msvcrt.locking(self.fd, msvcrt.LK_UNLCK, 1)
             else:
                 import fcntl
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                with contextlib.suppress(OSError):  # closing the descriptor releases it anyway
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
         finally:
             os.close(self.fd)
             self.fd = None
@@ -733,7 +745,7 @@ def open_for_load(root, tag=None) -> Iterator[CheckpointReader | None]:
                 log.warning("zspeed: no 'latest' file in %s: no checkpoint loaded", root)
                 yield None
                 return
-        if not _is_dir(d, tag):
+        if not (root / tag).is_dir():  # a tag may be a symlink to a folder when loading
             if from_latest:
                 stranded = [n for n in d.names() if n.startswith(_OLD) and n.endswith("-" + tag)]
                 hint = (f" A save replacing it was killed; its previous version is in "
