@@ -44,6 +44,7 @@ import mmap
 import os
 import secrets
 import shutil
+import stat
 import struct
 import sys
 import time
@@ -215,7 +216,7 @@ class _Dir:
     def rmtree(self, name: str) -> None:
         # shutil.rmtree never follows symlinks inside the tree; the entry itself was listed here.
         target = self.path / name
-        if self.lstat(name).st_mode & 0o170000 == 0o040000:
+        if stat.S_ISDIR(self.lstat(name).st_mode):
             shutil.rmtree(target)
         else:
             self.unlink(name)
@@ -462,8 +463,7 @@ class SaveTransaction:
                 log.info("zspeed: waiting for another save or load of %s to finish", self.root_path)
                 self._lock.acquire(exclusive=True, block=True)
             _recover_and_clean(self.dir)
-            existing = self._check_target()
-            self.replaces = existing
+            self.replaces = self._check_target()
             self.staging = _STAGING + secrets.token_hex(8)
             self.dir.mkdir(self.staging)
             self.writer = StagingWriter(_Dir.open(self.root_path / self.staging, follow=False))
@@ -480,7 +480,7 @@ class SaveTransaction:
             st = self.dir.lstat(self.tag)
         except FileNotFoundError:
             return False
-        if st.st_mode & 0o170000 != 0o040000:
+        if not stat.S_ISDIR(st.st_mode):
             raise CheckpointError(f"'{self.root_path / self.tag}' exists and is not a folder; zspeed will not "
                                   f"replace it with the checkpoint. Choose another tag or remove it.")
         inside = set(os.listdir(self.root_path / self.tag))
