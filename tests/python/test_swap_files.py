@@ -131,3 +131,16 @@ def test_files_of_a_killed_run_are_reclaimed_and_a_live_run_is_left_alone(tmp_pa
     finally:
         child.kill()
         child.wait()
+
+
+def test_default_names_are_fresh_for_every_swapper(tmp_path):
+    # A name derived from the PID would collide with the file of a killed predecessor that had
+    # the same PID (containers); a random default never does.
+    (tmp_path / f"zspeed_swap_{os.getpid()}_0.swap").write_bytes(b"\0" * 4096)
+    a = NVMeOptimizerSwapper([5], tmp_path, buffer_count=2)
+    b = NVMeOptimizerSwapper([5], tmp_path, buffer_count=2)
+    names = _swaps(tmp_path)
+    assert len(names) == 3 and all(n.startswith("zspeed_swap_") for n in names)
+    a.close()
+    b.close()
+    assert _swaps(tmp_path) == [f"zspeed_swap_{os.getpid()}_0.swap"]

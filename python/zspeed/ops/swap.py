@@ -20,8 +20,8 @@ Only numpy is needed; torch is used only when tensors are passed in.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
+import secrets
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,7 +49,6 @@ _STORED = {F32: np.float32, BF16: np.uint16}
 _STATE_KEYS = {SwapOptimizer.ADAM: ("exp_avg", "exp_avg_sq"),
                SwapOptimizer.ADAGRAD: (None, "sum"),
                SwapOptimizer.LION: ("exp_avg", None)}
-_names = itertools.count()
 
 
 def _view(obj: Any, what: str, n: int, dtype: str | None = None) -> tuple[int, int]:
@@ -112,8 +111,10 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
       state_dtype: "fp32" (default), "bf16", or "int8" (Adam only).
       buffer_count: pinned buffers (DeepSpeed's ``buffer_count``; >= 3
         overlaps read, compute and write).
-      name: file stem (default unique per process and object); the file is
-        ``<nvme_path>/<name>.swap`` and is deleted by :meth:`close`.
+      name: file stem (default ``zspeed_swap_<random>``, new for every
+        swapper, so a restarted process never meets a file of its
+        predecessor); the file is ``<nvme_path>/<name>.swap`` and is deleted
+        by :meth:`close`.
       overwrite: replace an existing file of that name (default False).
       num_threads: compute threads incl. the caller (0 = all).
       block_size, queue_depth, intra_op_parallelism, backend: the aio
@@ -155,7 +156,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         self._sizes_c = (ctypes.c_uint64 * len(self.sizes))(*self.sizes)
         self._path_b = os.fsencode(os.fspath(nvme_path))
         if name is None:
-            name = f"zspeed_swap_{os.getpid()}_{next(_names)}"
+            name = f"zspeed_swap_{secrets.token_hex(8)}"
         self._name_b = os.fsencode(name)
         cfg.path, cfg.name, cfg.overwrite = self._path_b, self._name_b, int(bool(overwrite))
         cfg.partitions, cfg.sizes = len(self.sizes), self._sizes_c
