@@ -29,6 +29,17 @@
  * scratch space: it is deleted by zs_swap_destroy, and it is not a
  * checkpoint (use zs_swap_get_state / zs_swap_read_image for that).
  *
+ * Ownership. A swapper holds its file for as long as it exists (POSIX: an
+ * exclusive flock() on it; Windows: a handle that refuses deletion), and the
+ * operating system drops that hold when the process dies, however it dies.
+ * So a swap file nobody holds was left by a dead process and may be deleted,
+ * while one that is held belongs to a live swapper: zs_swap_create refuses
+ * it (ZS_EEXIST, or ZS_EBUSY with overwrite) and a reclaim must leave it
+ * alone. To reclaim a file: take the same hold (POSIX: flock(LOCK_EX |
+ * LOCK_NB) on a descriptor of it, then delete it only if that succeeded and
+ * the name still refers to the locked file; Windows: delete it, which fails
+ * with a sharing violation while a swapper holds it).
+ *
  * Crash and error safety. A step reads every partition from its active
  * slot and writes the updated image to the other slot; only when every
  * write of every partition has completed successfully (and, with
@@ -118,8 +129,8 @@ typedef struct zs_swap_step_args {
   int out_dtype;
   double grad_scale; /* multiplies every gradient (default 1) */
   double lr;         /* this step's lr; negative = the current lr (default) */
-  /* Adam's step number for bias correction; 0 (default) = zs_swap_steps()
-   * + 1. */
+  /* Adam's step number for bias correction, in [0, 2^63 - 2]; 0 (default)
+   * = zs_swap_steps() + 1. The committed step count becomes this number. */
   int64_t step;
 } zs_swap_step_args;
 
@@ -147,8 +158,10 @@ ZS_EXTERN void zs_swap_step_args_init(zs_swap_step_args *args);
  * zs_swap_write_image before the first step (which otherwise fails with
  * ZS_ESTATE naming the partition). Validates
  * everything first: bad sizes, dtypes or hyperparameters -> ZS_EINVAL /
- * ZS_EDTYPE; an existing file without overwrite -> ZS_EEXIST; not enough
- * disk -> ZS_ENOSPC naming the bytes needed. */
+ * ZS_EDTYPE; an existing file without overwrite -> ZS_EEXIST (the message
+ * says whether a live swapper holds it or a dead process left it); with
+ * overwrite, a file a live swapper holds -> ZS_EBUSY; not enough disk ->
+ * ZS_ENOSPC naming the bytes needed. */
 ZS_EXTERN int zs_swap_create(zs_swap **out, const zs_swap_config *cfg);
 /* Waits for nothing (no I/O is in flight between calls), frees the buffers
  * and deletes the swap file. Returns 0 or the error of closing/removing the
@@ -176,7 +189,8 @@ ZS_EXTERN void zs_swap_get_hparams(const zs_swap *s, double *lr,
 
 /* Committed steps (successful zs_swap_step calls, or the value set). */
 ZS_EXTERN int64_t zs_swap_steps(const zs_swap *s);
-/* Sets the step counter, e.g. after resuming from a checkpoint. */
+/* Sets the step counter, e.g. after resuming from a checkpoint: steps in
+ * [0, 2^63 - 2], so that the next step's number exists (else ZS_EINVAL). */
 ZS_EXTERN int zs_swap_set_steps(zs_swap *s, int64_t steps);
 
 /* ------------------------------------------------- checkpoint state */

@@ -155,7 +155,11 @@ ZS_EXTERN void zs_pool_destroy(zs_pool *pool);
 ZS_EXTERN int zs_pool_size(const zs_pool *pool);
 /* The process-wide pool used when an API takes a NULL pool; created on first
  * use with ZSPEED_NUM_THREADS (or zs_cpu_count()) threads including the
- * caller. Never destroyed before exit. */
+ * caller. Never destroyed before exit. ZSPEED_NUM_THREADS must be an integer
+ * in [1, 4096]; any other value is refused, not replaced: this returns NULL,
+ * and every call that would use the default pool (a NULL pool given to
+ * zs_pool_parallel_for, the optimizers, the swapper) fails with ZS_EINVAL
+ * or ZS_ERANGE naming the variable, as zspeed report does. */
 ZS_EXTERN zs_pool *zs_pool_default(void);
 
 /* Body of a parallel loop: processes [begin, end). `worker` is 0 for the
@@ -164,7 +168,8 @@ typedef void (*zs_range_fn)(void *ctx, size_t begin, size_t end, int worker);
 
 /* Runs fn over [0, n) split into chunks of `chunk` items (the last may be
  * shorter), on at most `max_threads` threads including the caller
- * (0 = pool size + 1). Chunk boundaries depend only on n and chunk, never on
+ * (0 = pool size + 1; a NULL pool runs on the caller alone, unless the
+ * default pool was refused, see zs_pool_default). Chunk boundaries depend only on n and chunk, never on
  * the thread count, so per-chunk results can be combined deterministically.
  * Blocks until every chunk is done. Safe to call from inside a pool task. */
 ZS_EXTERN int zs_pool_parallel_for(zs_pool *pool, size_t n, size_t chunk,

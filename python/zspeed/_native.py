@@ -67,6 +67,12 @@ def _candidates() -> list[Path]:
     return out
 
 
+def _origin(cand: Path) -> str:
+    """'ZSPEED_LIBRARY=<path> ' when the candidate came from the environment."""
+    env = os.environ.get("ZSPEED_LIBRARY")
+    return f"ZSPEED_LIBRARY={env!r} " if env and Path(env) == cand else f"{cand} "
+
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _path: Path | None = None
@@ -93,7 +99,7 @@ def _open() -> tuple[Path, ctypes.CDLL]:
     tried = []
     for cand in _candidates():
         if not cand.is_file():
-            tried.append(f"{cand} (missing)")
+            tried.append(f"{cand} ({'a folder' if cand.is_dir() else 'missing'})")
             continue
         try:
             if sys.platform == "win32":
@@ -102,9 +108,23 @@ def _open() -> tuple[Path, ctypes.CDLL]:
         except OSError as e:
             tried.append(f"{cand} ({e})")
             continue
-        lib.zs_version.restype = ctypes.c_uint
-        lib.zs_version.argtypes = []
+        try:
+            version_fn = lib.zs_version
+        except AttributeError:
+            raise ZSpeedError(
+                f"{_origin(cand)}is not libzspeed: it has no zs_version() "
+                f"function. Point ZSPEED_LIBRARY at libzspeed.so / "
+                f"libzspeed.dylib / zspeed.dll (a zspeed build), or unset "
+                f"it to use the library inside the package.") from None
+        version_fn.restype = ctypes.c_uint
+        version_fn.argtypes = []
         return cand, lib
+    if os.environ.get("ZSPEED_LIBRARY"):
+        raise ZSpeedError(
+            f"cannot find libzspeed at ZSPEED_LIBRARY={os.environ['ZSPEED_LIBRARY']!r}: "
+            + "; ".join(tried) + ". Point it at the library file (libzspeed.so / "
+            "libzspeed.dylib / zspeed.dll), or unset it to use the library inside "
+            "the package.")
     raise ZSpeedError(
         "cannot find libzspeed; tried: " + "; ".join(tried) +
         ". Install the package with 'pip install .' (it builds the library), "
@@ -119,7 +139,7 @@ def _version_error(path: Path, lib: ctypes.CDLL) -> str | None:
     have_t = (have >> 16, (have >> 8) & 0xFF, have & 0xFF)
     if have_t[:2] == want[:2]:
         return None
-    return (f"{path} is libzspeed {'.'.join(map(str, have_t))}, but this "
+    return (f"{_origin(path)}is libzspeed {'.'.join(map(str, have_t))}, but this "
             f"Python package is zspeed {__version__}; they must share "
             f"major.minor. Reinstall with 'pip install .' or set "
             f"ZSPEED_LIBRARY to a matching build.")

@@ -60,6 +60,8 @@ static void usage(FILE *out) {
           "of S steps (default 10) after one warm-up.\n");
 }
 
+#define BAD "zspeed bench adam"
+
 int zs_bench_adam(int argc, char **argv) {
   size_t n = (size_t)1 << 26;
   int threads = zs_cpu_count(), steps = 10, i, k, rc = 1;
@@ -68,26 +70,27 @@ int zs_bench_adam(int argc, char **argv) {
   uint16_t *g16 = NULL, *out = NULL;
   double *t = NULL, copy_gbs;
   size_t nb;
+  int64_t n64;
+  int bad;
   for (i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       usage(stdout);
       return 0;
     } else if (i + 1 < argc && !strcmp(argv[i], "--n")) {
-      n = (size_t)strtoull(argv[++i], NULL, 0);
+      if ((bad = zs_cli_size_opt(BAD, "--n", argv[++i], 1, (int64_t)1 << 40, &n64)))
+        return bad;
+      n = (size_t)n64;
     } else if (i + 1 < argc && !strcmp(argv[i], "--threads")) {
-      threads = atoi(argv[++i]);
+      if ((bad = zs_cli_int_opt(BAD, "--threads", argv[++i], 1, 4096, &threads)))
+        return bad;
     } else if (i + 1 < argc && !strcmp(argv[i], "--steps")) {
-      steps = atoi(argv[++i]);
+      if ((bad = zs_cli_int_opt(BAD, "--steps", argv[++i], 1, 1000000, &steps)))
+        return bad;
     } else {
       fprintf(stderr, "zspeed bench adam: unknown option '%s'\n\n", argv[i]);
       usage(stderr);
       return 2;
     }
-  }
-  if (n == 0 || threads < 1 || steps < 1) {
-    fprintf(stderr, "zspeed bench adam: --n, --threads and --steps must be "
-            ">= 1\n");
-    return 2;
   }
   nb = zs_optim_qblocks(n);
   if (zs_pool_create(&pool, threads - 1) != 0 ||

@@ -37,24 +37,6 @@ static void bio_usage(FILE *out) {
           "  --json               one JSON object per direction\n");
 }
 
-static int parse_size(const char *s, int64_t *out) {
-  char *end;
-  double v = strtod(s, &end);
-  int64_t mul = 1;
-  if (end == s || v < 0) return -1;
-  switch (*end) {
-    case 'k': case 'K': mul = 1024; end++; break;
-    case 'm': case 'M': mul = 1024 * 1024; end++; break;
-    case 'g': case 'G': mul = (int64_t)1 << 30; end++; break;
-    default: break;
-  }
-  if (*end == 'i' || *end == 'B') end++;
-  if (*end == 'B') end++;
-  if (*end) return -1;
-  *out = (int64_t)(v * (double)mul);
-  return 0;
-}
-
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -169,6 +151,8 @@ done:
   return ret;
 }
 
+#define BIO "zspeed bench io"
+
 int zs_cli_bench_io(int argc, char **argv) {
   zs__bio_opts o;
   int i;
@@ -208,20 +192,17 @@ int zs_cli_bench_io(int argc, char **argv) {
     else if (strcmp(a, "--backend") == 0) o.backend = v;
     else if (strcmp(a, "--rw") == 0) o.rw = v;
     else if (strcmp(a, "--direct") == 0) o.direct = v;
-    else if (strcmp(a, "--size") == 0) bad = parse_size(v, &o.size) || o.size <= 0;
-    else if (strcmp(a, "--block-size") == 0) bad = parse_size(v, &o.block) || o.block <= 0;
-    else if (strcmp(a, "--buffer") == 0) bad = parse_size(v, &o.buffer) || o.buffer <= 0;
-    else if (strcmp(a, "--queue-depth") == 0) bad = (o.qd = atoi(v)) <= 0;
-    else if (strcmp(a, "--threads") == 0) bad = (o.threads = atoi(v)) <= 0;
-    else if (strcmp(a, "--loops") == 0) bad = (o.loops = atoi(v)) <= 0;
+    else if (strcmp(a, "--size") == 0) bad = zs_cli_size_opt(BIO, a, v, 1, INT64_MAX, &o.size);
+    else if (strcmp(a, "--block-size") == 0) bad = zs_cli_size_opt(BIO, a, v, 1, (int64_t)1 << 30, &o.block);
+    else if (strcmp(a, "--buffer") == 0) bad = zs_cli_size_opt(BIO, a, v, 1, (int64_t)1 << 40, &o.buffer);
+    else if (strcmp(a, "--queue-depth") == 0) bad = zs_cli_int_opt(BIO, a, v, 1, 4096, &o.qd);
+    else if (strcmp(a, "--threads") == 0) bad = zs_cli_int_opt(BIO, a, v, 1, 256, &o.threads);
+    else if (strcmp(a, "--loops") == 0) bad = zs_cli_int_opt(BIO, a, v, 1, 1000000, &o.loops);
     else {
       fprintf(stderr, "zspeed bench io: unknown option '%s' (see --help)\n", a);
       return 2;
     }
-    if (bad) {
-      fprintf(stderr, "zspeed bench io: bad value '%s' for %s\n", v, a);
-      return 2;
-    }
+    if (bad) return bad;
   }
   if (strcmp(o.rw, "read") && strcmp(o.rw, "write") && strcmp(o.rw, "both")) {
     fprintf(stderr, "zspeed bench io: --rw takes read, write or both\n");

@@ -53,25 +53,6 @@ static void bsw_usage(FILE *out) {
           "  --json              one JSON object\n");
 }
 
-static int parse_count(const char *s, int64_t *out) {
-  char *end;
-  double v;
-  if (s[0] == '2' && s[1] == '^') {
-    long k = strtol(s + 2, &end, 10);
-    if (*end || k < 0 || k > 50) return -1;
-    *out = (int64_t)1 << k;
-    return 0;
-  }
-  v = strtod(s, &end);
-  if (end == s || v <= 0) return -1;
-  if (*end == 'K' || *end == 'k') v *= 1024, end++;
-  else if (*end == 'M' || *end == 'm') v *= 1024 * 1024, end++;
-  else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024, end++;
-  if (*end) return -1;
-  *out = (int64_t)v;
-  return 0;
-}
-
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -325,6 +306,8 @@ done:
   return rc ? 1 : 0;
 }
 
+#define BSW "zspeed bench swap"
+
 int zs_cli_bench_swap(int argc, char **argv) {
   zs__bsw_opts o;
   int i;
@@ -341,7 +324,7 @@ int zs_cli_bench_swap(int argc, char **argv) {
   o.out = 1;
   for (i = 0; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    int bad = 0;
+    int bad = 0, num = 0;
     if (!strcmp(k, "-h") || !strcmp(k, "--help")) {
       bsw_usage(stdout);
       return 0;
@@ -361,17 +344,18 @@ int zs_cli_bench_swap(int argc, char **argv) {
     } else if (!strcmp(k, "--grads")) {
       o.bf16_grads = !strcmp(v, "bf16");
       bad = strcmp(v, "bf16") && strcmp(v, "f32");
-    } else if (!strcmp(k, "--params")) bad = parse_count(v, &o.params);
-    else if (!strcmp(k, "--partition")) bad = parse_count(v, &o.part);
-    else if (!strcmp(k, "--block-size")) bad = parse_count(v, &o.block);
-    else if (!strcmp(k, "--queue-depth")) bad = (o.qd = atoi(v)) <= 0;
-    else if (!strcmp(k, "--buffers")) bad = (o.buffers = atoi(v)) <= 0;
-    else if (!strcmp(k, "--steps")) bad = (o.steps = atoi(v)) <= 0;
-    else if (!strcmp(k, "--threads")) bad = (o.threads = atoi(v)) < 0;
+    } else if (!strcmp(k, "--params")) num = zs_cli_size_opt(BSW, k, v, 1, (int64_t)1 << 40, &o.params);
+    else if (!strcmp(k, "--partition")) num = zs_cli_size_opt(BSW, k, v, 1, (int64_t)1 << 40, &o.part);
+    else if (!strcmp(k, "--block-size")) num = zs_cli_size_opt(BSW, k, v, 1, (int64_t)1 << 30, &o.block);
+    else if (!strcmp(k, "--queue-depth")) num = zs_cli_int_opt(BSW, k, v, 1, 4096, &o.qd);
+    else if (!strcmp(k, "--buffers")) num = zs_cli_int_opt(BSW, k, v, 1, 64, &o.buffers);
+    else if (!strcmp(k, "--steps")) num = zs_cli_int_opt(BSW, k, v, 1, 1000000, &o.steps);
+    else if (!strcmp(k, "--threads")) num = zs_cli_int_opt(BSW, k, v, 0, 4096, &o.threads);
     else {
       fprintf(stderr, "zspeed bench swap: unknown option '%s' (see --help)\n", k);
       return 2;
     }
+    if (num) return num;
     if (bad) {
       fprintf(stderr, "zspeed bench swap: bad value '%s' for %s\n", v, k);
       return 2;

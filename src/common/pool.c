@@ -6,6 +6,7 @@
  * takes back helpers that have not started yet (they may be stuck behind a
  * long task, e.g. blocking I/O) and waits only for the running ones, so a
  * parallel_for never waits for a worker to become free, and nesting is safe. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,7 +179,11 @@ int zs_pool_parallel_for(zs_pool *pool, size_t n, size_t chunk,
                          int max_threads, zs_range_fn fn, void *ctx) {
   zs__pfor_job job;
   size_t nhelpers = 0, i;
+  int rc;
   if (!fn) return zs__fail(ZS_EINVAL, "zs_pool_parallel_for: fn is NULL");
+  /* NULL is what callers get from zs_pool_default() when the default pool
+   * was refused: running on one thread then would hide the refusal. */
+  if (!pool && (rc = zs__pool_default_check()) < 0) return rc;
   if (chunk == 0)
     return zs__fail(ZS_EINVAL, "zs_pool_parallel_for: chunk must be > 0");
   if (max_threads < 0)
@@ -239,21 +244,46 @@ int zs_pool_parallel_for(zs_pool *pool, size_t n, size_t chunk,
 
 static zs_pool *zs__default_pool;
 static zs__once_t zs__default_once = ZS__ONCE_INIT;
+/* Why there is no default pool (ZSPEED_NUM_THREADS refused, or creating it
+ * failed), with its error code; written once, by the once-function. */
+static char zs__default_why[400];
+static int zs__default_err;
 
 static void zs__default_init(void) {
-  int n = zs_cpu_count();
+  int n = zs_cpu_count(), rc;
+  int64_t v;
   const char *env = zs__getenv("ZSPEED_NUM_THREADS");
   if (env) {
-    long v = strtol(env, NULL, 10);
-    if (v >= 1 && v <= 4096) n = (int)v;
+    rc = zs__parse_int(env, 1, ZS__MAX_THREADS, &v);
+    if (rc < 0) {
+      zs__default_err = rc;
+      snprintf(zs__default_why, sizeof zs__default_why,
+               "ZSPEED_NUM_THREADS=%.64s: %s; set it to the number of "
+               "threads, or unset it for one per core (%d here)",
+               env, zs_last_error(), zs_cpu_count());
+      return;
+    }
+    n = (int)v;
   }
   /* The caller works in parallel_for, so n threads need n - 1 workers; keep
    * at least one so zs_pool_submit always makes progress. */
-  if (zs_pool_create(&zs__default_pool, ZS_MAX(1, n - 1)) != 0)
+  rc = zs_pool_create(&zs__default_pool, ZS_MAX(1, n - 1));
+  if (rc < 0) {
+    zs__default_err = rc;
+    snprintf(zs__default_why, sizeof zs__default_why,
+             "cannot create the default thread pool of %d threads: %s", n,
+             zs_last_error());
     zs__default_pool = NULL;
+  }
 }
 
 zs_pool *zs_pool_default(void) {
   zs__call_once(&zs__default_once, zs__default_init);
   return zs__default_pool;
+}
+
+int zs__pool_default_check(void) {
+  zs__call_once(&zs__default_once, zs__default_init);
+  return zs__default_err ? zs__fail(zs__default_err, "%s", zs__default_why)
+                         : 0;
 }

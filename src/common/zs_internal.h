@@ -114,6 +114,12 @@ void zs__cond_signal(zs__cond *c);
 void zs__cond_broadcast(zs__cond *c);
 void zs__call_once(zs__once_t *o, void (*fn)(void));
 
+/* Threads of one pool at most, the caller included (ZSPEED_NUM_THREADS). */
+#define ZS__MAX_THREADS 4096
+/* 0 if the default pool exists; else its error code, with the message
+ * saying why (an unusable ZSPEED_NUM_THREADS names the variable). */
+int zs__pool_default_check(void);
+
 /* ----------------------------------------------------------------- clock */
 
 /* Monotonic nanoseconds. */
@@ -124,6 +130,19 @@ uint64_t zs__now_ns(void);
 /* getenv that is thread-safe enough for reading once at start-up and
  * returns NULL for empty values. */
 const char *zs__getenv(const char *name);
+
+/* --------------------------------------------------------------- numbers */
+
+/* The strict number parser of environment variables and the native
+ * command's options (parse.c). The whole string must be the number; a value
+ * outside [lo, hi] is refused, never clamped. Returns 0, ZS_EINVAL (not a
+ * number; the message says what is expected) or ZS_ERANGE (the message
+ * gives the range). */
+int zs__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* A byte or element count: an integer or decimal with an optional binary
+ * unit (K, M, G, T = 2^10 .. 2^40, optionally followed by "iB" or "B"),
+ * or 2^k; the result must be a whole number. */
+int zs__parse_size(const char *s, int64_t lo, int64_t hi, int64_t *out);
 
 /* ----------------------------------------------------------------- files */
 

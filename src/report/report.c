@@ -175,9 +175,10 @@ static void zs__bytes_str(char *out, size_t cap, uint64_t b) {
 
 /* Choices the environment forces that the library refuses, each worded by
  * the call that refuses it. The SIMD level and the I/O backend are the
- * choices a variable can force (ZSPEED_SIMD, ZSPEED_AIO_BACKEND); both are
- * decided once per process, so asking again is cheap. */
-#define ZS__MAX_PROBLEMS 2
+ * choices a variable can force (ZSPEED_SIMD, ZSPEED_AIO_BACKEND), and the
+ * default pool's size (ZSPEED_NUM_THREADS); each is decided once per
+ * process, so asking again is cheap. */
+#define ZS__MAX_PROBLEMS 3
 
 typedef struct {
   int n;
@@ -189,6 +190,8 @@ static void zs__find_problems(zs__problems *p) {
   if (zs_simd_level() < 0)
     snprintf(p->msg[p->n++], sizeof p->msg[0], "%s", zs_last_error());
   if (zs_aio_backend_resolve(ZS_AIO_BACKEND_AUTO, NULL, 0) < 0)
+    snprintf(p->msg[p->n++], sizeof p->msg[0], "%s", zs_last_error());
+  if (zs__pool_default_check() < 0)
     snprintf(p->msg[p->n++], sizeof p->msg[0], "%s", zs_last_error());
 }
 
@@ -221,6 +224,8 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
   int be_ok[3];
   char be_why[3][200];
   char simd_err[512] = "", aio_why[512] = "", aio_chosen[32] = "";
+  char threads_err[512] = "";
+  int threads;
   int64_t total;
   zs__problems problems;
 
@@ -256,6 +261,9 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
       snprintf(aio_why, sizeof aio_why, "%s", zs_last_error());
   }
   cuda_ok = zs__cuda_probe(cuda, sizeof cuda);
+  threads = zs_pool_size(zs_pool_default()) + 1;
+  if (zs__pool_default_check() < 0)
+    snprintf(threads_err, sizeof threads_err, "%s", zs_last_error());
   zs__find_problems(&problems);
 
   if (json) {
@@ -285,9 +293,15 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
     zs__sb_json_opt(&sb, simd_env);
     zs__sb_add(&sb, ", \"error\": ");
     zs__sb_json_opt(&sb, level < 0 ? simd_err : NULL);
-    zs__sb_add(&sb, "},\n  \"threads\": {\"default\": %d, \"env\": ",
-               zs_pool_size(zs_pool_default()) + 1);
+    zs__sb_add(&sb, "},\n  \"threads\": {\"default\": ");
+    if (threads_err[0])
+      zs__sb_add(&sb, "null");
+    else
+      zs__sb_add(&sb, "%d", threads);
+    zs__sb_add(&sb, ", \"env\": ");
     zs__sb_json_opt(&sb, threads_env);
+    zs__sb_add(&sb, ", \"error\": ");
+    zs__sb_json_opt(&sb, threads_err[0] ? threads_err : NULL);
     zs__sb_add(&sb, "},\n  \"memory\": {\"ram_bytes\": %llu, "
                "\"memlock_limit_bytes\": ", (unsigned long long)ramb);
     if (lim == UINT64_MAX)
@@ -339,10 +353,12 @@ int64_t zs_report(char *buf, size_t cap, unsigned flags) {
                  simd_env ? simd_env : "");
     else
       zs__sb_add(&sb, "simd level .......... ERROR: %s\n", simd_err);
-    zs__sb_add(&sb, "threads ............. %d%s%s%s\n",
-               zs_pool_size(zs_pool_default()) + 1,
-               threads_env ? " (ZSPEED_NUM_THREADS=" : " (one per core)",
-               threads_env ? threads_env : "", threads_env ? ")" : "");
+    if (threads_err[0])
+      zs__sb_add(&sb, "threads ............. ERROR: %s\n", threads_err);
+    else
+      zs__sb_add(&sb, "threads ............. %d%s%s%s\n", threads,
+                 threads_env ? " (ZSPEED_NUM_THREADS=" : " (one per core)",
+                 threads_env ? threads_env : "", threads_env ? ")" : "");
     zs__sb_add(&sb, "ram ................. %s\n", ram);
     zs__sb_add(&sb, "page-lock limit ..... %s\n", lock);
     if (lock_warning) zs__sb_add(&sb, "  WARNING: %s\n", lock_warning);

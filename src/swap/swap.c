@@ -159,25 +159,19 @@ static int check_config(const zs_swap_config *c) {
   return 0;
 }
 
+/* Claims the file (swap_lock.c: created exclusively unless overwrite, and
+ * held for the swapper's life), then opens it for the aio engine. */
 static int open_file(zs_swap *s, const zs_swap_config *c) {
   unsigned fl = ZS_AIO_RDWR | ZS_AIO_CREATE | ZS_AIO_TRUNCATE;
-  zs__file probe = ZS__FILE_INIT;
-  int rc;
-  if (!c->overwrite) {
-    rc = zs__file_open(&probe, s->path, ZS__O_RDWR | ZS__O_CREAT | ZS__O_EXCL);
-    if (rc == ZS_EEXIST)
-      return zs__fail(rc, "swap file %s already exists (another swapper, or "
-                      "left by a crashed run); remove it, choose another "
-                      "cfg.name, or set cfg.overwrite = 1", s->path);
-    if (rc) return zs__fail_prefix(rc, "creating swap file %s", s->path);
-    zs__file_close(&probe);
-  }
+  int rc = zs__swap_claim(s->path, c->overwrite, &s->owner);
+  if (rc) return rc;
   if (c->direct == ZS_AIO_DIRECT_ON) fl |= ZS_AIO_DIRECT_REQUIRE;
   if (c->direct == ZS_AIO_DIRECT_OFF) fl |= ZS_AIO_BUFFERED;
   rc = zs_aio_file_open(&s->file, s->path, fl);
   if (rc) {
-    if (!c->overwrite) zs__file_remove(s->path);
-    return zs__fail_prefix(rc, "opening swap file %s", s->path);
+    zs__fail_prefix(rc, "opening swap file %s", s->path);
+    zs__swap_unlink_owned(s->path, &s->owner);
+    return rc;
   }
   return 0;
 }
@@ -192,6 +186,7 @@ int zs_swap_create(zs_swap **out, const zs_swap_config *c) {
   if ((rc = check_config(c)) < 0) return rc;
   s = calloc(1, sizeof *s);
   if (!s) return zs__fail(ZS_ENOMEM, "zs_swap_create: out of memory");
+  s->owner = -1;
   s->nparts = c->partitions;
   s->optimizer = c->optimizer;
   s->state_dtype = c->state_dtype;
@@ -263,7 +258,7 @@ fail:
   if (s->file) {
     zs_aio_file_close(s->file);
     s->file = NULL;
-    zs__file_remove(s->path);
+    zs__swap_unlink_owned(s->path, &s->owner);
   }
 fail_nofile:
   zs_swap_destroy(s);
@@ -275,9 +270,10 @@ int zs_swap_destroy(zs_swap *s) {
   if (!s) return 0;
   if (s->file) {
     rc = zs_aio_file_close(s->file);
-    if (zs__file_remove(s->path) < 0 && rc == 0)
+    if (zs__swap_unlink_owned(s->path, &s->owner) < 0 && rc == 0)
       rc = zs__fail_prefix(ZS_EIO, "zs_swap_destroy: removing %s", s->path);
   }
+  zs__swap_release(s->owner);
   if (s->aio) zs_aio_destroy(s->aio);
   if (s->bufs)
     for (i = 0; i < s->bufcount; i++)
@@ -319,8 +315,10 @@ void zs_swap_get_hparams(const zs_swap *s, double *lr, double *b1, double *b2,
 int64_t zs_swap_steps(const zs_swap *s) { return s ? s->steps : 0; }
 
 int zs_swap_set_steps(zs_swap *s, int64_t steps) {
-  if (!s || steps < 0)
-    return zs__fail(ZS_EINVAL, "zs_swap_set_steps: steps must be >= 0");
+  /* The next step is numbered steps + 1, which must be an int64_t too. */
+  if (!s || steps < 0 || steps == INT64_MAX)
+    return zs__fail(ZS_EINVAL, "zs_swap_set_steps: steps = %lld must be in "
+                    "[0, 2^63 - 2]", (long long)steps);
   s->steps = steps;
   return 0;
 }

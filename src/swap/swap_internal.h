@@ -31,6 +31,7 @@ struct zs_swap {
   /* I/O */
   zs_aio *aio;
   zs_aio_file *file;
+  intptr_t owner;   /* the handle that marks the file as in use (swap_lock.c) */
   char *path;
   int64_t file_bytes;
   int bufcount;
@@ -39,6 +40,16 @@ struct zs_swap {
   int locked;
   zs_swap_stats stats;
 };
+
+/* swap_lock.c: creates (O_EXCL unless overwrite) and holds the swap file at
+ * path, so that no other swapper or reclaim takes it while this one lives;
+ * ZS_EEXIST says whether an existing file is in use or was left by a dead
+ * process, ZS_EBUSY refuses to overwrite a file in use. */
+int zs__swap_claim(const char *path, int overwrite, intptr_t *owner);
+/* Removes the owned file at path and releases it (*owner becomes -1). */
+int zs__swap_unlink_owned(const char *path, intptr_t *owner);
+/* Releases an owner handle (-1 is ignored). */
+void zs__swap_release(intptr_t owner);
 
 /* Size in bytes of one state element (1 for Q8). */
 size_t zs__swap_state_es(int state_dtype);

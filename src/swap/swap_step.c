@@ -150,9 +150,10 @@ static int check_args(swap_pipe *p) {
       a->out_dtype != ZS_DTYPE_F32)
     return zs__fail(ZS_EDTYPE, "zs_swap_step: out_dtype %d must be "
                     "ZS_DTYPE_BF16, F16 or F32", a->out_dtype);
-  if (a->step < 0)
-    return zs__fail(ZS_EINVAL, "zs_swap_step: step = %lld must be >= 0 "
-                    "(0 = count automatically)", (long long)a->step);
+  if (a->step < 0 || a->step == INT64_MAX)
+    return zs__fail(ZS_EINVAL, "zs_swap_step: step = %lld must be in "
+                    "[0, 2^63 - 2] (0 = count automatically)",
+                    (long long)a->step);
   for (i = 0; i < s->nparts; i++) {
     if (!a->grads[i])
       return zs__fail(ZS_EINVAL, "zs_swap_step: grads[%d] is NULL", i);
@@ -178,6 +179,7 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
   p.s = s, p.a = a;
   if (a) {
     p.lr = a->lr >= 0 ? a->lr : s->lr;
+    /* zs_swap_set_steps keeps steps below INT64_MAX, so this cannot wrap. */
     p.step = a->step > 0 ? a->step : s->steps + 1;
   }
   if ((rc = check_args(&p)) < 0) return rc;

@@ -4,7 +4,7 @@
 #
 # `zspeed report` prints the whole report and then exits with status 1 when
 # the environment forces a choice the library refuses (ZSPEED_SIMD,
-# ZSPEED_AIO_BACKEND), 0 otherwise. ctest cannot check an exit status and
+# ZSPEED_AIO_BACKEND, ZSPEED_NUM_THREADS), 0 otherwise. ctest cannot check an exit status and
 # the output of one run together, so, as in layers.cmake, this file
 # registers one test per case that runs this same file as a CMake script:
 # it runs the native command (through the cross-compiling emulator, Wine or
@@ -14,7 +14,7 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
     # A list would be split into separate arguments: pass it with '|'.
     string(REPLACE ";" "|" zs_emu "${CMAKE_CROSSCOMPILING_EMULATOR}")
     foreach(case clean clean_json simd_unknown simd_missing aio_unknown
-                 aio_unusable)
+                 aio_unusable threads_unknown threads_range)
       add_test(NAME zspeed_report_status.${case}
                COMMAND ${CMAKE_COMMAND} -DZS_CLI=$<TARGET_FILE:zspeed_cli>
                        -DZS_EMU=${zs_emu} -DZS_CASE=${case}
@@ -33,10 +33,12 @@ endif()
 cmake_minimum_required(VERSION 3.20)
 
 # Runs `zspeed report ARGN` with ZSPEED_SIMD / ZSPEED_AIO_BACKEND set to
-# simd / aio ("" = unset); sets rc, out and err in the caller.
+# simd / aio and ZSPEED_NUM_THREADS to the variable threads ("" = unset);
+# sets rc, out and err in the caller.
 function(zs_report simd aio)
   string(REPLACE "|" ";" emu "${ZS_EMU}")
-  foreach(pair "ZSPEED_SIMD;${simd}" "ZSPEED_AIO_BACKEND;${aio}")
+  foreach(pair "ZSPEED_SIMD;${simd}" "ZSPEED_AIO_BACKEND;${aio}"
+               "ZSPEED_NUM_THREADS;${threads}")
     list(GET pair 0 var)
     list(LENGTH pair n)
     if(n GREATER 1)
@@ -113,6 +115,7 @@ else()
 endif()
 set(simd "")
 set(aio "")
+set(threads "")
 set(json "")
 if(ZS_CASE STREQUAL "simd_unknown")
   set(simd bogus)
@@ -132,6 +135,15 @@ elseif(ZS_CASE STREQUAL "aio_unusable")
   set(json --json)
   set(says "the ${unusable} backend was forced by ZSPEED_AIO_BACKEND but is not usable here")
   set(shows "\"problems\": \\[\"${says}")
+elseif(ZS_CASE STREQUAL "threads_unknown")
+  set(threads abc)
+  set(shows "threads \\.+ ERROR: ZSPEED_NUM_THREADS=abc")
+  set(says "ZSPEED_NUM_THREADS=abc: 'abc' is not an integer")
+elseif(ZS_CASE STREQUAL "threads_range")
+  set(threads 100000)
+  set(json --json)
+  set(says "ZSPEED_NUM_THREADS=100000: '100000' is out of range")
+  set(shows "\"threads\": {\"default\": null, \"env\": \"100000\", \"error\": \"${says}")
 else()
   message(FATAL_ERROR "unknown case '${ZS_CASE}'")
 endif()

@@ -623,6 +623,14 @@ static void bad_input(void) {
   a.grad_scale = INFINITY;
   ZT_ERR(zs_swap_step(h.s, &a), ZS_EINVAL);
   ZT_CHECK(zs_swap_steps(h.s) == 0 && h_same(&h, 0, __LINE__));
+  /* Step numbers stay below INT64_MAX, so the next one always exists. */
+  a.grad_scale = 1;
+  a.step = INT64_MAX;
+  ZT_ERR(zs_swap_step(h.s, &a), ZS_EINVAL);
+  a.step = 0;
+  ZT_ERR(zs_swap_set_steps(h.s, INT64_MAX), ZS_EINVAL);
+  ZT_ERR(zs_swap_set_steps(h.s, -1), ZS_EINVAL);
+  ZT_CHECK(zs_swap_steps(h.s) == 0 && h_same(&h, 0, __LINE__));
   /* Hyperparameters: a bad one changes nothing. */
   zs_swap_get_hparams(h.s, &lr, NULL, NULL, NULL, NULL);
   ZT_CHECK(lr == 1e-2); /* Adagrad's default */

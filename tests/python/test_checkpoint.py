@@ -1,11 +1,13 @@
-"""Checkpoints: round trip, bit-exact resume, crash safety, validation, to-fp32."""
+"""Checkpoints: round trip, bit-exact resume, layout, tags and `latest`, integrity (manifest
+checksums), all-or-nothing loads that name the file and field, client_state, state dtype
+conversion, full disks, symlinks in shared folders, and to-fp32.
+
+The kill -9 tests are in test_checkpoint_crash.py."""
+import errno
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
+import zlib
 
 import pytest
 
@@ -16,8 +18,10 @@ import zspeed
 
 # These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
 os.environ["ZSPEED_DEVICE"] = "cpu"
+import zspeed.runtime.checkpoint_files as cf
 from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32
 from engine_helpers import TinyLM, lm_loss, native_ops_available, token_data as data, train
+from checkpoint_helpers import edit_meta, leftovers, rewrite, same, snapshot
 
 
 CONFIGS = {
@@ -44,6 +48,7 @@ def make(kind, gas=1):
     return e
 
 
+# -- round trips ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", list(CONFIGS))
 def test_bit_exact_resume(kind, tmp_path):
     if "native" in kind and not native_ops_available():
@@ -75,23 +80,129 @@ def test_layout_latest_and_tags(tmp_path):
     e.save_checkpoint(tmp_path)
     assert (tmp_path / "latest").read_text() == "global_step4"
     files = sorted(os.listdir(tmp_path / "first"))
-    assert files == ["master.safetensors", "meta.json", "model.safetensors", "optim.safetensors"]
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # no temp files left behind
+    assert files == ["manifest.json", "master.safetensors", "meta.json", "model.safetensors", "optim.safetensors"]
+    manifest = json.loads((tmp_path / "first" / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == [f for f in files if f != "manifest.json"]
+    for name, entry in manifest["files"].items():
+        raw = (tmp_path / "first" / name).read_bytes()
+        assert entry == {"bytes": len(raw), "crc32": f"{zlib.crc32(raw):08x}"}
+    assert leftovers(tmp_path) == []  # no staging folders or temporary files left behind
     f = make("fp32")
     assert f.load_checkpoint(tmp_path, tag="first")[0].endswith("first") and f.global_steps == 3
     assert f.load_checkpoint(tmp_path)[0].endswith("global_step4") and f.global_steps == 4
     e.save_checkpoint(tmp_path, tag="nolatest", save_latest=False)
     assert (tmp_path / "latest").read_text() == "global_step4"
-    with pytest.raises(CheckpointError, match="not a valid directory name"):
-        e.save_checkpoint(tmp_path, tag="../evil")
+    # The files are plain safetensors (the tied out.weight is stored once, as emb.weight).
+    from safetensors.torch import load_file
+    model = load_file(str(tmp_path / "first" / "model.safetensors"))
+    assert sorted(model) == ["calls", "emb.weight", "mid.bias", "mid.weight"]
 
 
 def test_missing_checkpoint_returns_none(tmp_path):
     e = make("fp32")
     assert e.load_checkpoint(tmp_path / "nothing") == (None, None)
     assert e.load_checkpoint(tmp_path, tag="absent") == (None, None)
+    assert e.load_checkpoint(tmp_path) == (None, None)  # a folder without 'latest'
 
 
+def test_resaving_a_tag_replaces_it_whole(tmp_path):
+    e = make("fp32")
+    train(e, data(2), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="best", client_state={"t": torch.ones(3)})
+    train(e, data(2), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="best")  # no client tensors this time: client.safetensors goes away
+    assert "client.safetensors" not in os.listdir(tmp_path / "best") and leftovers(tmp_path) == []
+    f = make("fp32")
+    assert f.load_checkpoint(tmp_path)[1] == {} and f.global_steps == 4
+    # A folder of that name that is not a checkpoint is never replaced.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(CheckpointError, match="not a zspeed checkpoint"):
+        e.save_checkpoint(tmp_path, tag="mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and leftovers(tmp_path) == []
+
+
+# -- tags and latest (items 5 and 9) ----------------------------------------------------------------
+@pytest.mark.parametrize("tag,why", [("step1 ", "whitespace"), (" step1", "whitespace"), ("a\x00b", "NUL"),
+                                     ("x" * 201, "201 bytes"), ("../evil", "separator"), ("a/b", "separator"),
+                                     ("a\\b", "separator"), (".hidden", "starts with '.'"), ("", "empty"),
+                                     ("latest", "latest"), ("a:b", "Windows"), ("a\nb", "control")])
+def test_bad_tags_are_refused_before_anything_is_written(tmp_path, tag, why):
+    e = make("fp32")
+    with pytest.raises(CheckpointError, match=why):
+        e.save_checkpoint(tmp_path / "ck", tag=tag)
+    assert not (tmp_path / "ck").exists()
+    with pytest.raises(CheckpointError, match=why):
+        e.load_checkpoint(tmp_path, tag=tag)
+    e.save_checkpoint(tmp_path / "ck", tag=42)  # DeepSpeed accepts any tag it can str()
+    assert (tmp_path / "ck" / "latest").read_text() == "42"
+
+
+def test_latest_is_validated(tmp_path):
+    e = make("fp32")
+    train(e, data(1), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="step1")
+    latest = tmp_path / "latest"
+    for content, why in [(b"step1 ", "whitespace"), (b" step1", "whitespace"), (b"../step1", "separator"),
+                         (str(tmp_path / "step1").encode(), "separator"), (b"gone", "not a checkpoint folder"),
+                         (b"\xff\xfe\x00", "not UTF-8"), (b"", "empty"), (b"x" * 5000, "larger than")]:
+        latest.write_bytes(content)
+        f = make("fp32")
+        before = snapshot(f)
+        with pytest.raises(CheckpointError, match=why):
+            f.load_checkpoint(tmp_path)
+        assert same(before, snapshot(f))
+    latest.write_bytes(b"step1\n")  # a newline at the end is fine (echo step1 > latest)
+    assert make("fp32").load_checkpoint(tmp_path)[0].endswith("step1")
+
+
+# -- integrity (item 7) ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["model.safetensors", "master.safetensors", "optim.safetensors", "meta.json",
+                                  "client.safetensors"])
+def test_a_flipped_byte_is_detected(tmp_path, name):
+    e = make("fp32")
+    train(e, data(2), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="t", client_state={"x": torch.arange(50.0)})
+    p = tmp_path / "t" / name
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) * 2 // 3] ^= 0x10  # in the tensor data (or JSON text), not the header
+    p.write_bytes(bytes(raw))
+    f = make("fp32")
+    before = snapshot(f)
+    with pytest.raises(CheckpointError, match=rf"{name}' is corrupt: its CRC-32"):
+        f.load_checkpoint(tmp_path)
+    assert same(before, snapshot(f))
+    p.write_bytes(bytes(raw[:-7]))
+    with pytest.raises(CheckpointError, match="truncated"):
+        f.load_checkpoint(tmp_path)
+    p.unlink()
+    with pytest.raises(CheckpointError, match=f"incomplete: {name}, listed in its manifest, is missing"):
+        f.load_checkpoint(tmp_path)
+    assert same(before, snapshot(f))
+
+
+def test_manifest_problems(tmp_path):
+    e = make("fp32")
+    e.save_checkpoint(tmp_path, tag="a")
+    e.save_checkpoint(tmp_path, tag="b")
+    # A file of another save (a copy gone wrong) differs from the manifest.
+    os.replace(tmp_path / "b" / "optim.safetensors", tmp_path / "a" / "optim.safetensors")
+    train(e, data(1), loss=lm_loss)
+    with pytest.raises(CheckpointError, match="optim.safetensors"):
+        make("fp32").load_checkpoint(tmp_path, tag="a")
+    m = tmp_path / "b" / "manifest.json"
+    m.write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        make("fp32").load_checkpoint(tmp_path, tag="b")
+    m.write_text(json.dumps({"format": "zspeed-checkpoint-2", "files": {"../../x": {"bytes": 1, "crc32": "0"}}}))
+    with pytest.raises(CheckpointError, match="malformed"):
+        make("fp32").load_checkpoint(tmp_path, tag="b")
+    m.unlink()
+    with pytest.raises(CheckpointError, match="no manifest.json"):
+        make("fp32").load_checkpoint(tmp_path, tag="b")
+
+
+# -- all-or-nothing loads that name the problem (item 4) --------------------------------------------
 def test_load_validation_names_the_problem(tmp_path):
     e = make("fp32")
     train(e, data(1), loss=lm_loss)
@@ -112,103 +223,287 @@ def test_load_validation_names_the_problem(tmp_path):
     with pytest.raises(CheckpointError, match=r"shape mismatch: emb.weight: checkpoint \(23, 11\) vs model \(29, 11\)"):
         o.load_checkpoint(tmp_path, tag="t")
     w, *_ = zspeed.initialize(model=Wider(), config=cfg)
-    before = {k: v.clone() for k, v in w.module.state_dict().items()}
+    before = snapshot(w)
     with pytest.raises(CheckpointError, match="missing 2: extra.weight, extra.bias"):
         w.load_checkpoint(tmp_path, tag="t")
-    # a failed load changed nothing
-    assert all(torch.equal(before[k], v) for k, v in w.module.state_dict().items())
+    assert same(before, snapshot(w))  # a failed load changed nothing
     # weights only, non-strict: loads what matches
     w.load_checkpoint(tmp_path, tag="t", load_module_strict=False, load_optimizer_states=False)
     assert torch.equal(w.module.mid.weight, e.module.mid.weight) and w.global_steps == 0
 
-    (tmp_path / "t" / "optim.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="incomplete: optim.safetensors is missing"):
-        make("fp32").load_checkpoint(tmp_path, tag="t")
-    (tmp_path / "t" / "meta.json").unlink()
-    with pytest.raises(CheckpointError, match="meta.json is missing"):
-        make("fp32").load_checkpoint(tmp_path, tag="t")
 
-
-def test_mixed_saves_and_corruption_detected(tmp_path):
-    e = make("fp32")
-    train(e, data(1), loss=lm_loss)
-    e.save_checkpoint(tmp_path, tag="a")
-    e.save_checkpoint(tmp_path, tag="b")
-    # Simulate a save over tag 'a' killed after one file: a file from another save is detected.
-    os.replace(tmp_path / "b" / "master.safetensors", tmp_path / "a" / "master.safetensors")
-    with pytest.raises(CheckpointError, match="mixes files of two saves"):
-        make("fp32").load_checkpoint(tmp_path, tag="a")
-    p = tmp_path / "b" / "model.safetensors"
-    p.write_bytes(p.read_bytes()[:50])
-    with pytest.raises(CheckpointError, match="truncated or corrupt"):
-        make("fp32").load_checkpoint(tmp_path, tag="b")
-
-
-def test_optimizer_mismatch_and_client_state_errors(tmp_path):
+def test_optimizer_mismatch_changes_nothing(tmp_path):
     e = make("fp32")
     train(e, data(1), loss=lm_loss)
     with pytest.raises(CheckpointError, match="client_state value at 'client_state.f' has type"):
         e.save_checkpoint(tmp_path, client_state={"f": object()})
+    assert not (tmp_path / "latest").exists() and leftovers(tmp_path) == []
     e.save_checkpoint(tmp_path, tag="t")
     lion, *_ = zspeed.initialize(model=TinyLM(), config={"train_batch_size": 4, "optimizer": {"type": "Lion"}})
+    train(lion, data(2), loss=lm_loss)
+    before = snapshot(lion)
     with pytest.raises(CheckpointError, match="belongs to AdamW"):
         lion.load_checkpoint(tmp_path, tag="t")
+    assert same(before, snapshot(lion))  # the weights were not replaced before the refusal
     assert lion.load_checkpoint(tmp_path, tag="t", load_optimizer_states=False)[0] is not None
 
 
-CHILD = r"""
-import sys, time, torch
-import zspeed
-import zspeed.runtime.checkpoint as ck
-torch.manual_seed(0)
-model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])
-e, *_ = zspeed.initialize(model=model, config={{"train_batch_size": 2, "optimizer": {{"type": "AdamW"}}}})
-x = torch.randn(2, 256)
-e.backward(e(x).square().mean()); e.step()
-e.save_checkpoint({d!r}, tag="good")
-e.backward(e(x).square().mean()); e.step()
-def stall(name):
-    print("WROTE", name, flush=True)
-    if name == "master.safetensors":
-        time.sleep(60)
-ck._after_file_written = stall
-e.save_checkpoint({d!r}, tag="torn")
-"""
+BAD_META = [
+    ("global_steps", lambda m: m.update(global_steps="x")),
+    ("global_steps", lambda m: m.update(global_steps=-1)),
+    ("micro_steps", lambda m: m.update(micro_steps=2.5)),
+    ("skipped_steps", lambda m: m.pop("skipped_steps")),
+    ("param_names", lambda m: m.update(param_names="emb.weight")),
+    ("model_aliases", lambda m: m.update(model_aliases=[1])),
+    ("loss_scaler", lambda m: m["loss_scaler"].update(cur_scale="x")),
+    ("loss_scaler", lambda m: m.update(loss_scaler=None)),
+    ("param_groups[0].lr", lambda m: m["optimizer"]["param_groups"][0].update(lr="x")),
+    ("param_groups[0].lr", lambda m: m["optimizer"]["param_groups"][0].update(lr=-1.0)),
+    ("param_groups[0].betas", lambda m: m["optimizer"]["param_groups"][0].update(betas=[2, 0.9])),
+    ("param_groups[0].betas", lambda m: m["optimizer"]["param_groups"][0].update(betas=[0.9])),
+    ("param_groups[0].weight_decay", lambda m: m["optimizer"]["param_groups"][0].update(weight_decay=None)),
+    ("param_groups[0].amsgrad", lambda m: m["optimizer"]["param_groups"][0].update(amsgrad="no")),
+    ("optimizer.param_groups", lambda m: m["optimizer"].update(param_groups={})),
+    ("belongs to None", lambda m: m["optimizer"].pop("class")),
+    ("optimizer.scalars", lambda m: m["optimizer"].update(scalars=[])),
+    ("lr_scheduler.last_batch_iteration", lambda m: m["lr_scheduler"].update(last_batch_iteration="x")),
+    ("lr_scheduler.last_batch_iteration", lambda m: m["lr_scheduler"].update(last_batch_iteration=-5)),
+    ("lr_scheduler.org_lrs", lambda m: m["lr_scheduler"].update(org_lrs=["a"])),
+    ("belongs to WarmupLR", lambda m: m.update(lr_scheduler_class="WarmupLR")),
+    ("client.safetensors does not hold", lambda m: m.update(client_state={"x": {"__tensor__": "client/9"}})),
+    ("format", lambda m: m.update(format="zspeed-checkpoint-1")),
+    ("mixes two saves", lambda m: m.update(save_id="0")),
+    ("must hold a JSON object", lambda m: [m]),
+]
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
-def test_killed_mid_write_leaves_previous_loadable(tmp_path):
-    d = tmp_path / "ck"
-    # The child imports the same zspeed package as this test (installed or source tree).
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(zspeed.__file__).parents[1])] +
-                                                      [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(d=str(d))], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    deadline = time.time() + 120
+@pytest.mark.parametrize("field,edit", BAD_META, ids=[f"{i}-{f}" for i, (f, _) in enumerate(BAD_META)])
+def test_bad_meta_values_are_checkpoint_errors_and_change_nothing(tmp_path, field, edit):
+    e = make("fp16_sched_clip")
+    train(e, data(3), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="t", client_state={"x": torch.ones(2)})
+    edit_meta(tmp_path / "t", edit)
+    f = make("fp16_sched_clip")
+    train(f, data(2), loss=lm_loss)
+    before = snapshot(f)
+    with pytest.raises(CheckpointError) as ei:
+        f.load_checkpoint(tmp_path, tag="t")
+    assert field in str(ei.value) and "meta.json" in str(ei.value)
+    assert same(before, snapshot(f))
+    train(f, data(1), loss=lm_loss)  # and it still trains
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.update({"emb.weight/exp_avg": torch.zeros(3)}), "has shape"),
+    (lambda t: t.update({"emb.weight/exp_avg": torch.zeros(23, 11, dtype=torch.int32)}), "dtype"),
+    (lambda t: t.pop("mid.bias/exp_avg_sq"), "no tensor 'exp_avg_sq'"),
+    (lambda t: t.update({"nosuch/exp_avg": torch.zeros(1)}), "belongs to no parameter"),
+    (lambda t: t.update({"mid.bias/step": torch.tensor(float("nan"))}), "step"),
+])
+def test_bad_optimizer_tensors_are_checkpoint_errors(tmp_path, edit, match):
+    from safetensors.torch import load_file, save as st_save
+    e = make("fp32")
+    train(e, data(2), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="t")
+    p = tmp_path / "t" / "optim.safetensors"
+    tensors = load_file(str(p))
+    edit(tensors)
+    rewrite(tmp_path / "t", "optim.safetensors", st_save(tensors, metadata={"format": "x"}))
+    f = make("fp32")
+    before = snapshot(f)
+    with pytest.raises(CheckpointError, match=match):
+        f.load_checkpoint(tmp_path, tag="t")
+    assert same(before, snapshot(f))
+
+
+# -- client_state (item 15) --------------------------------------------------------------------------
+def test_client_state_round_trips_exactly(tmp_path):
+    t = torch.arange(6).reshape(2, 3)
+    state = {"__tensor__": 5, "a": {"__tensor__": "client/0"}, "b": {"__dict__": {"__tensor__": "x"}},
+             "c": {"__tensor__": t}, "d": [t, {"__dict__": 1}], "e": {"__tensor__": "x", "more": 1}}
+    e = make("fp32")
+    e.save_checkpoint(tmp_path, client_state=state)
+    _, got = make("fp32").load_checkpoint(tmp_path)
+    assert got["__tensor__"] == 5 and got["a"] == {"__tensor__": "client/0"}
+    assert got["b"] == {"__dict__": {"__tensor__": "x"}} and got["e"] == {"__tensor__": "x", "more": 1}
+    assert set(got["c"]) == {"__tensor__"} and torch.equal(got["c"]["__tensor__"], t)
+    assert torch.equal(got["d"][0], t) and got["d"][1] == {"__dict__": 1}
+    e.save_checkpoint(tmp_path, tag="only", client_state={"__tensor__": "client/0"})
+    assert make("fp32").load_checkpoint(tmp_path, tag="only")[1] == {"__tensor__": "client/0"}
+
+
+# -- state dtypes on the cpu path (item 11; the nvme path: test_engine_nvme.py) -----------------------
+@pytest.mark.parametrize("saved,configured", [("fp32", "int8"), ("int8", "fp32"), ("bf16", "int8"),
+                                              ("fp32", "bf16"), ("int8", "bf16")])
+def test_cpu_path_converts_states_to_the_configured_dtype(tmp_path, saved, configured):
+    if not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
+
+    def eng(sd):
+        c = {"train_batch_size": 4, "bf16": {"enabled": True},
+             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "state_dtype": sd}},
+             "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+        return zspeed.initialize(model=TinyLM(), config=c)[0]
+
+    a = eng(saved)
+    train(a, data(3), loss=lm_loss)
+    a.save_checkpoint(tmp_path)
+    b = eng(configured)
+    b.load_checkpoint(tmp_path)
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[configured]
+    states = list(b.optimizer.state.values())
+    assert states and all(s["exp_avg"].dtype == want for s in states)
+    assert all(("exp_avg_scale" in s) == (configured == "int8") for s in states)
+    assert all(g["state_dtype"] == configured for g in b.optimizer.param_groups)
+    # The converted moments are the saved ones up to the target's rounding.
+    ref = {k: v for k, v in a.optimizer.state.items()}
+    from zspeed.ops.adam import q8_dequantize
+
+    def fp32_m(s, numel):
+        if s["exp_avg"].dtype == torch.int8:
+            m, v = torch.empty(numel), torch.empty(numel)
+            q8_dequantize(s["exp_avg"].reshape(-1), s["exp_avg_scale"], s["exp_avg_sq"].reshape(-1),
+                          s["exp_avg_sq_scale"], m, v)
+            return m
+        return s["exp_avg"].float().reshape(-1)
+    for (pa, sa), (pb, sb) in zip(ref.items(), b.optimizer.state.items()):
+        ma, mb = fp32_m(sa, pa.numel()), fp32_m(sb, pb.numel())
+        tol = 2e-2 if "int8" in (saved, configured) else 8e-3  # 8-bit block quantization / bf16 rounding
+        assert torch.allclose(ma, mb, rtol=tol, atol=tol * ma.abs().max().item())
+    train(b, data(2), loss=lm_loss)
+
+
+# -- full disks (items 2 and 9) -----------------------------------------------------------------------
+def _full_disk_after(monkeypatch, budget: int):
+    """os.write of checkpoint files fails with ENOSPC once ``budget`` bytes were written."""
+    left = [budget]
+
+    def write(fd, data):
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = min(len(data), left[0])
+        left[0] -= n
+        return os.write(fd, data[:n])
+    monkeypatch.setattr(cf, "_write", write)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.5, 0.9, 0.995])
+@pytest.mark.parametrize("fixed_tag", [True, False])
+def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, fraction, fixed_tag):
+    e = make("bf16_offload")
+    train(e, data(2), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="best")
+    total = sum(p.stat().st_size for p in (tmp_path / "best").iterdir())
+    old = {p.name: p.read_bytes() for p in (tmp_path / "best").iterdir()}
+    train(e, data(2), loss=lm_loss)
+    _full_disk_after(monkeypatch, int(total * fraction))
+    with pytest.raises(CheckpointError, match="disk is full"):
+        e.save_checkpoint(tmp_path, tag="best" if fixed_tag else None)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "best").iterdir()} == old
+    assert (tmp_path / "latest").read_text() == "best" and leftovers(tmp_path) == []
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == ["best", "latest"]
+    f = make("bf16_offload")
+    assert f.load_checkpoint(tmp_path)[0].endswith("best") and f.global_steps == 2
+    e.save_checkpoint(tmp_path, tag="best")  # with space again, the save works
+    assert make("bf16_offload").load_checkpoint(tmp_path) and e.global_steps == 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                    reason="mounting a small tmpfs needs root on Linux")
+def test_real_full_disk_on_a_small_tmpfs(tmp_path):
+    import subprocess
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
     try:
-        while time.time() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line.strip())
-            if line.strip() == "WROTE master.safetensors":
-                proc.send_signal(signal.SIGKILL)
-                break
+        def engine():
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))  # ~140 KB per save
+            return zspeed.initialize(model=model, config={"train_batch_size": 2, "optimizer": {"type": "AdamW"}})[0]
+        e = engine()
+        x = torch.randn(2, 64)
+        e.backward(e(x).square().mean())
+        e.step()
+        e.save_checkpoint(mnt, tag="best")  # fits once, not twice: the replacing save runs out of space
+        e.backward(e(x).square().mean())
+        e.step()
+        with pytest.raises(CheckpointError, match="disk is full"):
+            e.save_checkpoint(mnt, tag="best")
+        assert leftovers(mnt) == [] and sorted(n for n in os.listdir(mnt) if n[0] != ".") == ["best", "latest"]
+        f = engine()
+        assert f.load_checkpoint(mnt)[0].endswith("best") and f.global_steps == 1
     finally:
-        proc.kill()
-        proc.wait()
-    assert "WROTE master.safetensors" in seen, (seen, proc.stderr.read())
-    assert (d / "latest").read_text() == "good"
-    assert (d / "torn" / "model.safetensors").exists() and not (d / "torn" / "meta.json").exists()
-    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])
-    e, *_ = zspeed.initialize(model=model, config={"train_batch_size": 2, "optimizer": {"type": "AdamW"}})
-    path, _ = e.load_checkpoint(d)
-    assert path.endswith("good") and e.global_steps == 1
-    with pytest.raises(CheckpointError, match="incomplete"):
-        e.load_checkpoint(d, tag="torn")
+        done = subprocess.run(["umount", str(mnt)]).returncode == 0
+        if not done:  # detach it anyway, then fail: something still holds a file of the checkpoint
+            subprocess.run(["umount", "-l", str(mnt)])
+        assert done, "a file of the checkpoint is still open or mapped after the load"
 
 
+# -- shared folders: symlinks and predictable names (item 3) ----------------------------------------
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_symlinks_planted_in_the_folder_are_never_followed(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    d = tmp_path / "ck"
+    d.mkdir()
+    # Every name an older zspeed used for its temporary files, and 'latest' itself.
+    for name in (f".latest.tmp-{os.getpid()}", f".model.safetensors.tmp-{os.getpid()}", "latest"):
+        os.symlink(victim, d / name)
+    e = make("fp32")
+    seen = []
+    cf._crash_hook = seen.append
+    try:
+        e.save_checkpoint(d, tag="t1")
+        e.save_checkpoint(d, tag="t2")
+    finally:
+        cf._crash_hook = None
+    assert victim.read_text() == "precious"
+    assert not (d / "latest").is_symlink() and (d / "latest").read_text() == "t2"
+    # A symlink standing where the lock file goes stops the save instead of being followed.
+    (d / ".zspeed-lock").unlink()
+    os.symlink(victim, d / ".zspeed-lock")
+    with pytest.raises(CheckpointError):
+        e.save_checkpoint(d, tag="t3")
+    assert victim.read_text() == "precious" and not (d / "t3").exists()
+
+
+def test_staging_names_are_unpredictable_and_leftovers_are_cleaned(tmp_path):
+    e = make("fp32")
+    names = []
+    cf._crash_hook = lambda what: names.extend(n for n in os.listdir(tmp_path) if n.startswith(".zspeed-staging-"))
+    try:
+        e.save_checkpoint(tmp_path, tag="a")
+        e.save_checkpoint(tmp_path, tag="a")
+    finally:
+        cf._crash_hook = None
+    assert len(set(names)) == 2 and all(len(n) == len(".zspeed-staging-") + 16 for n in set(names))
+    # Leftovers of killed saves: a staging folder, an old tag folder, a temporary 'latest'.
+    (tmp_path / ".zspeed-staging-0123456789abcdef").mkdir()
+    (tmp_path / ".zspeed-staging-0123456789abcdef" / "model.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / ".zspeed-old-0123456789abcdef-a").mkdir()
+    (tmp_path / ".zspeed-tmp-0123456789abcdef").write_bytes(b"a")
+    assert make("fp32").load_checkpoint(tmp_path)[0].endswith("a")
+    assert leftovers(tmp_path) == []
+    (tmp_path / ".zspeed-staging-fedcba9876543210").mkdir()
+    e.save_checkpoint(tmp_path, tag="b")
+    assert leftovers(tmp_path) == []
+
+
+def test_a_tag_whose_replacement_was_killed_between_renames_is_restored(tmp_path):
+    e = make("fp32")
+    train(e, data(1), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="best")
+    # The state a kill leaves after the old tag was renamed aside and before the new one came in.
+    os.rename(tmp_path / "best", tmp_path / ".zspeed-old-0123456789abcdef-best")
+    (tmp_path / ".zspeed-staging-0123456789abcdef").mkdir()
+    f = make("fp32")
+    assert f.load_checkpoint(tmp_path)[0].endswith("best") and f.global_steps == 1
+    assert leftovers(tmp_path) == [] and (tmp_path / "best" / "manifest.json").exists()
+
+
+# -- to-fp32 (item 9) -----------------------------------------------------------------------------------
 def test_to_fp32(tmp_path):
     from safetensors.torch import load_file
     e = make("bf16_offload")
@@ -227,3 +522,48 @@ def test_to_fp32(tmp_path):
     sd["out.weight"] = sd["emb.weight"]
     fresh.load_state_dict(sd)
     assert main_to_fp32([str(tmp_path / "nothing"), str(out)]) == 1
+    assert main_to_fp32([str(tmp_path / "global_step3"), str(tmp_path / "w2.safetensors")]) == 0  # a tag folder
+
+
+def test_to_fp32_into_a_folder_and_failures_leave_no_temporary(tmp_path, monkeypatch, capsys):
+    from safetensors.torch import load_file
+    e = make("fp32")
+    e.save_checkpoint(tmp_path / "ck")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main_to_fp32([str(tmp_path / "ck"), str(out)]) == 0  # a folder receives model.safetensors
+    assert os.listdir(out) == ["model.safetensors"] and "emb.weight" in load_file(str(out / "model.safetensors"))
+    before = (out / "model.safetensors").read_bytes()
+    _full_disk_after(monkeypatch, 100)
+    assert main_to_fp32([str(tmp_path / "ck"), str(out)]) == 1
+    monkeypatch.undo()
+    assert "disk is full" in capsys.readouterr().err
+    assert os.listdir(out) == ["model.safetensors"] and (out / "model.safetensors").read_bytes() == before
+    (tmp_path / "file").write_text("x")
+    assert main_to_fp32([str(tmp_path / "ck"), str(tmp_path / "file" / "w.safetensors")]) == 1
+    assert "cannot create the output folder" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_a_tag_may_be_a_symlink_when_loading_and_is_never_replaced_through_one(tmp_path):
+    e = make("fp32")
+    train(e, data(1), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="global_step1")
+    os.symlink("global_step1", tmp_path / "best")
+    assert make("fp32").load_checkpoint(tmp_path, tag="best")[0].endswith("best")
+    with pytest.raises(CheckpointError, match="not a folder"):
+        e.save_checkpoint(tmp_path, tag="best")
+    assert os.readlink(tmp_path / "best") == "global_step1"
+
+
+def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    e = make("fp32")
+    train(e, data(1), loss=lm_loss)
+    e.save_checkpoint(tmp_path, tag="t")
+    e.save_checkpoint(tmp_path, tag="t")
+    assert make("fp32").load_checkpoint(tmp_path)[0].endswith("t") and leftovers(tmp_path) == []

@@ -155,14 +155,49 @@ def test_checkpoint_without_optimizer_state_starts_fresh(tmp_path, opt, state_dt
     out[1].close()
 
 
-def test_checkpoint_state_dtype_mismatch_is_clear(tmp_path):
-    e = _train(_engine(_cfg("nvme", tmp_path, state_dtype="int8")), 2)
+@pytest.mark.parametrize("saved,configured", [("int8", "fp32"), ("fp32", "int8"), ("bf16", "int8"),
+                                              ("int8", "bf16"), ("fp32", "bf16")])
+def test_checkpoint_state_dtype_is_converted_the_same_way_on_both_paths(tmp_path, saved, configured):
+    # A checkpoint's optimizer states are converted to the engine's configured state_dtype; the
+    # cpu and nvme paths convert alike, so they continue bit for bit alike.
+    e = _train(_engine(_cfg("nvme", tmp_path, state_dtype=saved, precision="bf16")), 2)
     e.save_checkpoint(tmp_path / "ck")
-    r = _engine(_cfg("nvme", tmp_path, state_dtype="fp32"))
-    with pytest.raises(Exception, match="state_dtype"):
+    e.close()
+    out = []
+    for dev in ("cpu", "nvme"):
+        r = _engine(_cfg(dev, tmp_path, state_dtype=configured, precision="bf16"))
         r.load_checkpoint(tmp_path / "ck")
-    r2 = _engine(_cfg("nvme", tmp_path, state_dtype="int8"))
-    r2.load_checkpoint(tmp_path / "ck", load_optimizer_states=False)  # weights only: fine
+        assert r.optimizer.param_groups[0]["state_dtype"] == configured
+        out.append(_train(r, 3, start=2))
+    assert _same(*out)
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[configured]
+    assert all(s["exp_avg"].dtype == want for s in out[0].optimizer.state.values())
+    # The saved checkpoint re-saved from the nvme engine holds the configured dtype.
+    out[1].save_checkpoint(tmp_path / "ck2")
+    from safetensors.torch import load_file
+    assert load_file(str(tmp_path / "ck2" / "global_step5" / "optim.safetensors"))["0.weight/exp_avg"].dtype == want
+    out[1].close()
+
+
+def test_refused_optimizer_state_writes_nothing_to_the_swap_file(tmp_path):
+    # nvme offload steps every parameter of a group together: a state for only some of them is
+    # refused before anything reaches the swap file (masters, states, step count unchanged).
+    from safetensors.torch import load_file, save as st_save
+    from checkpoint_helpers import edit_meta, rewrite, same, snapshot
+    from zspeed.runtime.checkpoint import CheckpointError
+    e = _train(_engine(_cfg("nvme", tmp_path)), 2)
+    e.save_checkpoint(tmp_path / "ck", tag="t")
+    d = tmp_path / "ck" / "t"
+    tensors = {k: v for k, v in load_file(str(d / "optim.safetensors")).items() if not k.startswith("2.bias/")}
+    rewrite(d, "optim.safetensors", st_save(tensors))
+    edit_meta(d, lambda m: m["optimizer"]["scalars"].pop("2.bias"))
+    r = _train(_engine(_cfg("nvme", tmp_path)), 3)
+    before = snapshot(r)
+    with pytest.raises(CheckpointError, match="covers only some parameters"):
+        r.load_checkpoint(tmp_path / "ck", tag="t")
+    assert same(before, snapshot(r)) and [s["steps"] for s in r.nvme_stats()] == [3]
+    r.close()
+    e.close()
 
 
 def test_config_reaches_the_swapper_and_masters_are_not_in_ram(tmp_path):

@@ -94,3 +94,72 @@ def test_static_loss_scale_still_skips_overflow():
     e, *_ = zspeed.initialize(model=model, config=cfg(fp16={"enabled": True, "loss_scale": 128}))
     train(e, batches(4), 4)
     assert e.skipped_steps == 1 and e.loss_scale == 128
+
+
+# -- resuming across precisions -------------------------------------------------------------------
+def _engine(precision: dict, offload: bool):
+    c = cfg(**precision)
+    if offload:
+        c["zero_optimization"] = OFFLOAD
+        c["optimizer"]["params"]["torch_adam"] = True
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    return e
+
+
+FP16_DYNAMIC = {"fp16": {"enabled": True, "initial_scale_power": 15}}
+
+
+@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("target", [{"bf16": {"enabled": True}}, {}, {"fp16": {"enabled": True, "loss_scale": 64}}])
+def test_fp16_scale_never_reaches_an_engine_with_another_scaler(tmp_path, target, offload):
+    # A dynamic fp16 checkpoint (scale 32768) resumed under bf16, fp32 or static fp16: the engine
+    # keeps its own scale, so the gradients are not divided by 32768 (which would shrink every
+    # update and read as a tiny grad norm).
+    data = batches(6)
+    a = _engine(FP16_DYNAMIC, offload)
+    train(a, data[:3])
+    assert a.loss_scale == 2.0 ** 15
+    a.save_checkpoint(tmp_path)
+    b = _engine(target, offload)
+    own_scale = b.loss_scale
+    b.load_checkpoint(tmp_path)
+    assert b.loss_scale == own_scale  # 1 for bf16/fp32, the configured 64 for static fp16
+    loss = F.mse_loss(b(data[3][0].to(b.dtype)).float(), data[3][1])
+    b.backward(loss)
+    # The true gradient norm, from the model's gradients (scaled by the engine's own loss scale).
+    ref = torch.sqrt(sum(p.grad.float().square().sum() for p in b.module.parameters())).item() / own_scale
+    b.step()
+    assert b.get_global_grad_norm() == pytest.approx(ref, rel=1e-3)  # fp32 sums of the same grads
+
+
+@pytest.mark.parametrize("source", [{"bf16": {"enabled": True}}, {}, {"fp16": {"enabled": True, "loss_scale": 64}}])
+def test_dynamic_fp16_engine_resumes_from_another_precision(tmp_path, source):
+    # bf16, fp32 or static-fp16 checkpoints hold no dynamic scaler state: a dynamic fp16 engine
+    # starts its scaler fresh (2**initial_scale_power) and trains on.
+    data = batches(6)
+    a = _engine(source, False)
+    train(a, data[:3])
+    a.save_checkpoint(tmp_path)
+    b = _engine(FP16_DYNAMIC, False)
+    path, _ = b.load_checkpoint(tmp_path)
+    assert path is not None and b.global_steps == 3 and b.loss_scale == 2.0 ** 15
+    train(b, data[3:])
+    assert b.global_steps == 6 and b.skipped_steps == 0
+    assert all(torch.isfinite(p).all() for p in b.module.parameters())
+
+
+def test_scaler_state_is_checked_before_it_changes():
+    s = DynamicLossScaler(init_scale=8)
+    for bad in ({"cur_scale": float("nan"), "cur_iter": 1, "last_overflow_iter": 0, "cur_hysteresis": 2},
+                {"cur_scale": 4.0, "cur_iter": "x", "last_overflow_iter": 0, "cur_hysteresis": 2},
+                {"cur_scale": 4.0, "cur_iter": 3, "last_overflow_iter": -2, "cur_hysteresis": 2},
+                {"cur_scale": 4.0, "dynamic": True}, [4.0], {"cur_scale": True}):
+        with pytest.raises(ValueError):
+            s.load_state_dict(bad)
+        assert s.state_dict() == {"dynamic": True, "cur_scale": 8.0, "cur_iter": 0, "last_overflow_iter": -1,
+                                  "cur_hysteresis": 2}
+    s.load_state_dict({"cur_scale": 4.0, "cur_iter": 3, "last_overflow_iter": 1, "cur_hysteresis": 1})
+    assert (s.loss_scale, s.cur_iter, s.last_overflow_iter, s.cur_hysteresis) == (4.0, 3, 1, 1)
+    st = LossScaler(64.0)
+    st.load_state_dict({"cur_scale": 32768.0, "cur_iter": 3, "last_overflow_iter": 1, "cur_hysteresis": 1})
+    assert st.loss_scale == 64.0

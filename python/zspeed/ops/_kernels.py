@@ -9,7 +9,7 @@ from .._native import check, lib
 from .._signatures.optim import (BF16, F16, F32, NONE, OPTIM_QBLOCK, Q8,
                                  AdagradConfig, AdamConfig, LionConfig,
                                  OptimTensors)
-from ._tensors import buf, threads
+from ._tensors import INT64, buf, integer, threads
 
 
 def qblocks(n: int) -> int:
@@ -72,7 +72,8 @@ def adam(param, grad, exp_avg, exp_avg_sq, *, step, lr, beta1, beta2, eps,
     c = AdamConfig()
     lib.zs_adam_config_init(ctypes.byref(c))
     c.lr, c.beta1, c.beta2, c.eps = lr, beta1, beta2, eps
-    c.weight_decay, c.grad_scale, c.step = weight_decay, grad_scale, int(step)
+    c.weight_decay, c.grad_scale = weight_decay, grad_scale
+    c.step = integer(step, "step", INT64)
     c.adamw_mode, c.bias_correction = int(bool(adamw_mode)), int(bool(bias_correction))
     c.num_threads = threads(num_threads)
     check(lib.zs_adam_step(ctypes.byref(c), ctypes.byref(t)))

@@ -22,13 +22,21 @@ transfers accept them, the kernels refuse them.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
 
 from .._signatures.optim import BF16, F16, F32, Q8, DType
 
-__all__ = ["Buf", "buf", "is_torch", "threads"]
+__all__ = ["Buf", "buf", "is_torch", "threads", "integer", "INT32", "INT64", "UINT64"]
+
+# The ranges of the C integer types of the API, (lo, hi): integer() keeps a
+# value inside its C type, and the library judges what the value means (a
+# negative offset, a step of 0) with its own error.
+INT32 = (-2 ** 31, 2 ** 31 - 1)
+INT64 = (-2 ** 63, 2 ** 63 - 1)
+UINT64 = (0, 2 ** 64 - 1)
 
 # Element type names (numpy's, and torch's without "torch.") -> DType.
 _NUMPY = {"float32": F32, "float16": F16, "uint16": BF16, "bfloat16": BF16,
@@ -125,12 +133,29 @@ def buf(x: Any, name: str, *, writable: bool = False,
     return Buf(ptr, nbytes, n, dt, kind, keep, device)
 
 
+def integer(value, name: str, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi] (or in the C type ``lo`` = INT32, INT64,
+    UINT64), checked before it reaches a C integer.
+
+    ctypes converts a Python int to a fixed-width C integer by dropping the
+    high bits (2**64 + 4 becomes 4) and int() truncates floats (4.7 becomes
+    4), so every integer argument of the library passes here first: ints
+    and integer scalars of numpy and torch (anything with ``__index__``) are
+    taken, bools and floats refused with TypeError, values outside the
+    range with ValueError; both name the argument."""
+    if hi is None:
+        lo, hi = lo
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__} "
+                        f"({value!r})")
+    v = operator.index(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} = {v} is out of range [{lo}, {hi}]")
+    return v
+
+
 def threads(num_threads) -> int:
     """None -> 0 (every thread of the default pool)."""
     if num_threads is None:
         return 0
-    n = int(num_threads)
-    if n < 1:
-        raise ValueError(f"num_threads = {num_threads} must be >= 1, or None "
-                         f"for all cores")
-    return n
+    return integer(num_threads, "num_threads", 1, INT32[1])

@@ -7,6 +7,7 @@ import copy
 import torch
 
 from . import _kernels
+from ._tensors import INT64, integer, threads
 
 __all__ = ["CPUAdam", "CPUAdagrad", "CPULion"]
 
@@ -21,9 +22,8 @@ class _CPUOptimizer(torch.optim.Optimizer):
     the param's dtype)."""
 
     def __init__(self, params, defaults, num_threads):
-        if num_threads is not None and int(num_threads) < 1:
-            raise ValueError(f"num_threads = {num_threads} must be >= 1, or "
-                             f"None for all cores")
+        if num_threads is not None:
+            threads(num_threads)
         self.num_threads = num_threads
         super().__init__(params, defaults)
 
@@ -169,7 +169,7 @@ class CPUAdam(_CPUOptimizer):
             state["exp_avg_sq"] = torch.zeros(p.shape, dtype=dt)
 
     def _update(self, group, p, g, state, out, grad_scale):
-        step = int(state["step"]) + 1
+        step = integer(state["step"], "state['step']", 0, INT64[1] - 1) + 1
         b1, b2 = group["betas"]
         _kernels.adam(p, g, state["exp_avg"], state["exp_avg_sq"], step=step,
                       lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
@@ -213,7 +213,7 @@ class CPUAdagrad(_CPUOptimizer):
                          weight_decay=group["weight_decay"], eps=group["eps"],
                          grad_scale=grad_scale, out=out,
                          num_threads=self.num_threads)
-        state["step"] = int(state["step"]) + 1
+        state["step"] = integer(state["step"], "state['step']", 0, INT64[1] - 1) + 1
 
 
 class CPULion(_CPUOptimizer):

@@ -25,7 +25,7 @@ from .._native import NativeError, ZSpeedError, check, lib
 from .._signatures.aio import AioBackend, AioConfig, AioDirect, AioStats
 from .._signatures.common import PinFlags
 from ._lifetime import NativeHandleOwner
-from ._tensors import Buf, buf, is_torch
+from ._tensors import INT32, INT64, Buf, buf, integer, is_torch
 
 __all__ = ["AsyncIOHandle", "aio_handle", "aio_backend", "BACKENDS", "DIRECT"]
 
@@ -68,9 +68,10 @@ class AsyncIOHandle(NativeHandleOwner):
             raise ValueError(f"direct must be one of {sorted(DIRECT)}, got {direct!r}")
         cfg = AioConfig()
         lib.zs_aio_config_init(ctypes.byref(cfg))
-        cfg.block_size, cfg.queue_depth = int(block_size), int(queue_depth)
+        cfg.block_size = integer(block_size, "block_size", INT64)
+        cfg.queue_depth = integer(queue_depth, "queue_depth", INT32)
         cfg.single_submit, cfg.overlap_events = int(bool(single_submit)), int(bool(overlap_events))
-        cfg.intra_op_parallelism = int(intra_op_parallelism)
+        cfg.intra_op_parallelism = integer(intra_op_parallelism, "intra_op_parallelism", INT32)
         cfg.backend, cfg.direct = BACKENDS[backend], DIRECT[direct]
         h = ctypes.c_void_p()
         check(lib.zs_aio_create(ctypes.byref(h), ctypes.byref(cfg)), "zs_aio_create")
@@ -131,13 +132,14 @@ class AsyncIOHandle(NativeHandleOwner):
 
     # ----------------------------------------------------------- requests
     def _submit(self, buffer: Any, filename: Any, file_offset: int, write: bool) -> int:
+        off = integer(file_offset, "file_offset", INT64)
         b = buf(buffer, "buffer", writable=not write, allowed=None, stage=True)
         h = self._handle()
         if isinstance(filename, int):
             filename = _fd_path(filename)
         path = os.fsencode(filename)
         fn = lib.zs_aio_pwrite_path if write else lib.zs_aio_pread_path
-        rid = fn(h, path, ctypes.c_void_p(b.ptr), b.nbytes, int(file_offset))
+        rid = fn(h, path, ctypes.c_void_p(b.ptr), b.nbytes, off)
         check(rid, "zs_aio_pwrite_path" if write else "zs_aio_pread_path")
         with self._lock:
             self._inflight[rid] = b
@@ -235,18 +237,19 @@ class AsyncIOHandle(NativeHandleOwner):
         else:
             import numpy as np  # noqa: PLC0415
             itemsize = np.dtype(example_tensor.dtype).itemsize
-        nbytes = int(num_elem) * itemsize
+        count = integer(num_elem, "num_elem", 0, INT64[1] // itemsize)
+        nbytes = count * itemsize
         ptr = ctypes.c_void_p()
         locked = ctypes.c_int()
         check(lib.zs_alloc_pinned(ctypes.byref(ptr), max(nbytes, 1), PinFlags.FALLBACK,
                                   ctypes.byref(locked)), "zs_alloc_pinned")
         raw = (ctypes.c_ubyte * max(nbytes, 1)).from_address(ptr.value)
         if is_torch(example_tensor):
-            t = torch.frombuffer(raw, dtype=example_tensor.dtype, count=int(num_elem))
+            t = torch.frombuffer(raw, dtype=example_tensor.dtype, count=count)
             key = t.data_ptr()
         else:
             import numpy as np  # noqa: PLC0415
-            t = np.frombuffer(raw, dtype=example_tensor.dtype, count=int(num_elem))
+            t = np.frombuffer(raw, dtype=example_tensor.dtype, count=count)
             key = t.ctypes.data
         self._locked[key] = (ptr.value, max(nbytes, 1), raw)
         return t

@@ -20,8 +20,8 @@ Only numpy is needed; torch is used only when tensors are passed in.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
+import secrets
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,7 +31,7 @@ from .._signatures.aio import AioConfig
 from .._signatures.optim import BF16, F16, F32, OPTIM_QBLOCK, Q8
 from .._signatures.swap import SwapConfig, SwapOptimizer, SwapStats, SwapStepArgs
 from ._lifetime import NativeHandleOwner
-from ._tensors import buf, is_torch
+from ._tensors import INT32, INT64, UINT64, buf, integer, is_torch
 from .aio import BACKENDS, DIRECT
 
 __all__ = ["NVMeOptimizerSwapper", "OPTIMIZERS", "STATE_DTYPES"]
@@ -49,7 +49,6 @@ _STORED = {F32: np.float32, BF16: np.uint16}
 _STATE_KEYS = {SwapOptimizer.ADAM: ("exp_avg", "exp_avg_sq"),
                SwapOptimizer.ADAGRAD: (None, "sum"),
                SwapOptimizer.LION: ("exp_avg", None)}
-_names = itertools.count()
 
 
 def _view(obj: Any, what: str, n: int, dtype: str | None = None) -> tuple[int, int]:
@@ -112,8 +111,10 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
       state_dtype: "fp32" (default), "bf16", or "int8" (Adam only).
       buffer_count: pinned buffers (DeepSpeed's ``buffer_count``; >= 3
         overlaps read, compute and write).
-      name: file stem (default unique per process and object); the file is
-        ``<nvme_path>/<name>.swap`` and is deleted by :meth:`close`.
+      name: file stem (default ``zspeed_swap_<random>``, new for every
+        swapper, so a restarted process never meets a file of its
+        predecessor); the file is ``<nvme_path>/<name>.swap`` and is deleted
+        by :meth:`close`.
       overwrite: replace an existing file of that name (default False).
       num_threads: compute threads incl. the caller (0 = all).
       block_size, queue_depth, intra_op_parallelism, backend: the aio
@@ -144,7 +145,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
         if direct not in DIRECT:
             raise ValueError(f"direct must be one of {sorted(DIRECT)}, got {direct!r}")
-        self.sizes = [int(s) for s in sizes]
+        self.sizes = [integer(n, f"sizes[{i}]", UINT64) for i, n in enumerate(sizes)]
         if not self.sizes:
             raise ValueError("sizes must name at least one partition")
         self.optimizer, self.state_dtype = optimizer, state_dtype
@@ -155,11 +156,11 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         self._sizes_c = (ctypes.c_uint64 * len(self.sizes))(*self.sizes)
         self._path_b = os.fsencode(os.fspath(nvme_path))
         if name is None:
-            name = f"zspeed_swap_{os.getpid()}_{next(_names)}"
+            name = f"zspeed_swap_{secrets.token_hex(8)}"
         self._name_b = os.fsencode(name)
-        cfg.path, cfg.name, cfg.overwrite = self._path_b, self._name_b, int(overwrite)
+        cfg.path, cfg.name, cfg.overwrite = self._path_b, self._name_b, int(bool(overwrite))
         cfg.partitions, cfg.sizes = len(self.sizes), self._sizes_c
-        cfg.buffer_count, cfg.optimizer = int(buffer_count), kind
+        cfg.buffer_count, cfg.optimizer = integer(buffer_count, "buffer_count", INT32), kind
         cfg.state_dtype = STATE_DTYPES[state_dtype]
         if lr is not None:
             cfg.lr = float(lr)
@@ -170,12 +171,14 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         if weight_decay is not None:
             cfg.weight_decay = float(weight_decay)
         cfg.adamw_mode, cfg.bias_correction = adamw, int(bool(bias_correction))
-        cfg.num_threads, cfg.direct = int(num_threads), DIRECT[direct]
+        cfg.num_threads = integer(num_threads, "num_threads", INT32)
+        cfg.direct = DIRECT[direct]
         cfg.sync_each_step = int(bool(sync_each_step))
         self._aio = AioConfig()
         lib.zs_aio_config_init(ctypes.byref(self._aio))
-        self._aio.block_size, self._aio.queue_depth = int(block_size), int(queue_depth)
-        self._aio.intra_op_parallelism = int(intra_op_parallelism)
+        self._aio.block_size = integer(block_size, "block_size", INT64)
+        self._aio.queue_depth = integer(queue_depth, "queue_depth", INT32)
+        self._aio.intra_op_parallelism = integer(intra_op_parallelism, "intra_op_parallelism", INT32)
         self._aio.backend = BACKENDS[backend]
         self._aio.single_submit = int(bool(single_submit))
         if overlap_events is not None:
@@ -199,6 +202,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         return self._h
 
     def _part(self, i: int) -> int:
+        i = integer(i, "partition", INT32)
         if not 0 <= i < len(self.sizes):
             raise IndexError(f"partition {i} out of range [0, {len(self.sizes)})")
         return i
@@ -263,7 +267,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         if lr is not None:
             args.lr = float(lr)
         if step is not None:
-            args.step = int(step)
+            args.step = integer(step, "step", INT64)
         check(lib.zs_swap_step(self._handle, ctypes.byref(args)), "zs_swap_step")
 
     # ------------------------------------------------------ hyperparameters
@@ -294,7 +298,8 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
 
     @steps.setter
     def steps(self, value: int) -> None:
-        check(lib.zs_swap_set_steps(self._handle, int(value)), "zs_swap_set_steps")
+        check(lib.zs_swap_set_steps(self._handle, integer(value, "steps", INT64)),
+              "zs_swap_set_steps")
 
     # ------------------------------------------------------- state access
     @property
@@ -450,7 +455,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         hp = sd.get("hparams")
         if hp:
             self.set_hparams(hp["lr"], tuple(hp["betas"]), hp["eps"], hp["weight_decay"])
-        self.steps = int(sd["steps"])
+        self.steps = sd["steps"]
 
     # -------------------------------------------------------- information
     @property

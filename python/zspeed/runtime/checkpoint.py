@@ -1,21 +1,31 @@
-"""Checkpoints: DeepSpeed's directory layout, safetensors files, crash-safe writes.
+"""Checkpoints of the engine: DeepSpeed's folder layout, safetensors files, all-or-nothing
+saves and loads.
 
 Layout::
 
-    save_dir/latest                  the tag of the newest complete checkpoint
-    save_dir/<tag>/model.safetensors  module.state_dict() in the training dtype
-    save_dir/<tag>/master.safetensors fp32 master weights by parameter name
-    save_dir/<tag>/optim.safetensors  optimizer state tensors as "<param name>/<state key>"
-    save_dir/<tag>/client.safetensors tensors found in client_state (if any)
-    save_dir/<tag>/meta.json          counters, loss scaler, scheduler, optimizer groups,
-                                      non-tensor state, client_state, config, save id
+    save_dir/latest                     the tag of the newest checkpoint
+    save_dir/<tag>/manifest.json        every file below with its size and CRC-32
+    save_dir/<tag>/model.safetensors    module.state_dict() in the training dtype
+    save_dir/<tag>/master.safetensors   fp32 master weights by parameter name
+    save_dir/<tag>/optim.safetensors    optimizer state tensors as "<param name>/<state key>"
+    save_dir/<tag>/client.safetensors   tensors found in client_state (if any)
+    save_dir/<tag>/meta.json            counters, loss scaler, scheduler, optimizer groups,
+                                        non-tensor state, client_state, config
 
-Every file is written under a temporary name, fsynced, renamed over its final
-name (os.replace) and the directory fsynced. meta.json is written after the
-tensor files and ``latest`` last, so a save killed at any point leaves ``latest``
-naming the previous complete checkpoint. Each tensor file carries the save's
-random id in its metadata, so a tag directory mixing files of two saves (a save
-killed while overwriting the same tag) is detected at load time, not loaded.
+How the folder is written and read (transactions, the manifest, crash safety) is
+checkpoint_files.py. This module turns the engine into those files and back:
+
+- save: everything that can be refused (the tag, client_state, the metadata) is
+  checked before the first byte is written; the files then go into one transaction.
+- load: every file is verified and everything is read and checked against the
+  engine first (shapes, dtypes, optimizer class and groups, every meta.json field,
+  the loss scaler, the scheduler); only then is the engine changed. A failure is a
+  CheckpointError naming the file and the field, and leaves the engine as it was.
+
+Across precisions and state dtypes: the loss scaler follows loss_scaler.py (an fp16
+scale never reaches a bf16/fp32 engine); the optimizer's state dtype
+(``state_dtype``: fp32, bf16 or int8 for zspeed's Adam) is the engine's configured
+one, and saved states are converted to it, on the cpu and nvme paths alike.
 
 ``main_to_fp32(argv)`` implements ``zspeed to-fp32 CKPT OUT`` (DeepSpeed's
 zero_to_fp32): one safetensors file of fp32 weights.
@@ -24,82 +34,79 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import secrets
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .._native import ZSpeedError
 from .._version import __version__
+from .checkpoint_files import (CheckpointError, CheckpointReader, SaveTransaction, StagingWriter, _Dir,
+                               _oserror, open_for_load, validate_tag)
+from .loss_scaler import check_state_dict as _check_scaler_state
 
 log = logging.getLogger("zspeed.checkpoint")
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "main_to_fp32", "FORMAT"]
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "consolidate_fp32", "main_to_fp32",
+           "FORMAT"]
 
-FORMAT = "zspeed-checkpoint-1"
-# Test hook: called with each file name right after it is in place (crash tests kill here).
-_after_file_written: Callable[[str], None] | None = None
-
-
-class CheckpointError(ZSpeedError, RuntimeError):
-    """A checkpoint cannot be written or is incomplete, corrupt or incompatible."""
+FORMAT = "zspeed-checkpoint-2"
+_MISSING = object()
 
 
-def _st():
-    try:
-        import safetensors.torch as st
-    except ImportError:
-        raise CheckpointError("zspeed checkpoints need the 'safetensors' package: pip install safetensors") from None
-    return st
+# -- client_state (JSON with tensors pulled out) ------------------------------------------------
+# A tensor is stored as {"__tensor__": "<key in client.safetensors>"}. A user's own dict whose only
+# key is "__tensor__" or "__dict__" is wrapped as {"__dict__": {...}}, so no user value can be
+# mistaken for a tensor reference.
+_REF, _WRAP = "__tensor__", "__dict__"
 
 
-# -- crash-safe file writing -------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    if os.name == "nt":  # Windows cannot open directories for fsync; NTFS journals renames itself
-        return
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _encode_client(obj: Any, path: str, tensors: dict):
+    if torch.is_tensor(obj):
+        key = f"client/{len(tensors)}"
+        tensors[key] = obj
+        return {_REF: key}
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise CheckpointError(f"client_state key {k!r} at '{path}' is not a string; "
+                                      f"zspeed stores client_state as JSON (use string keys).")
+            out[k] = _encode_client(v, f"{path}.{k}", tensors)
+        return {_WRAP: out} if len(out) == 1 and next(iter(out)) in (_REF, _WRAP) else out
+    if isinstance(obj, (list, tuple)):
+        return [_encode_client(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    raise CheckpointError(f"client_state value at '{path}' has type {type(obj).__name__}, which zspeed "
+                          f"cannot store: client_state may hold dicts, lists, numbers, strings, None and "
+                          f"torch tensors.")
 
 
-def _commit(tmp: Path, final: Path) -> None:
-    fd = os.open(str(tmp), os.O_RDWR | getattr(os, "O_BINARY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
-    if _after_file_written is not None:
-        _after_file_written(final.name)
+def _decode_client(obj: Any, tensors: dict, where: str):
+    if isinstance(obj, dict):
+        if len(obj) == 1 and _REF in obj:
+            key = obj[_REF]
+            if not isinstance(key, str) or key not in tensors:
+                raise CheckpointError(f"'{where}': client_state refers to tensor {key!r}, which "
+                                      f"client.safetensors does not hold; the checkpoint is corrupt.")
+            return tensors[key]
+        if len(obj) == 1 and _WRAP in obj and isinstance(obj[_WRAP], dict):
+            obj = obj[_WRAP]
+        return {k: _decode_client(v, tensors, where) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode_client(v, tensors, where) for v in obj]
+    return obj
 
 
-def _tmp_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
-
-
-def _write_bytes(final: Path, data: bytes) -> None:
-    tmp = _tmp_name(final)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    _commit(tmp, final)
-
-
-def _write_tensors(final: Path, tensors: dict, meta: dict) -> None:
-    st = _st()
-    tmp = _tmp_name(final)
-    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    st.save_file(clean, str(tmp), metadata=meta)
-    _commit(tmp, final)
-
-
+# -- save ---------------------------------------------------------------------------------------
 def _dedupe(tensors: dict) -> tuple[dict, dict]:
-    """safetensors refuses shared storage (tied weights): keep one name, record aliases."""
+    """Tied weights (shared storage) are stored once: keep one name, record the aliases."""
     seen: dict = {}
     out, aliases = {}, {}
     for k, t in tensors.items():
@@ -113,42 +120,6 @@ def _dedupe(tensors: dict) -> tuple[dict, dict]:
     return out, aliases
 
 
-# -- client_state (JSON with tensors pulled out) ------------------------------------------------------
-def _encode_client(obj: Any, path: str, tensors: dict):
-    if torch.is_tensor(obj):
-        key = f"client/{len(tensors)}"
-        tensors[key] = obj
-        return {"__tensor__": key}
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if not isinstance(k, str):
-                raise CheckpointError(f"client_state key {k!r} at '{path}' is not a string; "
-                                      f"zspeed stores client_state as JSON (use string keys).")
-            out[k] = _encode_client(v, f"{path}.{k}", tensors)
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [_encode_client(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return obj.item()
-    raise CheckpointError(f"client_state value at '{path}' has type {type(obj).__name__}, which zspeed "
-                          f"cannot store: client_state may hold dicts, lists, numbers, strings, None and "
-                          f"torch tensors.")
-
-
-def _decode_client(obj: Any, tensors: dict):
-    if isinstance(obj, dict):
-        if set(obj) == {"__tensor__"}:
-            return tensors[obj["__tensor__"]]
-        return {k: _decode_client(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode_client(v, tensors) for v in obj]
-    return obj
-
-
-# -- save ---------------------------------------------------------------------------------------
 def _optimizer_payload(engine) -> tuple[dict, dict]:
     """(tensors "<name>/<key>", JSON part) of the optimizer's state_dict."""
     sd = engine.optimizer.state_dict()
@@ -167,51 +138,6 @@ def _optimizer_payload(engine) -> tuple[dict, dict]:
                      "scalars": scalars}
 
 
-def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
-    """Writes ``save_dir/<tag>`` (default tag: ``global_step<N>``); returns True like DeepSpeed."""
-    tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
-    if not tag or "/" in tag or "\\" in tag or tag in (".", "..") or tag.startswith("."):
-        raise CheckpointError(f"checkpoint tag {tag!r} is not a valid directory name; use e.g. 'step100'.")
-    root = Path(save_dir)
-    d = root / tag
-    d.mkdir(parents=True, exist_ok=True)
-    save_id = secrets.token_hex(8)
-    meta_common = {"format": FORMAT, "save_id": save_id}
-
-    model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
-    model_t, aliases = _dedupe(model_sd)
-    _write_tensors(d / "model.safetensors", model_t, meta_common)
-    _write_tensors(d / "master.safetensors", engine._master_named(), meta_common)
-    opt_t, opt_json = _optimizer_payload(engine)
-    _write_tensors(d / "optim.safetensors", opt_t, meta_common)
-    client_tensors: dict = {}
-    client_json = _encode_client(client_state or {}, "client_state", client_tensors)
-    files = ["model.safetensors", "master.safetensors", "optim.safetensors"]
-    if client_tensors:
-        _write_tensors(d / "client.safetensors", client_tensors, meta_common)
-        files.append("client.safetensors")
-    sched = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None and \
-        hasattr(engine.lr_scheduler, "state_dict") else None
-    meta = {
-        **meta_common, "zspeed_version": __version__, "tag": tag, "files": files,
-        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
-        "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
-        "dtype": str(engine.dtype).replace("torch.", ""),
-        "param_names": engine._names, "model_aliases": aliases,
-        "loss_scaler": engine.loss_scaler.state_dict(), "lr_scheduler": sched,
-        "optimizer": opt_json, "client_state": client_json, "config": engine.config,
-    }
-    try:
-        text = json.dumps(meta, indent=1, default=_json_default)
-    except TypeError as e:
-        raise CheckpointError(f"checkpoint metadata is not JSON-serializable: {e}") from None
-    _write_bytes(d / "meta.json", text.encode())
-    if save_latest:
-        _write_bytes(root / "latest", tag.encode())
-    log.info("zspeed: saved checkpoint %s", d)
-    return True
-
-
 def _json_default(o):
     if hasattr(o, "item"):
         return o.item()
@@ -220,53 +146,106 @@ def _json_default(o):
     raise TypeError(f"{type(o).__name__} is not JSON-serializable")
 
 
-# -- load ---------------------------------------------------------------------------------------
-def resolve_tag_dir(load_dir, tag=None) -> Path | None:
-    root = Path(load_dir)
-    if tag is None:
-        latest = root / "latest"
-        if not latest.is_file():
-            return None
-        tag = latest.read_text().strip()
-    return root / str(tag)
-
-
-def _read_meta(d: Path) -> dict:
-    mp = d / "meta.json"
-    if not mp.is_file():
-        raise CheckpointError(f"checkpoint '{d}' is incomplete: meta.json is missing (the save that wrote it "
-                              f"was interrupted). Load an earlier tag, or the one named in 'latest'.")
+def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
+    """Writes ``save_dir/<tag>`` (default tag: ``global_step<N>``) as one transaction; returns
+    True like DeepSpeed. On any failure (CheckpointError: a bad tag or client_state, a full
+    disk, an I/O error) the folder holds what it held before."""
+    tag = validate_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+    client_tensors: dict = {}
+    client_json = _encode_client(client_state or {}, "client_state", client_tensors)
+    model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
+    model_t, aliases = _dedupe(model_sd)
+    opt_t, opt_json = _optimizer_payload(engine)
+    sched = engine.lr_scheduler
+    has_sched = sched is not None and hasattr(sched, "state_dict")
+    save_id = secrets.token_hex(8)
+    meta = {
+        "format": FORMAT, "save_id": save_id, "zspeed_version": __version__, "tag": tag,
+        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+        "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
+        "dtype": str(engine.dtype).replace("torch.", ""),
+        "param_names": engine._names, "model_aliases": aliases,
+        "loss_scaler": engine.loss_scaler.state_dict(),
+        "lr_scheduler": sched.state_dict() if has_sched else None,
+        "lr_scheduler_class": type(sched).__name__ if has_sched else None,
+        "optimizer": opt_json, "client_state": client_json, "config": engine.config,
+    }
     try:
-        meta = json.loads(mp.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint '{mp}' is not valid JSON ({e}); the file is corrupt.") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"'{d}' is not a zspeed checkpoint (format {meta.get('format')!r}, "
-                              f"expected {FORMAT!r}).")
-    return meta
+        text = json.dumps(meta, indent=1, default=_json_default).encode()
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint metadata is not JSON-serializable: {e}") from None
+    file_meta = {"format": FORMAT, "save_id": save_id}
+    with SaveTransaction(save_dir, tag) as tx:
+        w = tx.writer
+        entries = {"model.safetensors": w.write_tensors("model.safetensors", model_t, file_meta)}
+        entries["master.safetensors"] = w.write_tensors("master.safetensors", engine._master_named(), file_meta)
+        entries["optim.safetensors"] = w.write_tensors("optim.safetensors", opt_t, file_meta)
+        if client_tensors:
+            entries["client.safetensors"] = w.write_tensors("client.safetensors", client_tensors, file_meta)
+        entries["meta.json"] = w.write_bytes("meta.json", text)
+        d = tx.commit(entries, save_id, save_latest)
+    log.info("zspeed: saved checkpoint %s", d)
+    return True
 
 
-def _read_tensors(d: Path, name: str, meta: dict, device="cpu") -> dict:
-    st = _st()
-    p = d / name
-    if not p.is_file():
-        raise CheckpointError(f"checkpoint '{d}' is incomplete: {name} is missing.")
-    try:
-        from safetensors import safe_open
-        with safe_open(str(p), framework="pt", device=str(device)) as f:
-            fmeta = f.metadata() or {}
-            if fmeta.get("save_id") != meta["save_id"]:
-                raise CheckpointError(
-                    f"checkpoint '{d}' mixes files of two saves ({name} has save id "
-                    f"{fmeta.get('save_id')!r}, meta.json {meta['save_id']!r}): a save over this tag was "
-                    f"interrupted. Load another tag.")
-            return {k: f.get_tensor(k) for k in f.keys()}
-    except CheckpointError:
-        raise
-    except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
-        raise CheckpointError(f"cannot read '{p}': {e}. The file is truncated or corrupt.") from None
-    finally:
-        del st
+# -- load: validation helpers -------------------------------------------------------------------
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _bad(where, field: str, value, want: str) -> CheckpointError:
+    return CheckpointError(f"'{where}': field '{field}' = {_short(value)} {want}; the checkpoint is corrupt or "
+                           f"was not written by zspeed.")
+
+
+def _field(meta: dict, where, key: str):
+    v = meta.get(key, _MISSING)
+    if v is _MISSING:
+        raise CheckpointError(f"'{where}': field '{key}' is missing; the checkpoint is corrupt or was not "
+                              f"written by zspeed.")
+    return v
+
+
+def _count(meta: dict, where, key: str) -> int:
+    v = _field(meta, where, key)
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2 ** 63:
+        raise _bad(where, key, v, "must be an integer >= 0")
+    return v
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _like(value, mine, where, field: str):
+    """``value`` (from JSON) checked against the type of the engine's current ``mine``."""
+    if isinstance(mine, bool):
+        if not isinstance(value, bool):
+            raise _bad(where, field, value, "must be true or false")
+        return value
+    if torch.is_tensor(mine) and mine.numel() == 1:
+        if not _is_num(value):
+            raise _bad(where, field, value, "must be a finite number")
+        return torch.tensor(value, dtype=mine.dtype, device=mine.device)
+    if isinstance(mine, (int, float)):
+        if not _is_num(value):
+            raise _bad(where, field, value, "must be a finite number")
+        return value
+    if isinstance(mine, (list, tuple)):
+        if not isinstance(value, list) or len(value) != len(mine):
+            raise _bad(where, field, value, f"must be a list of {len(mine)} values")
+        out = [_like(v, m, where, f"{field}[{i}]") for i, (v, m) in enumerate(zip(value, mine))]
+        return tuple(out) if isinstance(mine, tuple) else out
+    if isinstance(mine, str):
+        if not isinstance(value, str):
+            raise _bad(where, field, value, "must be a string")
+        return value
+    if isinstance(mine, dict):
+        if not isinstance(value, dict):
+            raise _bad(where, field, value, "must be an object")
+        return {k: (_like(v, mine[k], where, f"{field}.{k}") if k in mine else v) for k, v in value.items()}
+    return value  # None or another type the engine holds: taken as saved
 
 
 def _check_shapes(what: str, expected: dict, got: dict, strict: bool) -> None:
@@ -274,6 +253,10 @@ def _check_shapes(what: str, expected: dict, got: dict, strict: bool) -> None:
     unexpected = [k for k in got if k not in expected]
     bad = [f"{k}: checkpoint {tuple(got[k].shape)} vs model {tuple(expected[k].shape)}"
            for k in expected if k in got and tuple(got[k].shape) != tuple(expected[k].shape)]
+    kinds = [f"{k}: checkpoint {got[k].dtype} vs model {expected[k].dtype}" for k in expected
+             if k in got and expected[k].device.type != "meta" and
+             (got[k].is_floating_point(), got[k].dtype == torch.bool) !=
+             (expected[k].is_floating_point(), expected[k].dtype == torch.bool)]
     problems = []
     if missing and strict:
         problems.append(f"missing {len(missing)}: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
@@ -282,113 +265,378 @@ def _check_shapes(what: str, expected: dict, got: dict, strict: bool) -> None:
                         f"{' ...' if len(unexpected) > 8 else ''}")
     if bad:
         problems.append("shape mismatch: " + "; ".join(bad[:8]))
+    if kinds:
+        problems.append("dtype mismatch: " + "; ".join(kinds[:8]))
     if problems:
         raise CheckpointError(f"{what} does not match the model ({' | '.join(problems)}). Build the same "
                               f"model as when the checkpoint was saved"
                               f"{', or pass load_module_strict=False' if (missing or unexpected) else ''}.")
 
 
-def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
-                    load_lr_scheduler_states=True):
-    """Restores a checkpoint; returns (path, client_state) or (None, None) if there is none."""
-    d = resolve_tag_dir(load_dir, tag)
-    if d is None:
-        log.warning("zspeed: no 'latest' file in %s: no checkpoint loaded", load_dir)
-        return None, None
-    if not d.is_dir():
-        log.warning("zspeed: checkpoint %s does not exist: no checkpoint loaded", d)
-        return None, None
-    meta = _read_meta(d)
-    model_sd = engine.module.state_dict()
-    saved = _read_tensors(d, "model.safetensors", meta)
-    for alias, target in meta.get("model_aliases", {}).items():
-        if target in saved:
-            saved[alias] = saved[target]
-    _check_shapes(f"model weights in '{d}'", {k: v for k, v in model_sd.items() if torch.is_tensor(v)}, saved,
-                  load_module_strict)
-    masters = _read_tensors(d, "master.safetensors", meta)
-    mine = engine._master_shapes()
-    if load_optimizer_states:
-        _check_shapes(f"fp32 master weights in '{d}'", mine, masters, True)
-    opt_t = _read_tensors(d, "optim.safetensors", meta) if load_optimizer_states else {}
-    client_t = _read_tensors(d, "client.safetensors", meta) if "client.safetensors" in meta.get("files", []) else {}
-
-    # Everything is read and validated: now modify the engine.
-    engine.module.load_state_dict({k: v for k, v in saved.items() if k in model_sd}, strict=False)
-    if load_optimizer_states:
-        engine._load_masters({n: masters[n] for n in mine})
-    else:  # weights only: masters follow the (possibly low-precision) model weights
-        params = dict(engine.module.named_parameters())
-        engine._load_masters({n: params[n].detach().to(torch.float32) for n in mine})
-    if load_optimizer_states:
-        _load_optimizer(engine, meta, opt_t, d)
-        engine.loss_scaler.load_state_dict(meta["loss_scaler"])
-        engine.global_steps = int(meta["global_steps"])
-        engine.global_samples = int(meta["global_samples"])
-        engine.micro_steps = int(meta["micro_steps"])
-        engine.skipped_steps = int(meta["skipped_steps"])
-    if load_lr_scheduler_states and engine.lr_scheduler is not None and meta.get("lr_scheduler") is not None:
-        engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
-    client = _decode_client(meta.get("client_state", {}), client_t)
-    log.info("zspeed: loaded checkpoint %s", d)
-    return str(d), client
+# -- load: optimizer state ----------------------------------------------------------------------
+# Per optimizer class as checkpoints record it: its per-element state keys, and whether the
+# step counter is a plain integer (zspeed's classes) or a tensor (torch's).
+_CLASSES = {"CPUAdam": (("exp_avg", "exp_avg_sq"), "int"), "CPUAdagrad": (("sum",), "int"),
+            "CPULion": (("exp_avg",), None), "AdamW": (("exp_avg", "exp_avg_sq"), "tensor"),
+            "Adam": (("exp_avg", "exp_avg_sq"), "tensor"), "Adagrad": (("sum",), "tensor"),
+            "TorchLion": (("exp_avg",), None)}
+_Q8_SCALES = ("exp_avg_scale", "exp_avg_sq_scale")
+# Group settings that choose how the optimizer runs or stores its state, not the training's
+# trajectory: the engine's configuration wins over the checkpoint's.
+_ENGINE_WINS = {"state_dtype", "fused", "foreach", "capturable", "differentiable"}
 
 
-def _load_optimizer(engine, meta: dict, tensors: dict, d: Path) -> None:
+def _state_dtype_of(st: dict) -> str:
+    m = st.get("exp_avg")
+    if m is not None and m.dtype == torch.int8:
+        return "int8"
+    return "bf16" if m is not None and m.dtype == torch.bfloat16 else "fp32"
+
+
+def _convert_adam_state(st: dict, target: str, numel: int, shape, where, name: str) -> dict:
+    """An Adam state (fp32, bf16 or 8-bit) in the configured state dtype ``target``."""
+    have = _state_dtype_of(st)
+    if have == target:
+        return st
+    from ..ops.adam import q8_dequantize, q8_quantize
+    from ..ops import qblocks
+    out = dict(st)
+    if have == "int8":
+        m = torch.empty(numel, dtype=torch.float32)
+        v = torch.empty(numel, dtype=torch.float32)
+        q8_dequantize(st["exp_avg"].reshape(-1).contiguous(), st["exp_avg_scale"].contiguous(),
+                      st["exp_avg_sq"].reshape(-1).contiguous(), st["exp_avg_sq_scale"].contiguous(), m, v)
+        del out["exp_avg_scale"], out["exp_avg_sq_scale"]
+    else:
+        m = st["exp_avg"].reshape(-1).to(torch.float32).contiguous()
+        v = st["exp_avg_sq"].reshape(-1).to(torch.float32).contiguous()
+    if target == "int8":
+        if bool((v < 0).any()):
+            raise CheckpointError(f"'{where}': {name}/exp_avg_sq has negative values, which Adam's second "
+                                  f"moment cannot have; the checkpoint is corrupt.")
+        nb = qblocks(numel)
+        cm, cv = torch.empty(numel, dtype=torch.int8), torch.empty(numel, dtype=torch.uint8)
+        sm, sv = torch.empty(nb, dtype=torch.float32), torch.empty(nb, dtype=torch.float32)
+        q8_quantize(m, v, cm, sm, cv, sv)
+        out.update(exp_avg=cm.view(shape), exp_avg_sq=cv.view(shape), exp_avg_scale=sm, exp_avg_sq_scale=sv)
+    else:
+        dt = torch.bfloat16 if target == "bf16" else torch.float32
+        out.update(exp_avg=m.view(shape).to(dt), exp_avg_sq=v.view(shape).to(dt))
+    log.info("zspeed: optimizer state of %s converted from %s to the configured state_dtype %s", name, have,
+             target)
+    return out
+
+
+def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) -> None:
+    spec = _CLASSES.get(cls)
+    if spec is None:  # a client optimizer's class: its own load_state_dict judges the state
+        return
+    keys, step_kind = spec
+    for k in keys:
+        t = st.get(k)
+        if not torch.is_tensor(t):
+            raise CheckpointError(f"'{where}': the optimizer state of {name} has no tensor '{k}', which "
+                                  f"{cls} keeps; the checkpoint is corrupt.")
+        if t.numel() != p.numel():
+            raise CheckpointError(f"'{where}': optimizer state {name}/{k} has shape {tuple(t.shape)}, the "
+                                  f"parameter {tuple(p.shape)}; the checkpoint is corrupt.")
+        st[k] = t.reshape(p.shape)  # the optimizer's own shape (the offloaded paths keep flat masters)
+        q8 = cls == "CPUAdam" and t.dtype == (torch.int8 if k == "exp_avg" else torch.uint8)
+        if not (t.is_floating_point() or q8):
+            raise CheckpointError(f"'{where}': optimizer state {name}/{k} has dtype {t.dtype}; {cls} keeps "
+                                  f"floating-point (or 8-bit) state.")
+    if cls == "CPUAdam" and _state_dtype_of(st) == "int8":
+        from ..ops import qblocks
+        for k in _Q8_SCALES:
+            t = st.get(k)
+            if not torch.is_tensor(t) or t.dtype != torch.float32 or tuple(t.shape) != (qblocks(p.numel()),):
+                raise CheckpointError(f"'{where}': the 8-bit optimizer state of {name} needs an fp32 '{k}' "
+                                      f"of {qblocks(p.numel())} block scales; the checkpoint is corrupt.")
+        if st["exp_avg_sq"].dtype != torch.uint8:
+            raise CheckpointError(f"'{where}': 8-bit {name}/exp_avg_sq must be uint8.")
+    step = st.get("step", _MISSING)
+    if step_kind == "int" and (not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2 ** 62):
+        raise _bad(where, f"optimizer.scalars.{name}.step", None if step is _MISSING else step,
+                   "must be an integer >= 0")
+    if step_kind == "tensor":
+        ok = (torch.is_tensor(step) and step.numel() == 1 and math.isfinite(float(step)) and float(step) >= 0) \
+            or (step is not _MISSING and _is_num(step) and step >= 0)
+        if not ok:
+            raise _bad(where, f"{name}/step", None if step is _MISSING else step, "must be a number >= 0")
+
+
+def _plan_optimizer(engine, meta: dict, where, tensors: dict) -> dict:
+    """The validated state_dict for ``engine.optimizer.load_state_dict`` (states converted
+    to the configured state dtype)."""
     names = [n for row in engine._names for n in row]
-    saved_names = [n for row in meta["param_names"] for n in row]
-    if [len(r) for r in meta["param_names"]] != [len(r) for r in engine._names] or saved_names != names:
-        raise CheckpointError(f"optimizer state in '{d}' was saved for different parameter groups "
-                              f"({len(saved_names)} parameters) than this engine has ({len(names)}); "
+    saved_names = _field(meta, where, "param_names")
+    if not isinstance(saved_names, list) or not all(isinstance(r, list) and all(isinstance(n, str) for n in r)
+                                                     for r in saved_names):
+        raise _bad(where, "param_names", saved_names, "must be a list of lists of parameter names")
+    if [len(r) for r in saved_names] != [len(r) for r in engine._names] or \
+            [n for r in saved_names for n in r] != names:
+        raise CheckpointError(f"optimizer state in '{where}' was saved for different parameter groups "
+                              f"({sum(map(len, saved_names))} parameters) than this engine has ({len(names)}); "
                               f"pass load_optimizer_states=False to load the weights only.")
-    opt = meta["optimizer"]
+    opt = _field(meta, where, "optimizer")
+    if not isinstance(opt, dict):
+        raise _bad(where, "optimizer", opt, "must be an object")
+    cls = opt.get("class")
     mine = engine.optimizer_path.checkpoint_class
-    if opt["class"] != mine:
-        raise CheckpointError(f"optimizer state in '{d}' belongs to {opt['class']}, but this engine runs "
+    if cls != mine:
+        raise CheckpointError(f"optimizer state in '{where}' belongs to {cls}, but this engine runs "
                               f"{mine}; pass load_optimizer_states=False.")
+    saved_groups, scalars = opt.get("param_groups"), opt.get("scalars", {})
+    if not isinstance(saved_groups, list) or len(saved_groups) != len(engine.optimizer.param_groups):
+        raise _bad(where, "optimizer.param_groups", saved_groups,
+                   f"must be a list of {len(engine.optimizer.param_groups)} groups")
+    if not isinstance(scalars, dict) or not all(isinstance(v, dict) for v in scalars.values()):
+        raise _bad(where, "optimizer.scalars", scalars, "must map parameter names to objects")
+    groups, start = [], 0
+    for gi, (g, cur) in enumerate(zip(saved_groups, engine.optimizer.param_groups)):
+        if not isinstance(g, dict):
+            raise _bad(where, f"optimizer.param_groups[{gi}]", g, "must be an object")
+        merged = {k: v for k, v in cur.items() if k != "params"}
+        for k, v in g.items():
+            if k != "params" and k in cur and k not in _ENGINE_WINS:
+                merged[k] = _like(v, cur[k], where, f"optimizer.param_groups[{gi}].{k}")
+        if "lr" in merged and float(merged["lr"]) < 0:
+            raise _bad(where, f"optimizer.param_groups[{gi}].lr", g.get("lr"), "must be >= 0")
+        if isinstance(merged.get("betas"), tuple) and not all(0 <= float(b) < 1 for b in merged["betas"]):
+            raise _bad(where, f"optimizer.param_groups[{gi}].betas", g.get("betas"), "must lie in [0, 1)")
+        n = len(cur["params"])
+        merged["params"] = list(range(start, start + n))
+        start += n
+        groups.append(merged)
+
+    known = set(names)
+    by_name: dict = {}
+    for k, v in tensors.items():
+        pname, _, key = k.rpartition("/")
+        if pname not in known:
+            raise CheckpointError(f"'{where}': optim.safetensors holds '{k}', which belongs to no parameter of "
+                                  f"this engine; the checkpoint is corrupt.")
+        by_name.setdefault(pname, {})[key] = v
+    unknown = [n for n in scalars if n not in known]
+    if unknown:
+        raise CheckpointError(f"'{where}': optimizer.scalars names {unknown[0]!r}, which is no parameter of "
+                              f"this engine; the checkpoint is corrupt.")
+    shapes = [p.shape for g in engine.optimizer.param_groups for p in g["params"]]
+    targets = [g.get("state_dtype") for g, ps in zip(engine.optimizer.param_groups, engine._model_params)
+               for _ in ps]
     state: dict = {}
     for i, n in enumerate(names):
-        st = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(n + "/")
-              and "/" not in k[len(n) + 1:]}
-        st.update(opt["scalars"].get(n, {}))
-        if st:
-            state[i] = st
-    groups, start = [], 0
-    for g, row in zip(opt["param_groups"], engine._names):
-        g = dict(g)
-        if "betas" in g and isinstance(g["betas"], list):
-            g["betas"] = tuple(g["betas"])
-        g["params"] = list(range(start, start + len(row)))
-        start += len(row)
-        groups.append(g)
-    try:
-        engine.optimizer.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"optimizer state in '{d}' cannot be loaded: {e}") from None
+        st = dict(by_name.get(n, {}))
+        st.update(scalars.get(n, {}))
+        if not st:
+            continue
+        _check_param_state(cls, st, torch.empty(shapes[i], device="meta"), where, n)
+        if cls == "CPUAdam" and targets[i] in ("fp32", "bf16", "int8"):
+            st = _convert_adam_state(st, targets[i], math.prod(shapes[i]), shapes[i], where, n)
+        state[i] = st
+    sd = {"state": state, "param_groups": groups}
+    check = getattr(engine.optimizer, "validate_state_dict", None)
+    if check is not None:
+        try:
+            check(sd)
+        except ValueError as e:
+            raise CheckpointError(f"optimizer state in '{where}' cannot be loaded: {e}") from None
+    return sd
+
+
+def _plan_scheduler(engine, meta: dict, where):
+    sch = engine.lr_scheduler
+    sd = meta.get("lr_scheduler")
+    if sd is None or sch is None or not hasattr(sch, "load_state_dict"):
+        return None
+    if not isinstance(sd, dict):
+        raise _bad(where, "lr_scheduler", sd, "must be an object")
+    saved_cls = meta.get("lr_scheduler_class")
+    if saved_cls is not None and saved_cls != type(sch).__name__:
+        raise CheckpointError(f"the lr scheduler state in '{where}' belongs to {saved_cls}, but this engine runs "
+                              f"{type(sch).__name__}; pass load_lr_scheduler_states=False.")
+    mine = sch.state_dict() if hasattr(sch, "state_dict") else {}
+    from .lr_schedules import SCHEDULERS
+    ours = isinstance(sch, tuple(SCHEDULERS.values()))
+    out = {}
+    for k, v in sd.items():
+        if k in mine:
+            out[k] = _like(v, mine[k], where, f"lr_scheduler.{k}")
+        elif not ours:
+            out[k] = v
+    if ours:
+        missing = [k for k in mine if k not in sd]
+        if missing:
+            raise CheckpointError(f"'{where}': field 'lr_scheduler.{missing[0]}' is missing; the checkpoint is "
+                                  f"corrupt.")
+        it = out["last_batch_iteration"]
+        if not isinstance(it, int) or isinstance(it, bool) or not -1 <= it < 2 ** 62:
+            raise _bad(where, "lr_scheduler.last_batch_iteration", it, "must be an integer >= -1")
+    return out
+
+
+class _Plan:
+    """Everything a load will put into the engine, read and checked."""
+    model: dict
+    masters: dict | None
+    optimizer: dict | None
+    scaler: dict | None
+    counters: dict | None
+    scheduler: dict | None
+    client: Any
+
+
+def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states: bool,
+               load_lr_scheduler_states: bool) -> _Plan:
+    where = r.path / "meta.json"
+    meta = r.json("meta.json")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"'{where}' must hold a JSON object; the file is corrupt.")
+    if meta.get("format") != FORMAT:
+        raise _bad(where, "format", meta.get("format"), f"must be {FORMAT!r}")
+    if meta.get("save_id") != r.save_id:
+        raise CheckpointError(f"'{where}' belongs to save {meta.get('save_id')!r}, the manifest to "
+                              f"{r.save_id!r}: the folder mixes two saves.")
+    plan = _Plan()
+
+    model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
+    saved = r.tensors("model.safetensors")
+    aliases = _field(meta, where, "model_aliases")
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in aliases.items()):
+        raise _bad(where, "model_aliases", aliases, "must map names to names")
+    for alias, target in aliases.items():
+        if target in saved:
+            saved[alias] = saved[target]
+    _check_shapes(f"model weights in '{r.path}'", model_sd, saved, strict)
+    plan.model = {k: v for k, v in saved.items() if k in model_sd}
+
+    plan.masters = plan.optimizer = plan.scaler = plan.counters = None
+    if load_optimizer_states:
+        masters = r.tensors("master.safetensors")
+        mine = engine._master_shapes()
+        _check_shapes(f"fp32 master weights in '{r.path}'", mine, masters, True)
+        wrong = [k for k in mine if masters[k].dtype != torch.float32]
+        if wrong:
+            raise CheckpointError(f"'{r.path / 'master.safetensors'}': master weight {wrong[0]} has dtype "
+                                  f"{masters[wrong[0]].dtype}, not float32; the checkpoint is corrupt.")
+        plan.masters = {n: masters[n] for n in mine}
+        plan.optimizer = _plan_optimizer(engine, meta, where, r.tensors("optim.safetensors"))
+        try:
+            plan.scaler = _check_scaler_state(_field(meta, where, "loss_scaler"))
+        except ValueError as e:
+            raise CheckpointError(f"'{where}': field 'loss_scaler': {e}; the checkpoint is corrupt.") from None
+        plan.counters = {k: _count(meta, where, k)
+                         for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps")}
+    plan.scheduler = _plan_scheduler(engine, meta, where) if load_lr_scheduler_states else None
+    client_t = r.tensors("client.safetensors") if r.has("client.safetensors") else {}
+    plan.client = _decode_client(meta.get("client_state", {}), client_t, where)
+    return plan
+
+
+def _apply(engine, plan: _Plan, where: Path) -> None:
+    """Puts a checked plan into the engine. The optimizer goes first: it is the only part
+    whose own load could still refuse (a client optimizer's checks), and then nothing else
+    has changed yet."""
+    if plan.optimizer is not None:
+        try:
+            engine.optimizer.load_state_dict(plan.optimizer)
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise CheckpointError(f"optimizer state in '{where}' cannot be loaded: {e}") from None
+    engine.module.load_state_dict(plan.model, strict=False)
+    if plan.masters is not None:
+        engine._load_masters(plan.masters)
+    else:  # weights only: masters follow the (possibly low-precision) model weights
+        params = dict(engine.module.named_parameters())
+        engine._load_masters({n: params[n].detach().to(torch.float32) for n in engine._master_shapes()})
+    if plan.scaler is not None:
+        if not plan.scaler["dynamic"] and engine.loss_scaler.dynamic:
+            log.info("zspeed: the checkpoint in %s has no dynamic loss scale (it was not trained with dynamic "
+                     "fp16); the loss scale starts at its configured initial value", where)
+        elif plan.scaler["dynamic"] and not engine.loss_scaler.dynamic:
+            log.info("zspeed: the dynamic fp16 loss scale saved in %s (%g) is not used: this engine's scale is "
+                     "%g", where, plan.scaler["cur_scale"], engine.loss_scaler.loss_scale)
+        engine.loss_scaler.load_state_dict(plan.scaler)
+    if plan.counters is not None:
+        for k, v in plan.counters.items():
+            setattr(engine, k, v)
+    if plan.scheduler is not None:
+        engine.lr_scheduler.load_state_dict(plan.scheduler)
+
+
+def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                    load_lr_scheduler_states=True):
+    """Restores a checkpoint; returns (path, client_state), or (None, None) when there is none
+    (no folder, no ``latest``, or an explicit tag that does not exist). Every problem with
+    the checkpoint is a CheckpointError, raised before the engine changes."""
+    with open_for_load(load_dir, tag) as r:
+        if r is None:
+            return None, None
+        plan = _plan_load(engine, r, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
+    _apply(engine, plan, r.path)
+    log.info("zspeed: loaded checkpoint %s", r.path)
+    return str(r.path), plan.client
 
 
 # -- zspeed to-fp32 -----------------------------------------------------------------------------
-def consolidate_fp32(ckpt: str | os.PathLike, out: str | os.PathLike, tag: str | None = None) -> Path:
-    """One safetensors file with every model tensor in fp32 (masters where trained)."""
+def _open_checkpoint(ckpt, tag):
+    """(reader, context) for a tag folder itself or a folder with ``latest``."""
     root = Path(ckpt)
-    d = root if (root / "meta.json").is_file() else resolve_tag_dir(root, tag)
-    if d is None or not d.is_dir():
-        raise CheckpointError(f"no checkpoint at '{ckpt}': expected a tag directory (with meta.json) or a "
-                              f"directory with a 'latest' file.")
-    meta = _read_meta(d)
-    model = _read_tensors(d, "model.safetensors", meta)
-    masters = _read_tensors(d, "master.safetensors", meta)
+    if tag is None and (root / "manifest.json").is_file():
+        return open_for_load(root.parent, root.name)
+    return open_for_load(root, tag)
+
+
+def consolidate_fp32(ckpt: str | os.PathLike, out: str | os.PathLike, tag: str | None = None) -> Path:
+    """One safetensors file with every model tensor in fp32 (masters where trained). ``out``
+    is a file, or an existing folder (or a path ending in a separator) that receives
+    ``model.safetensors``. The file appears complete or not at all."""
+    return _consolidate(ckpt, out, tag)[0]
+
+
+def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
+    with _open_checkpoint(ckpt, tag) as r:
+        if r is None:
+            raise CheckpointError(f"no checkpoint at '{ckpt}': expected a tag folder (with manifest.json) or a "
+                                  f"folder with a 'latest' file.")
+        meta = r.json("meta.json")
+        model = r.tensors("model.safetensors")
+        masters = r.tensors("master.safetensors")
+        src = str(r.path)
     result = {}
     for k, t in model.items():
-        src = masters.get(k, t)
-        result[k] = src.to(torch.float32) if src.is_floating_point() else src
+        s = masters.get(k, t)
+        result[k] = s.to(torch.float32) if s.is_floating_point() else s
     for k, t in masters.items():
         result.setdefault(k, t.to(torch.float32))
-    aliases = meta.get("model_aliases", {})
+    aliases = meta.get("model_aliases", {}) if isinstance(meta, dict) else {}
     outp = Path(out)
-    outp.parent.mkdir(parents=True, exist_ok=True)
-    _write_tensors(outp, result, {"format": "zspeed-fp32", "source": str(d), "aliases": json.dumps(aliases)})
-    return outp
+    if outp.is_dir() or str(out).endswith(("/", os.sep)):
+        outp = outp / "model.safetensors"
+    if outp.is_dir():
+        raise CheckpointError(f"'{outp}' is a folder; give the output file's name.")
+    try:
+        outp.parent.mkdir(parents=True, exist_ok=True)
+        d = _Dir.open(outp.parent)
+    except OSError as e:
+        raise _oserror(e, f"cannot create the output folder '{outp.parent}'") from None
+    tmp = f".{outp.name}.zspeed-tmp-{secrets.token_hex(8)}"
+    try:
+        StagingWriter(d).write_tensors(tmp, result, {"format": "zspeed-fp32", "source": src,
+                                                     "aliases": json.dumps(aliases)})
+        d.replace(tmp, outp.name)
+        d.fsync()
+    except BaseException as e:
+        try:
+            d.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise _oserror(e, f"cannot write '{outp}'") from None
+        raise
+    finally:
+        d.close()
+    return outp, sum(t.numel() for t in result.values())
 
 
 def main_to_fp32(argv: list[str] | None = None) -> int:
@@ -397,15 +645,14 @@ def main_to_fp32(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="zspeed to-fp32",
                                  description="Consolidate a zspeed checkpoint's weights into one fp32 "
                                              "safetensors file.")
-    ap.add_argument("checkpoint", help="checkpoint directory (with 'latest') or one tag directory")
-    ap.add_argument("output", help="output .safetensors file")
+    ap.add_argument("checkpoint", help="checkpoint folder (with 'latest') or one tag folder")
+    ap.add_argument("output", help="output .safetensors file, or a folder that receives model.safetensors")
     ap.add_argument("--tag", default=None, help="tag to read (default: the one in 'latest')")
     a = ap.parse_args(argv)
     try:
-        out = consolidate_fp32(a.checkpoint, a.output, a.tag)
+        out, count = _consolidate(a.checkpoint, a.output, a.tag)
     except CheckpointError as e:
         print(f"zspeed to-fp32: {e}", file=sys.stderr)
         return 1
-    n = sum(t.numel() for t in _st().load_file(str(out)).values())
-    print(f"wrote {out} ({n} fp32 values)")
+    print(f"wrote {out} ({count} values)")
     return 0

@@ -7,12 +7,21 @@ min_loss_scale). After loss_scale_window consecutive steps without overflow the
 scale is doubled. With consecutive_hysteresis the budget is refilled on every
 good step; otherwise only when the scale grows. A static scale never changes,
 but overflowing steps are still skipped.
+
+Resuming from a checkpoint: only a dynamic scaler has training state. A
+dynamic scaler restores a dynamic scaler's state and starts fresh from a
+static or unit one (an fp32, bf16 or static-fp16 checkpoint); a static or unit
+scaler (static fp16, bf16, fp32) keeps its configured scale whatever the
+checkpoint holds, because its scale is configuration, not state: an fp16
+checkpoint's scale of 32768 must never divide the gradients of a bf16 run.
 """
 from __future__ import annotations
 
+import math
+
 from .._native import ZSpeedError
 
-__all__ = ["LossScaler", "DynamicLossScaler", "LossScaleError", "build_loss_scaler"]
+__all__ = ["LossScaler", "DynamicLossScaler", "LossScaleError", "build_loss_scaler", "check_state_dict"]
 
 
 class LossScaleError(ZSpeedError, RuntimeError):
@@ -35,10 +44,12 @@ class LossScaler:
         del overflow  # a static scale does not react
 
     def state_dict(self) -> dict:
-        return {"cur_scale": self.cur_scale}
+        return {"dynamic": False, "cur_scale": self.cur_scale}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.cur_scale = float(sd["cur_scale"])
+        """Checks ``sd`` (ValueError naming the field); the configured scale stays (see the
+        module docstring)."""
+        check_state_dict(sd)
 
 
 class DynamicLossScaler(LossScaler):
@@ -80,14 +91,46 @@ class DynamicLossScaler(LossScaler):
         self.cur_iter += 1
 
     def state_dict(self) -> dict:
-        return {"cur_scale": self.cur_scale, "cur_iter": self.cur_iter,
+        return {"dynamic": True, "cur_scale": self.cur_scale, "cur_iter": self.cur_iter,
                 "last_overflow_iter": self.last_overflow_iter, "cur_hysteresis": self.cur_hysteresis}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.cur_scale = float(sd["cur_scale"])
-        self.cur_iter = int(sd["cur_iter"])
-        self.last_overflow_iter = int(sd["last_overflow_iter"])
-        self.cur_hysteresis = int(sd["cur_hysteresis"])
+        """Restores a dynamic scaler's state; the state of a static or unit scaler leaves this
+        one as it is (see the module docstring). Checks everything before changing anything
+        (ValueError naming the field)."""
+        sd = check_state_dict(sd)
+        if not sd["dynamic"]:
+            return
+        self.cur_scale = sd["cur_scale"]
+        self.cur_iter = sd["cur_iter"]
+        self.last_overflow_iter = sd["last_overflow_iter"]
+        self.cur_hysteresis = sd["cur_hysteresis"]
+
+
+def _int(sd: dict, key: str, lo: int) -> int:
+    v = sd.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v < 2 ** 63:
+        raise ValueError(f"'{key}' = {v!r} must be an integer >= {lo}")
+    return v
+
+
+def check_state_dict(sd) -> dict:
+    """A scaler state (from :meth:`LossScaler.state_dict`) checked and normalized, with
+    ``dynamic`` set; ValueError naming the field otherwise. A state without the ``dynamic``
+    flag is dynamic when it has ``cur_iter``."""
+    if not isinstance(sd, dict):
+        raise ValueError(f"the loss scaler state must be an object, not {type(sd).__name__}")
+    scale = sd.get("cur_scale")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"'cur_scale' = {scale!r} must be a finite number > 0")
+    dynamic = sd.get("dynamic", "cur_iter" in sd)
+    if not isinstance(dynamic, bool):
+        raise ValueError(f"'dynamic' = {dynamic!r} must be true or false")
+    out = {"dynamic": dynamic, "cur_scale": float(scale)}
+    if dynamic:
+        out.update(cur_iter=_int(sd, "cur_iter", 0), last_overflow_iter=_int(sd, "last_overflow_iter", -1),
+                   cur_hysteresis=_int(sd, "cur_hysteresis", 0))
+    return out
 
 
 def build_loss_scaler(fp16: dict) -> LossScaler:

@@ -28,9 +28,20 @@ offload; 8-bit states move as their codes and block scales, bit for bit, and
 loading masters keeps the states' stored bytes. Saving and loading
 materialize the masters and states in RAM for the duration of the call
 (safetensors writes whole files).
+
+Swap files: ``<nvme_path>/zspeed_swap_<random>_<group>.swap``, a fresh random
+name per engine, so a restarted job never meets its predecessor's file (in a
+container a restarted job often gets the same PID). A live swapper holds its
+file (include/zspeed/swap.h, "Ownership"); a file nobody holds was left by a
+process that died, and the engine removes such files from ``nvme_path`` when
+it starts (:func:`reclaim_stale_swap_files`), never one a live run holds.
 """
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import secrets
 import weakref
 
 import numpy as np
@@ -41,7 +52,9 @@ from .config import ConfigError
 from .layout import FlatLayout
 from .offload import HostBuffers, OffloadedPath
 
-__all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP"]
+__all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP", "reclaim_stale_swap_files"]
+
+log = logging.getLogger("zspeed.nvme")
 
 PARTITION_CAP = 1 << 23  # elements per swapper partition at most (see the module docstring)
 # config optimizer name -> (swapper kind, class of the CPU path recorded in checkpoints)
@@ -73,7 +86,12 @@ class NVMeOptimizer(torch.optim.Optimizer):
             start += len(src["params"])
         return sd
 
+    def validate_state_dict(self, state_dict) -> None:
+        """ValueError for a state :meth:`load_state_dict` cannot take; reads and writes nothing."""
+        self._path_ref().check_states(state_dict["state"])
+
     def load_state_dict(self, state_dict):
+        self.validate_state_dict(state_dict)
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._path_ref().import_states(state_dict["state"])
@@ -146,14 +164,18 @@ class NVMePath(OffloadedPath):
                                 weight_decay=params["weight_decay"])
             state_dtype = "fp32"
         self.kind, self.state_dtype = kind, state_dtype
+        defaults["state_dtype"] = state_dtype  # as CPUAdam's groups say it (checkpoints convert to it)
         self.optimizer = NVMeOptimizer([dict(g) for g in layout.groups], defaults, self, cls)
         cap = max(1, min(int(sub_group_size), PARTITION_CAP))
         self.parts = [_partitions(ns, cap, state_dtype == "int8", OPTIM_QBLOCK) for ns in layout.numels]
         self.swappers: list = []
         self._finalizer = weakref.finalize(self, _close_all, self.swappers)
+        reclaim_stale_swap_files(offload_cfg["nvme_path"])
+        run = secrets.token_hex(8)
         for gi, group in enumerate(self.optimizer.param_groups):
             sw = NVMeOptimizerSwapper(
-                [p.n for p in self.parts[gi]], offload_cfg["nvme_path"], optimizer=kind,
+                [p.n for p in self.parts[gi]], offload_cfg["nvme_path"], name=f"{SWAP_PREFIX}{run}_{gi}",
+                optimizer=kind,
                 lr=group["lr"], betas=group.get("betas"), eps=group.get("eps"),
                 weight_decay=group["weight_decay"], bias_correction=group.get("bias_correction", True),
                 state_dtype=state_dtype, buffer_count=max(2, int(offload_cfg["buffer_count"])),
@@ -297,37 +319,63 @@ class NVMePath(OffloadedPath):
                 idx += 1
         return state
 
-    def import_states(self, state: dict) -> None:
-        """Inverse of :meth:`export_states` (a CPU-path checkpoint's state works too)."""
-        idx = 0
-        for gi, group in enumerate(self.optimizer.param_groups):
-            sw = self.swappers[gi]
-            keys = self._state_keys()
-            rows = [state.get(idx + pi) for pi in range(len(group["params"]))]
+    def _rows(self, state: dict) -> list:
+        """Per group, the per-parameter states of ``state`` (None where a parameter has none)."""
+        out, idx = [], 0
+        for group in self.optimizer.param_groups:
+            out.append([state.get(idx + pi) for pi in range(len(group["params"]))])
             idx += len(group["params"])
+        return out
+
+    def check_states(self, state: dict) -> None:
+        """ValueError for a torch-style ``state`` that :meth:`import_states` cannot take: a
+        group with state for only some of its parameters, parameters stepped different numbers
+        of times, or states not in this path's state dtype (checkpoint loads convert them
+        first). Reads and writes nothing."""
+        q8 = {k: dt for k, dt, _ in self._Q8}
+        for gi, rows in enumerate(self._rows(state)):
+            if all(r is None for r in rows):
+                continue
+            if any(r is None for r in rows):
+                raise ValueError(f"the optimizer state covers only some parameters of group {gi}; nvme offload "
+                                 f"steps every parameter of a group together. Load with "
+                                 f"load_optimizer_states=False.")
+            for r in rows:
+                if self.state_dtype == "int8":
+                    bad = [k for k, dt in q8.items() if not hasattr(r.get(k), "dtype") or r[k].dtype != dt]
+                else:
+                    bad = [k for k in self._state_keys()
+                           if not hasattr(r.get(k), "is_floating_point") or not r[k].is_floating_point()]
+                if bad:
+                    raise ValueError(f"the optimizer state has no state_dtype '{self.state_dtype}' value for "
+                                     f"'{bad[0]}' (it was saved with another state_dtype and not converted).")
+            steps = {int(r["step"]) for r in rows if "step" in r}
+            if len(steps) > 1:
+                raise ValueError(f"the parameters of group {gi} were stepped different numbers of times "
+                                 f"({sorted(steps)[:4]}); nvme offload keeps one step count per group.")
+
+    def import_states(self, state: dict) -> None:
+        """Inverse of :meth:`export_states` (a CPU-path state works too); checked first
+        (:meth:`check_states`), so a state it refuses writes nothing."""
+        try:
+            self.check_states(state)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        keys = self._state_keys()
+        for gi, rows in enumerate(self._rows(state)):
+            sw = self.swappers[gi]
             if all(r is None for r in rows):
                 self._reset_states(gi)
                 continue
-            if any(r is None for r in rows):
-                raise ConfigError("the checkpoint's optimizer state covers only some parameters of a group; "
-                                  "nvme offload steps every parameter together. Load with "
-                                  "load_optimizer_states=False.")
             if self.state_dtype == "int8":
                 self._q8_import(gi, rows)
             else:
-                if any(not r[k].is_floating_point() for r in rows for k in keys if k in r):
-                    raise ConfigError("the checkpoint holds 8-bit optimizer states (state_dtype 'int8'); this "
-                                      "engine runs state_dtype '" + self.state_dtype + "'. Set the same "
-                                      "state_dtype or load with load_optimizer_states=False.")
                 for i, part in enumerate(self.parts[gi]):
                     st = sw.get_state(i)
                     new = {k: _assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float())
                            for k in keys}
                     sw.set_state(i, st["param"], **new)
             steps = {int(r["step"]) for r in rows if "step" in r}
-            if len(steps) > 1:
-                raise ConfigError(f"the checkpoint's parameters were stepped different numbers of times "
-                                  f"({sorted(steps)[:4]}); nvme offload keeps one step count per group.")
             sw.steps = steps.pop() if steps else 0
 
     def stats(self, reset: bool = False) -> list:
@@ -337,6 +385,61 @@ class NVMePath(OffloadedPath):
     def close(self) -> None:
         """Closes the swappers, which deletes their files (idempotent)."""
         self._finalizer()
+
+
+SWAP_PREFIX = "zspeed_swap_"
+
+
+def reclaim_stale_swap_files(nvme_path) -> tuple[int, int]:
+    """Deletes the swap files (``zspeed_swap_*.swap``) in ``nvme_path`` that no live swapper
+    holds: files left by processes that died. Returns (files removed, bytes freed). A file a
+    live swapper holds, or that this process may not remove, is left alone."""
+    removed = freed = 0
+    try:
+        names = os.listdir(nvme_path)
+    except OSError:
+        return 0, 0
+    for name in names:
+        if not (name.startswith(SWAP_PREFIX) and name.endswith(".swap")):
+            continue
+        path = os.path.join(nvme_path, name)
+        size = _remove_if_unheld(path)
+        if size is not None:
+            removed += 1
+            freed += size
+            log.warning("zspeed: removed %s (%.3f GiB), a swap file left by a process that died", path,
+                        size / 2 ** 30)
+    return removed, freed
+
+
+def _remove_if_unheld(path: str) -> int | None:
+    """The size of the swap file at path if it was removed because no live swapper holds it,
+    else None (see include/zspeed/swap.h, "Ownership")."""
+    if os.name == "nt":  # a live swapper's handle refuses deletion
+        try:
+            size = os.stat(path).st_size
+            os.remove(path)
+            return size
+        except OSError:
+            return None
+    import fcntl
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            return None
+        os.unlink(path)
+        return held.st_size
+    except OSError as e:  # EWOULDBLOCK: a live swapper holds it
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.ENOENT, errno.EACCES, errno.EPERM):
+            log.warning("zspeed: cannot check swap file %s: %s", path, e)
+        return None
+    finally:
+        os.close(fd)
 
 
 def qblocks(n: int) -> int:

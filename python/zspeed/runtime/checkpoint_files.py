@@ -1,0 +1,763 @@
+"""Checkpoint folders on disk: transactional saves, a manifest with checksums, verified reads.
+
+What this module guarantees (docs/CHECKPOINTS.md states it for users):
+
+- A save is a transaction over a staging folder. The folder is created
+  exclusively inside ``save_dir`` under an unpredictable name
+  (``.zspeed-staging-<random>``); every file is created inside it with
+  O_EXCL and without following symbolic links, written, fsynced and closed;
+  ``manifest.json`` (every file with its size and CRC-32) is written last,
+  then the folder itself is fsynced. Only then does the folder become the tag:
+  a new tag is one rename; an existing tag is renamed aside
+  (``.zspeed-old-<random>-<tag>``), the staging folder renamed in, and the old
+  one removed. ``latest`` is replaced the same way (temporary file, fsync,
+  rename). A crash at any point therefore leaves the old or the new tag
+  complete, and ``latest`` naming a complete tag; the one moment when the tag
+  name is absent (between the two renames) is repaired by the next save or
+  load, which renames the old folder back.
+- Leftovers of killed saves (staging folders, old folders, temporary
+  ``latest`` files) are removed by the next save, and by the next load that
+  may write to the folder. A lock file (``.zspeed-lock``) held by every save,
+  and shared by loads, makes "leftover" exact: whatever staging folder exists
+  while the lock is held exclusively belongs to a dead save.
+- Reads verify each file's size and CRC-32 against the manifest before its
+  contents are used, so a truncated, torn or bit-flipped file is an error
+  naming the file, never silently loaded.
+
+Several ranks (the multi-rank ZeRO to come) fit this shape: one rank opens the
+transaction, every rank writes its own files into the same staging folder with
+a :class:`StagingWriter` and returns their manifest entries, and the one rank
+commits with all entries. This module runs with one rank today.
+
+Tensor files are safetensors, streamed here tensor by tensor through a file
+descriptor opened as above (safetensors' own writer takes a path and follows
+symlinks, and would need the whole file in memory to checksum it), and read
+back with the safetensors package.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import mmap
+import os
+import secrets
+import shutil
+import stat
+import struct
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from .._native import ZSpeedError
+
+log = logging.getLogger("zspeed.checkpoint")
+
+__all__ = ["CheckpointError", "validate_tag", "SaveTransaction", "StagingWriter", "CheckpointReader",
+           "open_for_load", "write_file_atomic", "MANIFEST", "MAX_TAG_BYTES"]
+
+FORMAT = "zspeed-checkpoint-2"
+MANIFEST = "manifest.json"
+LOCK = ".zspeed-lock"
+_STAGING = ".zspeed-staging-"
+_OLD = ".zspeed-old-"
+_TMP = ".zspeed-tmp-"
+# Tags are directory names: 200 bytes leave room for the old-folder prefix within the
+# 255-byte name limit of common file systems.
+MAX_TAG_BYTES = 200
+_CHUNK = 16 << 20           # bytes per write call and per checksum update
+_MAX_JSON = 1 << 30         # manifest.json / meta.json larger than this is not a zspeed file
+_MAX_LATEST = 4096
+_WIN_BAD = set('<>:"|?*')   # characters Windows refuses in file names
+
+# Test hook: called with a short description at each point of a save where a crash leaves a
+# different state on disk (the kill -9 tests stop the process there).
+_crash_hook: Callable[[str], None] | None = None
+# The one function that writes file data; tests replace it to simulate a full disk.
+_write = os.write
+
+
+class CheckpointError(ZSpeedError, RuntimeError):
+    """A checkpoint cannot be written or is incomplete, corrupt or incompatible."""
+
+
+def _crash_point(what: str) -> None:
+    if _crash_hook is not None:
+        _crash_hook(what)
+
+
+def validate_tag(tag) -> str:
+    """The tag as a string, or CheckpointError saying what is wrong with it."""
+    if not isinstance(tag, str):
+        tag = str(tag)
+    problem = None
+    if not tag:
+        problem = "it is empty"
+    elif tag != tag.strip():
+        problem = "it has whitespace at the start or the end"
+    elif "\x00" in tag:
+        problem = "it contains a NUL character"
+    elif any(ord(c) < 32 for c in tag):
+        problem = "it contains a control character"
+    elif "/" in tag or "\\" in tag or (os.sep in tag) or (os.altsep and os.altsep in tag):
+        problem = "it contains a path separator"
+    elif tag.startswith("."):
+        problem = "it starts with '.' (reserved for zspeed's temporary folders)"
+    elif tag == "latest":
+        problem = "'latest' is the name of the file that points at the newest tag"
+    elif _WIN_BAD.intersection(tag):
+        problem = f"it contains one of {''.join(sorted(_WIN_BAD))}, which Windows cannot store"
+    else:
+        try:
+            n = len(tag.encode("utf-8"))
+        except UnicodeEncodeError:
+            n, problem = 0, "it is not valid Unicode text"
+        if n > MAX_TAG_BYTES:
+            problem = f"it is {n} bytes long (at most {MAX_TAG_BYTES})"
+    if problem:
+        shown = tag if len(tag) <= 80 else tag[:77] + "..."
+        raise CheckpointError(f"checkpoint tag {shown!r} is not a valid tag: {problem}. Use a plain folder "
+                              f"name such as 'step100' or 'best'.")
+    return tag
+
+
+def _oserror(e: OSError, doing: str) -> CheckpointError:
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        why = "the disk is full (or the quota is exceeded)"
+    else:
+        why = e.strerror or str(e)
+    return CheckpointError(f"{doing}: {why} [{errno.errorcode.get(e.errno, e.errno)}]")
+
+
+# -- directories addressed through a descriptor --------------------------------------------------
+_DIR_FD = os.open in os.supports_dir_fd and os.rename in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_BINARY = getattr(os, "O_BINARY", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class _Dir:
+    """A directory whose entries are created, renamed and listed relative to an open
+    descriptor where the OS allows it (POSIX), so a directory renamed or replaced by a
+    symlink after it was opened cannot redirect them; by path elsewhere (Windows)."""
+
+    def __init__(self, path: Path, fd: int | None):
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def open(cls, path: Path, follow: bool = True) -> "_Dir":
+        if not _DIR_FD:
+            if not path.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+            return cls(path, None)
+        flags = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC | (0 if follow else _NOFOLLOW)
+        return cls(path, os.open(str(path), flags))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _kw(self) -> dict:
+        return {"dir_fd": self.fd} if self.fd is not None else {}
+
+    def _p(self, name: str) -> str:
+        return name if self.fd is not None else str(self.path / name)
+
+    def create(self, name: str) -> int:
+        """A new file, created exclusively (an existing file or symlink of that name is an error)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY | _CLOEXEC
+        return os.open(self._p(name), flags, 0o666, **self._kw())
+
+    def open_read(self, name: str) -> int:
+        return os.open(self._p(name), os.O_RDONLY | _NOFOLLOW | _BINARY | _CLOEXEC, **self._kw())
+
+    def mkdir(self, name: str) -> None:
+        os.mkdir(self._p(name), 0o777, **self._kw())
+
+    def rename(self, src: str, dst: str) -> None:
+        if self.fd is not None:
+            os.rename(src, dst, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        else:
+            os.rename(self.path / src, self.path / dst)
+
+    def replace(self, src: str, dst: str) -> None:
+        if self.fd is not None:
+            os.replace(src, dst, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        else:
+            os.replace(self.path / src, self.path / dst)
+
+    def unlink(self, name: str) -> None:
+        os.unlink(self._p(name), **self._kw())
+
+    def lstat(self, name: str) -> os.stat_result:
+        return os.stat(self._p(name), follow_symlinks=False, **self._kw())
+
+    def names(self) -> list:
+        return os.listdir(self.fd if self.fd is not None else str(self.path))
+
+    def fsync(self) -> None:
+        """Makes the directory's entries durable (a no-op on Windows, which cannot open a
+        directory for fsync and whose NTFS journals renames itself)."""
+        if self.fd is not None:
+            os.fsync(self.fd)
+        elif os.name != "nt":
+            fd = os.open(str(self.path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def rmtree(self, name: str) -> None:
+        # shutil.rmtree never follows symlinks inside the tree; the entry itself was listed here.
+        target = self.path / name
+        if stat.S_ISDIR(self.lstat(name).st_mode):
+            shutil.rmtree(target)
+        else:
+            self.unlink(name)
+
+
+def _exists(d: _Dir, name: str) -> bool:
+    try:
+        d.lstat(name)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+# -- the folder lock --------------------------------------------------------------------------------
+_NO_LOCKS = {getattr(errno, n) for n in ("ENOLCK", "EOPNOTSUPP", "ENOTSUP", "ENOSYS", "EINVAL") if hasattr(errno, n)}
+_warned_no_locks = False
+
+
+def _warn_no_locks(e: OSError) -> None:
+    global _warned_no_locks
+    _warned_no_locks = True
+    log.warning("zspeed: the checkpoint folder's file system does not support locks (%s); saves and "
+                "loads proceed without one, so two processes must not save into one folder at once", e)
+
+
+class _Lock:
+    """An advisory lock on ``<folder>/.zspeed-lock``: exclusive for saves, shared for loads
+    (exclusive on Windows, which offers no shared lock through msvcrt). Released when the
+    process dies, so a killed save never blocks the next one."""
+
+    def __init__(self, d: _Dir):
+        self.fd = os.open(d._p(LOCK), os.O_RDWR | os.O_CREAT | _NOFOLLOW | _BINARY | _CLOEXEC, 0o666,
+                          **d._kw())
+        self.held = False
+
+    def acquire(self, exclusive: bool, block: bool) -> bool:
+        """Takes (or, held already, converts) the lock; False when ``block`` is off and another
+        process holds it."""
+        if os.name == "nt":
+            if self.held:  # one kind of lock only: already held is held
+                return True
+            import msvcrt
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            while True:
+                try:
+                    msvcrt.locking(self.fd, msvcrt.LK_NBLCK, 1)
+                    self.held = True
+                    return True
+                except OSError:
+                    if not block:
+                        return False
+                    time.sleep(0.05)
+        import fcntl
+        op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if block else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self.fd, op)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            if e.errno not in _NO_LOCKS:
+                raise
+            # A file system without locks (some FUSE and network mounts): saves still work,
+            # but nothing keeps two processes from saving into the folder at once.
+            if not _warned_no_locks:
+                _warn_no_locks(e)
+        self.held = True
+        return True
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            if os.name == "nt":
+                import msvcrt
+                os.lseek(self.fd, 0, os.SEEK_SET)
+                with contextlib.suppress(OSError):
+                    msvcrt.locking(self.fd, msvcrt.LK_UNLCK, 1)
+            else:
+                import fcntl
+                with contextlib.suppress(OSError):  # closing the descriptor releases it anyway
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _recover_and_clean(d: _Dir) -> None:
+    """With the folder locked exclusively: puts back a tag whose replacement was killed
+    between its two renames, then removes every leftover of killed saves."""
+    names = d.names()
+    for name in names:
+        if name.startswith(_OLD) and len(name) > len(_OLD) + 17:
+            tag = name[len(_OLD) + 17:]
+            try:
+                validate_tag(tag)
+            except CheckpointError:
+                continue
+            if not _exists(d, tag):
+                d.rename(name, tag)
+                d.fsync()
+                log.warning("zspeed: restored checkpoint tag %s from %s (a save replacing it was killed)",
+                            tag, name)
+    for name in d.names():
+        if name.startswith((_STAGING, _OLD, _TMP)):
+            try:
+                d.rmtree(name)
+                log.info("zspeed: removed %s, left by a killed checkpoint save", d.path / name)
+            except OSError as e:  # cleanup is best effort; the next save tries again
+                log.warning("zspeed: cannot remove %s: %s", d.path / name, e)
+
+
+# -- writing --------------------------------------------------------------------------------------
+_crc_thread = None
+
+
+def _crc_executor():
+    global _crc_thread
+    if _crc_thread is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _crc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zspeed-crc")
+    return _crc_thread
+
+
+def _write_all(fd: int, data, crc: int) -> int:
+    """Writes the whole buffer (in chunks), returning the CRC-32 continued over it. For large
+    buffers the checksum of each chunk runs on a helper thread while the chunk is written
+    (zlib and os.write both release the GIL), so where a core is free it overlaps the write."""
+    mv = memoryview(data).cast("B")
+    if len(mv) <= _CHUNK:
+        crc = zlib.crc32(mv, crc)
+        _write_chunk(fd, mv)
+        return crc
+    pool, done = _crc_executor(), None
+    try:
+        for start in range(0, len(mv), _CHUNK):
+            chunk = mv[start:start + _CHUNK]
+            # One worker runs these in order, so the previous chunk's result is ready.
+            done = pool.submit(lambda c=chunk, prev=done: zlib.crc32(c, prev.result() if prev else crc))
+            _write_chunk(fd, chunk)
+        return done.result()
+    finally:
+        if done is not None:
+            done.exception()  # the helper is done with the buffer before the caller reuses it
+
+
+def _write_chunk(fd: int, chunk: memoryview) -> None:
+    while len(chunk):
+        n = _write(fd, chunk)
+        chunk = chunk[n:]
+
+
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+              torch.uint8: "U8", torch.bool: "BOOL"}
+for _name, _code in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
+                     ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+    if hasattr(torch, _name):
+        _ST_DTYPES[getattr(torch, _name)] = _code
+
+
+def _safetensors_header(tensors: dict, metadata: dict, file: str) -> bytes:
+    """The 8-byte length and the JSON header of a safetensors file holding ``tensors`` in
+    order, padded with spaces to a multiple of 8 bytes as the format asks."""
+    head: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
+    off = 0
+    for name, t in tensors.items():
+        code = _ST_DTYPES.get(t.dtype)
+        if code is None:
+            raise CheckpointError(f"cannot store tensor '{name}' in {file}: dtype {t.dtype} has no "
+                                  f"safetensors encoding.")
+        n = t.numel() * t.element_size()
+        head[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class StagingWriter:
+    """Writes files into a staging folder; every write returns the file's manifest entry.
+    Any rank may hold one over the same staging folder (each writing its own files)."""
+
+    def __init__(self, d: _Dir):
+        self.dir = d
+
+    def _file(self, name: str, body: Callable[[int], int]) -> dict:
+        fd = None
+        try:
+            fd = self.dir.create(name)
+            crc = body(fd)
+            size = os.fstat(fd).st_size
+            os.fsync(fd)
+        except OSError as e:
+            raise _oserror(e, f"cannot write checkpoint file {name} in '{self.dir.path}'") from None
+        finally:
+            if fd is not None:
+                os.close(fd)
+        _crash_point(f"staged {name}")
+        return {"bytes": size, "crc32": f"{crc:08x}"}
+
+    def write_bytes(self, name: str, data: bytes) -> dict:
+        return self._file(name, lambda fd: _write_all(fd, data, 0))
+
+    def write_tensors(self, name: str, tensors: dict, metadata: dict) -> dict:
+        """A safetensors file, streamed one tensor at a time (a tensor on another device is
+        copied to the CPU when its turn comes)."""
+        if sys.byteorder != "little":
+            raise CheckpointError("zspeed writes checkpoints on little-endian machines only "
+                                  "(safetensors stores little-endian data).")
+        header = _safetensors_header(tensors, metadata, name)
+
+        def body(fd: int) -> int:
+            crc = _write_all(fd, header, 0)
+            _crash_point(f"partial {name}")
+            for t in tensors.values():
+                if t.numel() == 0:
+                    continue
+                t = t.detach()
+                if t.device.type != "cpu":
+                    t = t.to("cpu")
+                raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+                crc = _write_all(fd, raw, crc)
+            return crc
+
+        return self._file(name, body)
+
+
+class SaveTransaction:
+    """One save of one tag (see the module docstring). Use as a context manager: leaving it
+    without :meth:`commit` (an exception) removes the staging folder."""
+
+    def __init__(self, root, tag: str):
+        self.tag = validate_tag(tag)
+        self.root_path = Path(root)
+        self._lock = None
+        self.dir: _Dir | None = None
+        self.staging: str | None = None
+        self._committed = False
+        try:
+            self.root_path.mkdir(parents=True, exist_ok=True)
+            self.dir = _Dir.open(self.root_path)
+            self._lock = _Lock(self.dir)
+            if not self._lock.acquire(exclusive=True, block=False):
+                log.info("zspeed: waiting for another save or load of %s to finish", self.root_path)
+                self._lock.acquire(exclusive=True, block=True)
+            _recover_and_clean(self.dir)
+            self.replaces = self._check_target()
+            self.staging = _STAGING + secrets.token_hex(8)
+            self.dir.mkdir(self.staging)
+            self.writer = StagingWriter(_Dir.open(self.root_path / self.staging, follow=False))
+        except OSError as e:
+            self._release()
+            raise _oserror(e, f"cannot start a checkpoint save in '{self.root_path}'") from None
+        except BaseException:
+            self._release()
+            raise
+
+    def _check_target(self) -> bool:
+        """Whether the tag exists (and may be replaced: it is a zspeed checkpoint folder)."""
+        try:
+            st = self.dir.lstat(self.tag)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            raise CheckpointError(f"'{self.root_path / self.tag}' exists and is not a folder; zspeed will not "
+                                  f"replace it with the checkpoint. Choose another tag or remove it.")
+        inside = set(os.listdir(self.root_path / self.tag))
+        if inside and not inside & {MANIFEST, "meta.json"}:
+            raise CheckpointError(f"'{self.root_path / self.tag}' exists and is not a zspeed checkpoint "
+                                  f"(no {MANIFEST}); zspeed will not replace it. Choose another tag or remove "
+                                  f"the folder.")
+        return True
+
+    def __enter__(self) -> "SaveTransaction":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._committed and self.staging is not None:
+            with contextlib.suppress(OSError):
+                self.dir.rmtree(self.staging)
+        self._release()
+
+    def _release(self) -> None:
+        if getattr(self, "writer", None) is not None:
+            self.writer.dir.close()
+            self.writer = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        if self.dir is not None:
+            self.dir.close()
+
+    def commit(self, entries: dict, save_id: str, save_latest: bool) -> Path:
+        """Writes the manifest listing ``entries`` (file name -> entry, from every writer),
+        makes the staging folder the tag, and points ``latest`` at it."""
+        manifest = {"format": FORMAT, "tag": self.tag, "save_id": save_id, "world_size": 1,
+                    "files": dict(sorted(entries.items()))}
+        d = self.dir
+        try:
+            # The manifest is not listed in itself: it is the root of the integrity check.
+            self.writer.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
+            self.writer.dir.fsync()
+            _crash_point("staging synced")
+            if self.replaces:
+                old = f"{_OLD}{secrets.token_hex(8)}-{self.tag}"
+                d.rename(self.tag, old)
+                _crash_point("old tag moved aside")
+                try:
+                    d.rename(self.staging, self.tag)
+                except OSError:
+                    d.rename(old, self.tag)  # the previous version goes back under its name
+                    raise
+                self._committed = True
+                d.fsync()
+                _crash_point("new tag in place")
+            else:
+                d.rename(self.staging, self.tag)
+                self._committed = True
+                d.fsync()
+                _crash_point("new tag in place")
+            if save_latest:
+                write_file_atomic(d, "latest", self.tag.encode("utf-8"))
+                _crash_point("latest replaced")
+            if self.replaces:
+                d.rmtree(old)
+                _crash_point("old tag removed")
+        except OSError as e:
+            raise _oserror(e, f"cannot commit checkpoint '{self.root_path / self.tag}'") from None
+        return self.root_path / self.tag
+
+
+def write_file_atomic(d: _Dir, name: str, data: bytes) -> None:
+    """Replaces ``d/name`` with ``data``: a temporary file created exclusively, fsynced and
+    renamed over the name (which replaces a symlink there, never its target)."""
+    tmp = _TMP + secrets.token_hex(8)
+    fd = d.create(tmp)
+    try:
+        try:
+            _write_all(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _crash_point(f"temporary {name} written")
+        d.replace(tmp, name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            d.unlink(tmp)
+        raise
+    d.fsync()
+
+
+# -- reading ----------------------------------------------------------------------------------------
+def _crc_of(fd: int, size: int) -> int:
+    if size == 0:
+        return 0
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as m:
+        crc = 0
+        view = memoryview(m)
+        try:
+            for start in range(0, size, _CHUNK):
+                crc = zlib.crc32(view[start:start + _CHUNK], crc)
+        finally:
+            view.release()
+        return crc
+
+
+class CheckpointReader:
+    """A committed tag folder: its manifest, and files read only after their size and
+    checksum matched it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._verified: set = set()
+        mp = path / MANIFEST
+        if not mp.is_file():
+            detail = ("it holds meta.json without a manifest: it was written by an older zspeed, whose "
+                      "checkpoints cannot be verified; re-save it with that version's weights loaded"
+                      if (path / "meta.json").is_file() else "it is not a zspeed checkpoint folder")
+            raise CheckpointError(f"checkpoint '{path}' has no {MANIFEST}: {detail}.")
+        m = _json_file(mp, "the manifest")
+        files = m.get("files") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(files, dict):
+            raise CheckpointError(f"'{mp}' is not a zspeed checkpoint manifest (format "
+                                  f"{m.get('format') if isinstance(m, dict) else None!r}, expected {FORMAT!r}).")
+        for name, e in files.items():
+            ok = (isinstance(name, str) and name and "/" not in name and "\\" not in name and
+                  not name.startswith(".") and isinstance(e, dict) and isinstance(e.get("bytes"), int) and
+                  not isinstance(e.get("bytes"), bool) and e["bytes"] >= 0 and isinstance(e.get("crc32"), str))
+            if not ok:
+                raise CheckpointError(f"'{mp}': the entry for {name!r} is malformed ({e!r}); the manifest is "
+                                      f"corrupt.")
+        self.manifest = m
+        self.files: dict = files
+        self.save_id = str(m.get("save_id", ""))
+
+    def has(self, name: str) -> bool:
+        return name in self.files
+
+    def verify(self, name: str) -> Path:
+        """The path of a listed file whose size and CRC-32 match the manifest."""
+        p = self.path / name
+        if name in self._verified:
+            return p
+        if name not in self.files:
+            raise CheckpointError(f"checkpoint '{self.path}' has no {name} (its manifest does not list it).")
+        want = self.files[name]
+        try:
+            fd = os.open(str(p), os.O_RDONLY | _BINARY | _CLOEXEC)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint '{self.path}' is incomplete: {name}, listed in its manifest, "
+                                  f"is missing.") from None
+        except OSError as e:
+            raise _oserror(e, f"cannot open '{p}'") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size != want["bytes"]:
+                raise CheckpointError(f"'{p}' has {size} bytes, its manifest says {want['bytes']}: the file is "
+                                      f"truncated or was changed after the save. Load another tag.")
+            crc = f"{_crc_of(fd, size):08x}"
+        except OSError as e:
+            raise _oserror(e, f"cannot read '{p}'") from None
+        finally:
+            os.close(fd)
+        if crc != want["crc32"]:
+            raise CheckpointError(f"'{p}' is corrupt: its CRC-32 is {crc}, its manifest says {want['crc32']} "
+                                  f"(the data changed after the save: a disk or copy error). Load another tag.")
+        self._verified.add(name)
+        return p
+
+    def json(self, name: str):
+        return _json_file(self.verify(name), name)
+
+    def tensors(self, name: str) -> dict:
+        p = self.verify(name)
+        try:
+            from safetensors import safe_open
+        except ImportError:
+            raise CheckpointError("zspeed checkpoints need the 'safetensors' package: pip install "
+                                  "safetensors") from None
+        try:
+            # get_tensor may return a view of the file's memory mapping; a copy owns its memory,
+            # so nothing loaded keeps the file mapped (which would pin it, and on Windows stop
+            # the next save from replacing the tag).
+            with safe_open(str(p), framework="pt", device="cpu") as f:
+                return {k: f.get_tensor(k).clone() for k in f.keys()}
+        except Exception as e:  # safetensors raises its own error types for malformed files
+            raise CheckpointError(f"cannot read '{p}' as safetensors: {e}.") from None
+
+
+def _json_file(p: Path, what: str):
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(_MAX_JSON + 1)
+    except OSError as e:
+        raise _oserror(e, f"cannot read '{p}'") from None
+    if len(raw) > _MAX_JSON:
+        raise CheckpointError(f"'{p}' is larger than {_MAX_JSON} bytes: not a zspeed {what}.")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"'{p}' is not UTF-8 text (byte {e.start}); the file is corrupt.") from None
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"'{p}' is not valid JSON ({e}); the file is corrupt.") from None
+
+
+def _read_latest(d: _Dir) -> str | None:
+    try:
+        fd = d.open_read("latest")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _oserror(e, f"cannot read '{d.path / 'latest'}'") from None
+    try:
+        raw = os.read(fd, _MAX_LATEST + 1)
+    finally:
+        os.close(fd)
+    where = d.path / "latest"
+    if len(raw) > _MAX_LATEST:
+        raise CheckpointError(f"'{where}' is larger than {_MAX_LATEST} bytes: it should hold one tag name.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"'{where}' is not UTF-8 text (byte {e.start}): it should hold one tag "
+                              f"name; the file is corrupt.") from None
+    # A newline at the end (echo tag > latest) is tolerated; any other whitespace is part of the name.
+    text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    try:
+        return validate_tag(text)
+    except CheckpointError as e:
+        raise CheckpointError(f"'{where}' names an invalid tag: {e}") from None
+
+
+@contextlib.contextmanager
+def open_for_load(root, tag=None) -> Iterator[CheckpointReader | None]:
+    """The reader of ``root/<tag>`` (default: the tag named by ``root/latest``) while the
+    folder is locked for reading, or None when there is no checkpoint: no folder, no
+    ``latest``, or an explicit tag that does not exist (DeepSpeed's "nothing to load").
+    A ``latest`` that names a missing or invalid tag is a CheckpointError. When the
+    folder is writable, leftovers of killed saves are repaired and removed first."""
+    root = Path(root)
+    if tag is not None:
+        tag = validate_tag(tag)
+    if not root.is_dir():
+        yield None
+        return
+    try:
+        d = _Dir.open(root)
+    except OSError as e:
+        raise _oserror(e, f"cannot open checkpoint folder '{root}'") from None
+    lock = None
+    try:
+        try:
+            lock = _Lock(d)
+        except OSError:  # a read-only folder: nobody can be saving into it
+            lock = None
+        if lock is not None:
+            if lock.acquire(exclusive=True, block=False):
+                _recover_and_clean(d)
+                lock.acquire(exclusive=False, block=True)  # downgrade: other loads may proceed
+            else:
+                lock.acquire(exclusive=False, block=True)
+        from_latest = tag is None
+        if from_latest:
+            tag = _read_latest(d)
+            if tag is None:
+                log.warning("zspeed: no 'latest' file in %s: no checkpoint loaded", root)
+                yield None
+                return
+        if not (root / tag).is_dir():  # a tag may be a symlink to a folder when loading
+            if from_latest:
+                stranded = [n for n in d.names() if n.startswith(_OLD) and n.endswith("-" + tag)]
+                hint = (f" A save replacing it was killed; its previous version is in "
+                        f"'{root / stranded[0]}' (a load with write access to the folder restores it)."
+                        if stranded else "")
+                raise CheckpointError(f"'{root / 'latest'}' names tag '{tag}', but '{root / tag}' is not a "
+                                      f"checkpoint folder.{hint}")
+            log.warning("zspeed: checkpoint %s does not exist: no checkpoint loaded", root / tag)
+            yield None
+            return
+        yield CheckpointReader(root / tag)
+    finally:
+        if lock is not None:
+            lock.release()
+        d.close()
