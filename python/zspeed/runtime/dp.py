@@ -44,13 +44,12 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 
 import torch
 import torch.distributed as td
 
 from .layout import FlatLayout
-from .offload import pin_in_place, _unpin
+from .offload import _unpin, alloc_host
 from .partition import PartitionPlan
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, rebuild_like
@@ -354,21 +353,13 @@ class ShardedBuffers:
         return self._pin and self._pinned_any
 
     def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
+        """(one flat zeroed host buffer per group of the local space, per group the per-piece
+        views), page-locked on CUDA with pin_memory."""
         flats = []
         for total in self.layout.totals:
-            t = torch.zeros(total, dtype=dtype)
-            if self._pin:
-                ok = pin_in_place(t)
-                if ok:
-                    self._pinned_ptrs.append(t.data_ptr())
-                    self._pinned_any = True
-                elif ok is None:
-                    try:
-                        t = torch.zeros(total, dtype=dtype, pin_memory=True)
-                        self._pinned_any = True
-                    except RuntimeError as e:
-                        warnings.warn(f"zspeed: pinned host allocation refused ({e}); offload buffers stay "
-                                      f"pageable.", RuntimeWarning, stacklevel=3)
+            t, pinned = alloc_host(total, dtype, self._pin, self._pinned_ptrs)
+            t.zero_()  # padding stays zero
+            self._pinned_any = self._pinned_any or pinned
             flats.append(t)
         self._flats.extend(flats)
         return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]

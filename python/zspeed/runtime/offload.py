@@ -50,7 +50,7 @@ from .paths import OptimizerPath
 
 log = logging.getLogger("zspeed.offload")
 
-__all__ = ["HostBuffers", "OffloadedPath", "pin_in_place"]
+__all__ = ["HostBuffers", "OffloadedPath", "alloc_host", "pin_in_place"]
 
 _warned_pin = False
 
@@ -109,6 +109,27 @@ def _unpin(ptrs: list) -> None:
         pass
 
 
+def alloc_host(numel: int, dtype, pin: bool, registered: list) -> tuple[torch.Tensor, bool]:
+    """(a host tensor of numel elements, whether it is page-locked). With pin, its memory is
+    registered with the CUDA driver (the address goes into ``registered``, for _unpin), or, where
+    this torch has no registration binding, comes from torch's pinned allocator; a refusal leaves it
+    pageable with a warning."""
+    t = torch.empty(numel, dtype=dtype)
+    if not pin:
+        return t, False
+    ok = pin_in_place(t)
+    if ok:
+        registered.append(t.data_ptr())
+        return t, True
+    if ok is None:  # no driver registration binding: torch's pinned allocator (rounds sizes up)
+        try:
+            return torch.empty(numel, dtype=dtype, pin_memory=True), True
+        except RuntimeError as e:
+            warnings.warn(f"zspeed: pinned host allocation refused ({e}); offload buffers stay "
+                          f"pageable and copies will not overlap computation.", RuntimeWarning, stacklevel=3)
+    return t, False
+
+
 class HostBuffers:
     """Host buffers, gradient copies and weight copies of one engine's offloaded path.
 
@@ -150,21 +171,8 @@ class HostBuffers:
         return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
 
     def _alloc_one(self, numel: int, dtype) -> torch.Tensor:
-        t = torch.empty(numel, dtype=dtype)
-        if not self._pin:
-            return t
-        ok = pin_in_place(t)
-        if ok:
-            self._pinned_ptrs.append(t.data_ptr())
-            self._pinned_any = True
-        elif ok is None:  # no driver registration binding: torch's pinned allocator (rounds sizes up)
-            try:
-                t = torch.empty(numel, dtype=dtype, pin_memory=True)
-                self._pinned_any = True
-            except RuntimeError as e:
-                warnings.warn(f"zspeed: pinned host allocation refused ({e}); offload buffers stay "
-                              f"pageable and copies will not overlap computation.", RuntimeWarning,
-                              stacklevel=3)
+        t, pinned = alloc_host(numel, dtype, self._pin, self._pinned_ptrs)
+        self._pinned_any = self._pinned_any or pinned
         return t
 
     # -- gradients: model -> host ---------------------------------------------------------
