@@ -1,7 +1,8 @@
 """The ``zspeed`` command (``python -m zspeed``).
 
-Subcommands: ``report`` (environment report, ``--json``) and ``to-fp32``
-(consolidate a checkpoint's fp32 weights, like DeepSpeed's zero_to_fp32).
+Subcommands: ``report`` (environment report, ``--json``), ``to-fp32``
+(consolidate a checkpoint's fp32 weights, like DeepSpeed's zero_to_fp32) and
+``launch`` (DeepSpeed's launcher command line, see launch.py).
 """
 from __future__ import annotations
 
@@ -40,7 +41,14 @@ def _cmd_to_fp32(argv: List[str]) -> int:
     return main_to_fp32(argv)
 
 
+def _cmd_launch(argv: List[str]) -> int:
+    from .launch import main as launch_main
+    return launch_main(argv)
+
+
 COMMANDS: Dict[str, tuple] = {
+    "launch": (_cmd_launch, "start a training script on several processes (DeepSpeed's "
+                            "`deepspeed` launcher, over torchrun)"),
     "report": (_cmd_report, "print the environment report (--json for JSON)"),
     "to-fp32": (_cmd_to_fp32, "consolidate a checkpoint's fp32 weights into one "
                               "safetensors file (zero_to_fp32)"),

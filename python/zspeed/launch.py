@@ -1,0 +1,222 @@
+"""``zspeed launch``: DeepSpeed's launcher command line over torch.distributed's own launcher.
+
+People who type ``deepspeed train.py --deepspeed_config ds.json`` type
+``zspeed launch train.py --deepspeed_config ds.json``. The ranks are started by
+torchrun's elastic agent (``torch.distributed.run``), which exports RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT and stops
+every rank when one fails. Like DeepSpeed's launcher, each rank's script also gets
+``--local_rank=N`` (``--no_local_rank`` leaves it out).
+
+One host: ``--num_gpus N`` (default: every visible GPU, or one process on a machine
+without GPUs; ``--include``/``--exclude`` pick GPUs as DeepSpeed's ``localhost:0,1``).
+Several hosts: run the same command on each host with ``--num_nodes M --node_rank
+K --master_addr HOST`` (zspeed does not log in to other hosts: start it there with
+your scheduler or ssh); a DeepSpeed hostfile (``--hostfile``, lines ``host
+slots=N``) gives the number of nodes, the processes per node, and, as its first
+host, the master address.
+
+Threads: each rank gets ``cores / ranks on this host`` for torch's CPU work
+(OMP_NUM_THREADS, which torchrun would otherwise set to 1) unless the variable is
+already set; zspeed's own CPU optimizer sizes its threads the same way by itself.
+Windows has no NCCL: the ranks use Gloo there (zspeed picks it).
+
+Flags that DeepSpeed's launcher has and this one does not (pdsh/mpi launchers,
+autotuning, elastic training, core binding) are refused by name; unknown flags are
+refused naming the closest real one.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+from typing import List, Optional
+
+__all__ = ["main", "LaunchError", "build_command"]
+
+
+class LaunchError(Exception):
+    """The command line cannot be launched as given (the message says why and what to do)."""
+
+
+_DS_ONLY = {
+    "--launcher": "zspeed starts the ranks with torch.distributed's launcher (torchrun) on each host; "
+                  "start zspeed launch on every host with --node_rank instead of pdsh/mpi/slurm",
+    "--launcher_args": "there is no pdsh/mpi launcher to pass arguments to",
+    "--autotuning": "DeepSpeed's autotuner is not part of zspeed",
+    "--elastic_training": "elastic training is not supported; torchrun's own --max-restarts is "
+                          "available through `python -m torch.distributed.run`",
+    "--min_elastic_nodes": "elastic training is not supported",
+    "--max_elastic_nodes": "elastic training is not supported",
+    "--bind_cores_to_rank": "zspeed sizes each rank's threads but does not pin cores; use numactl "
+                            "or taskset around the command",
+    "--bind_core_list": "zspeed does not pin cores; use numactl or taskset",
+    "--force_multi": "zspeed launch runs on one host per invocation (--node_rank for the others)",
+    "--no_ssh": "zspeed launch never uses ssh",
+    "--no_ssh_check": "zspeed launch never uses ssh",
+    "--ssh_port": "zspeed launch never uses ssh",
+    "--venv_script": "activate the environment before running zspeed launch",
+    "--save_pid": "not supported",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="zspeed launch", allow_abbrev=False,
+        description="Start a training script on several processes (DeepSpeed's `deepspeed` command "
+                    "line, run by torch.distributed's launcher).")
+    ap.add_argument("--num_gpus", "--num_accelerators", type=int, default=-1,
+                    help="processes on this host (default: every visible GPU, or 1 without GPUs)")
+    ap.add_argument("--num_nodes", type=int, default=-1, help="hosts in the job (default 1, or the hostfile's)")
+    ap.add_argument("--node_rank", type=int, default=-1, help="this host's index among them (default 0)")
+    ap.add_argument("--master_addr", type=str, default="", help="host of rank 0 (default: this one, or the "
+                                                              "hostfile's first)")
+    ap.add_argument("--master_port", type=int, default=29500, help="port of rank 0's rendezvous")
+    ap.add_argument("-H", "--hostfile", type=str, default="", help="DeepSpeed hostfile: lines 'host slots=N'")
+    ap.add_argument("-i", "--include", type=str, default="", help="GPUs to use, DeepSpeed style: 'localhost:0,1'")
+    ap.add_argument("-e", "--exclude", type=str, default="", help="GPUs not to use: 'localhost:2'")
+    ap.add_argument("--module", action="store_true", help="run the script as a module (python -m)")
+    ap.add_argument("--no_python", action="store_true", help="run the script as an executable, not with python")
+    ap.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank to the script")
+    ap.add_argument("--enable_each_rank_log", type=str, default="None",
+                    help="folder for one log file per rank (default: output to this terminal)")
+    ap.add_argument("--log_level", type=str, default="info", help="accepted (the ranks' logging is theirs)")
+    ap.add_argument("user_script", type=str, help="the training script (or module with --module)")
+    ap.add_argument("user_args", nargs=argparse.REMAINDER, help="its arguments")
+    return ap
+
+
+def _check_flags(argv: List[str], ap: argparse.ArgumentParser) -> None:
+    """Refuse DeepSpeed-only and unknown launcher flags before the script name, by name."""
+    known = [s for a in ap._actions for s in a.option_strings]
+    for tok in argv:
+        if not tok.startswith("-"):
+            return  # the script: what follows is the script's
+        flag = tok.split("=", 1)[0]
+        if flag in _DS_ONLY:
+            raise LaunchError(f"zspeed launch: {flag} is a DeepSpeed launcher option zspeed does not have: "
+                              f"{_DS_ONLY[flag]}.")
+        if flag not in known and flag not in ("-h", "--help"):
+            if re.search(r"windows|win32|win64|linux|macos|wsl|platform", flag, re.I):
+                raise LaunchError(f"zspeed launch: unknown option {flag}: zspeed needs no platform options; the "
+                                  f"same command works on Linux and Windows (Gloo is chosen where NCCL is "
+                                  f"missing). Remove {flag}.")
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]}?" if close else f" Known options: {', '.join(sorted(known))}."
+            raise LaunchError(f"zspeed launch: unknown option {flag}.{hint} Options for the training script "
+                              f"go after the script's name.")
+
+
+def _gpus_visible() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def _parse_ids(spec: str, what: str) -> List[int]:
+    """'localhost:0,1' or '0,1' -> [0, 1] (this host only)."""
+    out = []
+    for part in spec.split("@"):
+        host, _, ids = part.rpartition(":")
+        if host not in ("", "localhost", "127.0.0.1"):
+            raise LaunchError(f"zspeed launch: {what} '{spec}' names host '{host}'; zspeed launch selects GPUs "
+                              f"of the host it runs on (write localhost:0,1).")
+        for x in ids.split(","):
+            try:
+                out.append(int(x))
+            except ValueError:
+                raise LaunchError(f"zspeed launch: {what} '{spec}': '{x}' is not a GPU index.") from None
+    return out
+
+
+def _read_hostfile(path: str) -> List[tuple]:
+    hosts = []
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise LaunchError(f"zspeed launch: cannot read the hostfile '{path}': {e.strerror or e}.") from None
+    for n, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        slots = 1
+        for p in parts[1:]:
+            if p.startswith("slots="):
+                try:
+                    slots = int(p[len("slots="):])
+                except ValueError:
+                    slots = -1
+        if slots < 1:
+            raise LaunchError(f"zspeed launch: hostfile '{path}' line {n}: '{line}' needs 'slots=N' with N >= 1.")
+        hosts.append((parts[0], slots))
+    if not hosts:
+        raise LaunchError(f"zspeed launch: the hostfile '{path}' lists no hosts.")
+    return hosts
+
+
+def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list, dict]:
+    """(the torchrun command, the environment to run it with) for a `zspeed launch` command line."""
+    env = dict(os.environ if environ is None else environ)
+    ap = _parser()
+    _check_flags(argv, ap)
+    a = ap.parse_args(argv)
+    nnodes, nproc, master = 1, a.num_gpus, a.master_addr
+    if a.hostfile:
+        hosts = _read_hostfile(a.hostfile)
+        nnodes = len(hosts)
+        nproc = hosts[0][1] if nproc < 0 else nproc
+        master = master or hosts[0][0]
+    if a.num_nodes > 0:
+        nnodes = a.num_nodes
+    node_rank = max(0, a.node_rank)
+    if node_rank >= nnodes:
+        raise LaunchError(f"zspeed launch: --node_rank {node_rank} is not below the number of nodes ({nnodes}).")
+    gpus = list(range(_gpus_visible()))
+    if a.include:
+        gpus = _parse_ids(a.include, "--include")
+    if a.exclude:
+        gone = set(_parse_ids(a.exclude, "--exclude"))
+        gpus = [g for g in gpus if g not in gone]
+    if a.include or a.exclude:
+        if not gpus:
+            raise LaunchError("zspeed launch: --include/--exclude leave no GPU to run on.")
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    if nproc < 0:
+        nproc = len(gpus) if gpus else 1
+    if nproc < 1:
+        raise LaunchError(f"zspeed launch: --num_gpus {nproc}: at least one process is needed.")
+    if gpus and nproc > len(gpus):
+        raise LaunchError(f"zspeed launch: {nproc} processes but {len(gpus)} GPU(s) visible here; each rank needs "
+                          f"its own GPU (or set ZSPEED_DEVICE=cpu to train on the CPU).")
+    if nnodes > 1 and not master:
+        raise LaunchError("zspeed launch: several nodes need --master_addr (rank 0's host) or a hostfile.")
+    if "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
+    if sys.platform == "win32":
+        env.setdefault("USE_LIBUV", "0")  # torch's libuv store is missing from some Windows builds
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+           f"--node_rank={node_rank}", f"--master_addr={master or '127.0.0.1'}", f"--master_port={a.master_port}"]
+    if a.enable_each_rank_log not in ("None", ""):
+        os.makedirs(a.enable_each_rank_log, exist_ok=True)
+        cmd += [f"--log-dir={a.enable_each_rank_log}", "--redirects=3", "--tee=0"]
+    if a.no_python and a.module:
+        raise LaunchError("zspeed launch: --no_python and --module cannot go together.")
+    mode = "--exec" if a.no_python else "--module" if a.module else "--script"
+    cmd += ["-m", "zspeed._rank_entry", mode, a.user_script,
+            "--no-local-rank" if a.no_local_rank else "--local-rank", "--", *a.user_args]
+    return cmd, env
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import subprocess
+    try:
+        cmd, env = build_command(list(sys.argv[1:] if argv is None else argv))
+    except LaunchError as e:
+        sys.stderr.write(f"{e}\n")
+        return 2
+    return subprocess.call(cmd, env=env)
