@@ -1,0 +1,53 @@
+"""The engine's timeline (runtime/trace.py): off costs nothing and writes nothing; on, it
+writes a Chrome trace whose spans nest and carry the names given."""
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("torch", reason="the runtime needs torch")
+
+from zspeed.runtime import trace  # noqa: E402
+
+
+def test_off_is_one_shared_null_context(monkeypatch):
+    monkeypatch.delenv("ZSPEED_TRACE", raising=False)
+    t = trace.tracer_from(None)
+    assert t is trace.OFF and not t.enabled
+    assert t.span("a") is t.span("b")  # no allocation per call
+    with t.span("x"), t.cuda_span("y"):
+        t.instant("z")
+    t.flush()
+
+
+def test_spans_are_written_as_chrome_trace(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    monkeypatch.setenv("ZSPEED_TRACE", str(path))
+    t = trace.tracer_from(None, rank=1, world_size=2)
+    assert t.path.endswith("t.rank1.json")
+    with t.span("step", cat="engine", n=3):
+        with t.span("optimizer chunk"):
+            pass
+        t.instant("overflow")
+
+    def worker():
+        with t.span("io"):
+            pass
+    th = threading.Thread(target=worker, name="zspeed-io")
+    th.start()
+    th.join()
+    t.flush()
+    doc = json.loads(open(t.path).read())
+    ev = {e["name"]: e for e in doc["traceEvents"] if e["ph"] in ("X", "i")}
+    assert set(ev) == {"step", "optimizer chunk", "overflow", "io"}
+    outer, inner = ev["step"], ev["optimizer chunk"]
+    assert outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+    assert outer["args"] == {"n": 3} and outer["pid"] == 1
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "zspeed-io" in names and ev["io"]["tid"] != outer["tid"]
+
+
+def test_missing_folder_is_a_config_error(tmp_path):
+    from zspeed.runtime.config import ConfigError
+    with pytest.raises(ConfigError, match="does not exist"):
+        trace.tracer_from(str(tmp_path / "no" / "t.json"))
