@@ -125,8 +125,9 @@ def test_optimizer_and_scheduler_types():
     err({"train_batch_size": 4, "optimizer": {"type": "Adamm"}}, "unknown optimizer type 'Adamm'", "'Adam'")
     err({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam"}}, "does not implement")
     err({"train_batch_size": 4, "optimizer": {"params": {}}}, "needs a 'type'")
-    err({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}},
-        "contradictory")
+    # DeepSpeed's rule: the name AdamW means decoupled weight decay whatever adam_w_mode says.
+    c = ok({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}})
+    assert c.optimizer_params["adam_w_mode"] is True and "AdamW" in c.warnings[0]
     err({"train_batch_size": 4, "scheduler": {"type": "WarmupCosine"}}, "'WarmupCosineLR'")
     err({"train_batch_size": 4, "scheduler": {"type": "LRRangeTest"}}, "not supported")
     err({"train_batch_size": 4, "scheduler": {"type": "WarmupDecayLR", "params": {}}}, "total_num_steps")
