@@ -129,7 +129,8 @@ def test_optimizer_and_scheduler_types():
     c = ok({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}})
     assert c.optimizer_params["adam_w_mode"] is True and "AdamW" in c.warnings[0]
     err({"train_batch_size": 4, "scheduler": {"type": "WarmupCosine"}}, "'WarmupCosineLR'")
-    err({"train_batch_size": 4, "scheduler": {"type": "LRRangeTest"}}, "not supported")
+    c = ok({"train_batch_size": 4, "scheduler": {"type": "LRRangeTest"}})  # DeepSpeed's fifth schedule
+    assert c.scheduler_params["lr_range_test_step_size"] == 2000
     err({"train_batch_size": 4, "scheduler": {"type": "WarmupDecayLR", "params": {}}}, "total_num_steps")
     err({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1}}},
         "cycle_max_lr")

@@ -139,30 +139,29 @@ _OPTIMIZER_CANON = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "lio
 _DS_OPTIMIZERS_UNSUPPORTED = ("onebitadam", "zerooneadam", "onebitlamb", "lamb", "muadam",
                               "muadamw", "musgd", "muon", "sgd")
 
-_WARMUP_TYPE = ("log", "linear")
 _SCHEDULER_PARAMS = {
     "WarmupLR": {
         "warmup_min_lr": K(0.0, NUM, "learning rate at step 0", check=_lr),
         "warmup_max_lr": K(None, NUM + (type(None),), "learning rate after warmup (default: optimizer lr)",
                            check=_lr),
-        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
-        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_pos),
+        "warmup_type": K("log", (str,), "warmup curve: log or linear (another name: log, with a warning)"),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "WarmupDecayLR": {
         "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
         "warmup_min_lr": K(0.0, NUM, "learning rate at step 0", check=_lr),
         "warmup_max_lr": K(0.001, NUM, "learning rate after warmup", check=_lr),
-        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
-        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_pos),
+        "warmup_type": K("log", (str,), "warmup curve: log or linear (another name: log, with a warning)"),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "WarmupCosineLR": {
         "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
         "warmup_min_ratio": K(0.0, NUM, "start ratio of the optimizer lr", check=_ratio),
-        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_pos),
         "cos_min_ratio": K(0.0001, NUM, "end ratio of the cosine decay", check=_ratio),
-        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "warmup_type": K("log", (str,), "warmup curve: log or linear (another name: log, with a warning)"),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "OneCycle": {
@@ -170,9 +169,12 @@ _SCHEDULER_PARAMS = {
         "cycle_max_lr": K(None, NUM, "upper lr boundary of the cycle (required)", check=_lr),
         "decay_lr_rate": K(0.0, NUM, "lr decay rate after the cycle", check=_nonneg),
         "cycle_first_step_size": K(2000, (int,), "steps of the increasing half", check=_pos),
-        "cycle_second_step_size": K(None, (int, type(None)), "steps of the decreasing half (default: first)"),
-        "cycle_first_stair_count": K(0, (int,), "accepted like DeepSpeed (which does not use it)"),
-        "cycle_second_stair_count": K(None, (int, type(None)), "accepted like DeepSpeed (unused)"),
+        "cycle_second_step_size": K(None, (int, type(None)), "steps of the decreasing half (default: first)",
+                                    check=_nonneg),
+        "cycle_first_stair_count": K(0, (int,), "flat stairs in the increasing half (0: continuous)",
+                                     check=_nonneg),
+        "cycle_second_stair_count": K(None, (int, type(None)), "flat stairs in the decreasing half (default: "
+                                      "first)", check=_nonneg),
         "decay_step_size": K(0, (int,), "interval of post-cycle decay (0: no decay)", check=_nonneg),
         "cycle_momentum": K(True, (bool,), "cycle beta1 inversely to the lr"),
         "cycle_min_mom": K(0.8, NUM, "lower beta1 boundary", check=_between(0, 1)),
@@ -180,8 +182,15 @@ _SCHEDULER_PARAMS = {
         "decay_mom_rate": K(0.0, NUM, "beta1 decay rate after the cycle", check=_nonneg),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
+    "LRRangeTest": {
+        "lr_range_test_min_lr": K(1e-3, NUM, "starting learning rate", check=_lr),
+        "lr_range_test_step_size": K(2000, (int,), "steps per increase", check=_pos),
+        "lr_range_test_step_rate": K(1.0, NUM, "increase per step_size", check=_nonneg),
+        "lr_range_test_staircase": K(False, (bool,), "increase in stairs instead of continuously"),
+        "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
+    },
 }
-_SCHEDULERS_UNSUPPORTED = ("LRRangeTest", "WarmupCosineLRv2")
+_SCHEDULERS_UNSUPPORTED = ("WarmupCosineLRv2",)
 
 _ENABLED_ONLY = S({"enabled": K(False, (bool,), "feature switch")}, "")
 
