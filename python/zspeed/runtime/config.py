@@ -571,6 +571,9 @@ class ZSpeedConfig:
                                   "the same section); keep only 'bf16'.")
             cfg["bf16"] = cfg.pop("bfloat16")
         sections = {k: cfg.pop(k) for k in list(cfg) if k in SCHEMA and k}
+        if isinstance(sections.get("amp"), dict):
+            # The rest of the amp section is Apex's own arguments, which only matter when it is on.
+            sections["amp"] = {k: v for k, v in sections["amp"].items() if k == "enabled"}
         for key, val in list(cfg.items()):  # disabled monitoring sections are harmless
             if key in _DS_UNSUPPORTED_TOP and _DS_UNSUPPORTED_TOP[key] is None and \
                     isinstance(val, dict) and not val.get("enabled", False):
