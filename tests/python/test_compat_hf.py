@@ -15,6 +15,10 @@ EXAMPLE = ROOT / "examples" / "hf_trainer.py"
 
 def _env(extra_path=None):
     env = dict(os.environ)
+    # One process without a launcher: variables left by other tests must not make accelerate
+    # look for a rendezvous.
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
     paths = [str(ROOT / "python")] + ([str(extra_path)] if extra_path else []) + \
         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
