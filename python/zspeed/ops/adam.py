@@ -1,6 +1,11 @@
 """AdamW / Adam on the CPU: :class:`CPUAdam` (a torch.optim.Optimizer, built
 on first access; needs torch) and :func:`adam_step` (numpy, no torch).
 
+DeepSpeed's names are here too (built on first access, need torch):
+``DeepSpeedCPUAdam`` (CPUAdam with DeepSpeed's attributes and sub-group calls)
+and ``FusedAdam`` (DeepSpeed's device Adam, in plain torch); see
+zspeed.ops._ds_optim.
+
 Semantics are torch.optim.AdamW (``adamw_mode=True``) / torch.optim.Adam
 (``adamw_mode=False``), amsgrad off, with DeepSpeed's ``bias_correction``
 switch. Arithmetic is fp32; see include/zspeed/optim.h for the formulas,
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 from . import _kernels
 
-__all__ = ["CPUAdam", "adam_step", "q8_quantize", "q8_dequantize"]
+__all__ = ["CPUAdam", "DeepSpeedCPUAdam", "FusedAdam", "adam_step", "q8_quantize", "q8_dequantize"]
 
 # Conversions between fp32 Adam states and the 8-bit format (int8 exp_avg,
 # uint8 exp_avg_sq, fp32 scales per 256 elements; zspeed.ops.qblocks(n)):
@@ -48,4 +53,7 @@ def __getattr__(name):
     if name == "CPUAdam":
         from ._torch_optim import CPUAdam
         return CPUAdam
+    if name in ("DeepSpeedCPUAdam", "FusedAdam"):
+        from . import _ds_optim
+        return getattr(_ds_optim, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -184,9 +184,18 @@ class AsyncIOHandle(NativeHandleOwner):
         self._submit(buffer, filename, file_offset, False)
         return 0
 
-    def async_pwrite(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
-        """Starts a write (filename may also be an open file descriptor, as in
-        DeepSpeed's overload); returns 0. wait() completes it."""
+    def async_pwrite(self, buffer: Any, filename: Any = None, file_offset: int = 0, *, fd: Any = None) -> int:
+        """Starts a write; returns 0. wait() completes it. The target is ``filename``, or
+        an open file descriptor given positionally or as ``fd=`` (DeepSpeed's two
+        overloads), never both."""
+        if fd is not None:
+            if filename is not None:
+                raise TypeError("async_pwrite takes filename or fd=, not both")
+            if isinstance(fd, bool) or not isinstance(fd, int):
+                raise TypeError(f"fd must be an open file descriptor (an int), got {type(fd).__name__}")
+            filename = fd
+        if filename is None:
+            raise TypeError("async_pwrite needs a filename or fd=")
         self._submit(buffer, filename, file_offset, True)
         return 0
 

@@ -1,10 +1,14 @@
 """Lion on the CPU: :class:`CPULion` (torch.optim.Optimizer, built on first
-access; needs torch) and :func:`lion_step` (numpy, no torch)."""
+access; needs torch) and :func:`lion_step` (numpy, no torch).
+
+DeepSpeed's names ``DeepSpeedCPULion`` (CPULion with DeepSpeed's defaults) and
+``FusedLion`` (DeepSpeed's device Lion, in plain torch) are built on first access
+too; see zspeed.ops._ds_optim."""
 from __future__ import annotations
 
 from . import _kernels
 
-__all__ = ["CPULion", "lion_step"]
+__all__ = ["CPULion", "DeepSpeedCPULion", "FusedLion", "lion_step"]
 
 
 def lion_step(param, grad, exp_avg, *, lr=1e-4, betas=(0.9, 0.99),
@@ -22,4 +26,7 @@ def __getattr__(name):
     if name == "CPULion":
         from ._torch_optim import CPULion
         return CPULion
+    if name in ("DeepSpeedCPULion", "FusedLion"):
+        from . import _ds_optim
+        return getattr(_ds_optim, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -86,6 +86,8 @@ _eps = lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"   # noqa: E731
 _ratio = _between(0, 1)
 _count = _between(1, 2 ** 62, "a number of elements")
 _SCALE_MIN, _SCALE_MAX = 2.0 ** -24, 2.0 ** 64
+_DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16", "float16": "fp16",
+                "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 
 
 def _steps_per_print(v):
@@ -137,30 +139,29 @@ _OPTIMIZER_CANON = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "lio
 _DS_OPTIMIZERS_UNSUPPORTED = ("onebitadam", "zerooneadam", "onebitlamb", "lamb", "muadam",
                               "muadamw", "musgd", "muon", "sgd")
 
-_WARMUP_TYPE = ("log", "linear")
 _SCHEDULER_PARAMS = {
     "WarmupLR": {
         "warmup_min_lr": K(0.0, NUM, "learning rate at step 0", check=_lr),
         "warmup_max_lr": K(None, NUM + (type(None),), "learning rate after warmup (default: optimizer lr)",
                            check=_lr),
-        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
-        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_pos),
+        "warmup_type": K("log", (str,), "warmup curve: log or linear (another name: log, with a warning)"),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "WarmupDecayLR": {
         "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
         "warmup_min_lr": K(0.0, NUM, "learning rate at step 0", check=_lr),
         "warmup_max_lr": K(0.001, NUM, "learning rate after warmup", check=_lr),
-        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
-        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_pos),
+        "warmup_type": K("log", (str,), "warmup curve: log or linear (another name: log, with a warning)"),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "WarmupCosineLR": {
         "total_num_steps": K(None, (int,), "total training steps (required)", check=_pos),
         "warmup_min_ratio": K(0.0, NUM, "start ratio of the optimizer lr", check=_ratio),
-        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_nonneg),
+        "warmup_num_steps": K(1000, (int,), "steps of warmup (at least 2 are used)", check=_pos),
         "cos_min_ratio": K(0.0001, NUM, "end ratio of the cosine decay", check=_ratio),
-        "warmup_type": K("log", (str,), "warmup curve", choices=_WARMUP_TYPE),
+        "warmup_type": K("log", (str,), "warmup curve: log or linear (another name: log, with a warning)"),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
     "OneCycle": {
@@ -168,9 +169,12 @@ _SCHEDULER_PARAMS = {
         "cycle_max_lr": K(None, NUM, "upper lr boundary of the cycle (required)", check=_lr),
         "decay_lr_rate": K(0.0, NUM, "lr decay rate after the cycle", check=_nonneg),
         "cycle_first_step_size": K(2000, (int,), "steps of the increasing half", check=_pos),
-        "cycle_second_step_size": K(None, (int, type(None)), "steps of the decreasing half (default: first)"),
-        "cycle_first_stair_count": K(0, (int,), "accepted like DeepSpeed (which does not use it)"),
-        "cycle_second_stair_count": K(None, (int, type(None)), "accepted like DeepSpeed (unused)"),
+        "cycle_second_step_size": K(None, (int, type(None)), "steps of the decreasing half (default: first)",
+                                    check=_nonneg),
+        "cycle_first_stair_count": K(0, (int,), "flat stairs in the increasing half (0: continuous)",
+                                     check=_nonneg),
+        "cycle_second_stair_count": K(None, (int, type(None)), "flat stairs in the decreasing half (default: "
+                                      "first)", check=_nonneg),
         "decay_step_size": K(0, (int,), "interval of post-cycle decay (0: no decay)", check=_nonneg),
         "cycle_momentum": K(True, (bool,), "cycle beta1 inversely to the lr"),
         "cycle_min_mom": K(0.8, NUM, "lower beta1 boundary", check=_between(0, 1)),
@@ -178,8 +182,15 @@ _SCHEDULER_PARAMS = {
         "decay_mom_rate": K(0.0, NUM, "beta1 decay rate after the cycle", check=_nonneg),
         "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
     },
+    "LRRangeTest": {
+        "lr_range_test_min_lr": K(1e-3, NUM, "starting learning rate", check=_lr),
+        "lr_range_test_step_size": K(2000, (int,), "steps per increase", check=_pos),
+        "lr_range_test_step_rate": K(1.0, NUM, "increase per step_size", check=_nonneg),
+        "lr_range_test_staircase": K(False, (bool,), "increase in stairs instead of continuously"),
+        "last_batch_iteration": K(-1, (int,), "index of the last batch when resuming"),
+    },
 }
-_SCHEDULERS_UNSUPPORTED = ("LRRangeTest", "WarmupCosineLRv2")
+_SCHEDULERS_UNSUPPORTED = ("WarmupCosineLRv2",)
 
 _ENABLED_ONLY = S({"enabled": K(False, (bool,), "feature switch")}, "")
 
@@ -235,7 +246,12 @@ SCHEMA: dict[str, S] = {
     "bf16": S({
         "enabled": K(False, (bool,), "train with bf16 weights and fp32 master weights"),
         "immediate_grad_update": K(False, (bool,), "accepted (no effect)"),
-        "check_grad_overflow": K(False, (bool,), "skip steps whose gradients are not finite"),
+        "check_grad_overflow": K(True, (bool,), "skip steps whose gradients are not finite (DeepSpeed's "
+                                 "default since 0.19.3)"),
+        "bf16_master_weights_and_grads": K(False, (bool,), "bf16 master weights and gradients (not "
+                                           "supported: masters are fp32)"),
+        "bf16_optimizer_states": K(False, (bool,), "bf16 optimizer states with bf16 masters (not supported; "
+                                   "zspeed's equivalent: optimizer.params.state_dtype bf16)"),
     }, "bf16"),
     "zero_optimization": S({
         "stage": K(0, (int,), "ZeRO stage: 0 (data parallel), 1 (optimizer state partitioned), 2 (and "
@@ -264,7 +280,38 @@ SCHEMA: dict[str, S] = {
         "stage3_gather_16bit_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
         "stage3_gather_fp16_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
         "memory_efficient_linear": K(True, (bool,), "stage 3 only"),
+        "zenflow": K(None, (dict, type(None)), "DeepSpeed's ZenFlow (section; accepted, not implemented: "
+                     "training runs as ordinary ZeRO-Offload)"),
     }, "zero_optimization"),
+    "zero_optimization.zenflow": S({
+        "topk_ratio": K(0.1, NUM, "ZenFlow: share of important gradient columns", check=_between(0, 1)),
+        "select_strategy": K("auto", (str,), "ZenFlow: selection strategy", choices=("auto", "step", "epoch")),
+        "select_interval": K("auto", (str, int), "ZenFlow: selection interval"),
+        "update_interval": K("auto", (str, int), "ZenFlow: update interval"),
+        "overlap_step": K(False, (bool,), "ZenFlow: overlap the CPU step"),
+        "offload": K(False, (bool,), "ZenFlow: offload"),
+        "auto_ratio": K(0.99, NUM, "ZenFlow: auto ratio", check=_between(0, 1)),
+        "full_warm_up_rounds": K(0, (int,), "ZenFlow: warm-up rounds", check=_nonneg),
+        "pt_reserved_cores_perc": K(0.5, NUM, "ZenFlow: share of cores for torch", check=_between(0, 1)),
+        "steps_per_epoch": K(None, (int, type(None)), "ZenFlow: steps per epoch"),
+    }, "zero_optimization.zenflow"),
+    "data_types": S({
+        "grad_accum_dtype": K(None, (str, type(None)), "dtype gradients accumulate in between boundaries "
+                              "(zspeed: the model's; another is accepted only with one micro-batch per step)",
+                              check=lambda v: None if v.lower() in _DTYPE_NAMES else
+                              "must be fp32, fp16 or bf16"),
+        "param_dtype": K(None, (str, type(None)), "dtype of the parameters (must match fp16/bf16)",
+                         check=lambda v: None if v.lower() in _DTYPE_NAMES else "must be fp32, fp16 or bf16"),
+        "buffer_dtype": K(None, (type(None),), "dtype of buffers (only null: zspeed keeps the model's)"),
+    }, "data_types"),
+    "torch_autocast": S({
+        "enabled": K(False, (bool,), "torch.autocast around forward (only false: use bf16 or fp16 instead)"),
+        "dtype": K("torch.bfloat16", (str,), "autocast dtype"),
+        "lower_precision_safe_modules": K(None, (list, type(None)), "modules autocast may lower"),
+    }, "torch_autocast"),
+    "amp": S({
+        "enabled": K(False, (bool,), "NVIDIA Apex AMP (only false: use fp16 or bf16 instead)"),
+    }, "amp"),
     "zero_optimization.offload_optimizer": S({
         "device": K("none", (str,), "where optimizer state lives", choices=("none", "cpu", "nvme")),
         "nvme_path": K(None, (str, type(None)),
@@ -275,6 +322,10 @@ SCHEMA: dict[str, S] = {
         "ratio": K(1.0, NUM, "fraction of the optimizer step on the CPU (only 1.0)"),
         "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
         "pipeline_write": K(False, (bool,), "accepted: zspeed's nvme step always overlaps writes with compute"),
+        "super_offload": K(False, (bool,), "DeepSpeed's SuperOffload (a ZeRO-3 feature; accepted, not "
+                           "implemented: ordinary offload)"),
+        "cpuadam_cores_perc": K(0.8, NUM, "with super_offload: share of the cores the CPU optimizer uses",
+                                check=_between(0, 1)),
     }, "zero_optimization.offload_optimizer"),
     "zero_optimization.offload_param": S({
         "device": K("none", (str,), "where parameters live (stage 3 only)", choices=("none", "cpu", "nvme")),
@@ -306,14 +357,13 @@ SCHEMA: dict[str, S] = {
 # DeepSpeed features that exist but that zspeed does not implement. Monitoring
 # sections are accepted when disabled, since generated configs often carry them.
 _DS_UNSUPPORTED_TOP = {
-    "amp": "use fp16 or bf16 instead of apex AMP",
     "activation_checkpointing": "use torch.utils.checkpoint in your model",
     "flops_profiler": None, "tensorboard": None, "wandb": None, "csv_monitor": None,
     "comet": None, "comms_logger": None,
-    "compression_training": "", "data_efficiency": "", "data_types": "", "pipeline": "",
+    "compression_training": "", "data_efficiency": "", "pipeline": "",
     "sparse_attention": "", "elasticity": "", "autotuning": "", "curriculum_learning": "",
     "sparse_gradients": "", "quantize_training": "", "eigenvalue": "",
-    "progressive_layer_drop": "", "hybrid_engine": "", "nebula": "", "torch_autocast": "",
+    "progressive_layer_drop": "", "hybrid_engine": "", "nebula": "",
     "tensor_parallel": "", "weight_quantization": "", "zero_quantized_weights": "",
     "gradient_compression": "", "fp8": "",
 }
@@ -509,6 +559,8 @@ class ZSpeedConfig:
             raise ConfigError(f"a DeepSpeed config must be a dict or a path to a JSON file, "
                               f"got {type(config).__name__}.")
         self.raw = copy.deepcopy(config)
+        # Things DeepSpeed accepts that zspeed runs differently; the engine logs them once.
+        self.warnings: list[str] = []
         ws = world_size_from_env() if world_size is None else world_size
         self.world_size = ws
         autos: set[str] = set()
@@ -519,6 +571,9 @@ class ZSpeedConfig:
                                   "the same section); keep only 'bf16'.")
             cfg["bf16"] = cfg.pop("bfloat16")
         sections = {k: cfg.pop(k) for k in list(cfg) if k in SCHEMA and k}
+        if isinstance(sections.get("amp"), dict):
+            # The rest of the amp section is Apex's own arguments, which only matter when it is on.
+            sections["amp"] = {k: v for k, v in sections["amp"].items() if k == "enabled"}
         for key, val in list(cfg.items()):  # disabled monitoring sections are harmless
             if key in _DS_UNSUPPORTED_TOP and _DS_UNSUPPORTED_TOP[key] is None and \
                     isinstance(val, dict) and not val.get("enabled", False):
@@ -534,7 +589,13 @@ class ZSpeedConfig:
         self.bf16 = sec("bf16")
         self.aio = sec("aio")
         self.checkpoint = sec("checkpoint")
+        self.data_types = sec("data_types")
+        self.torch_autocast = sec("torch_autocast")
+        self.amp = sec("amp")
         self.zero = sec("zero_optimization")
+        zf = self.zero.pop("zenflow")
+        self.zenflow = None if zf is None else _parse_section("zero_optimization.zenflow", zf,
+                                                              SCHEMA["zero_optimization.zenflow"].keys, autos)
         off = self.zero.pop("offload_optimizer") or {}
         self.offload = _parse_section("zero_optimization.offload_optimizer", off,
                                       SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
@@ -548,6 +609,7 @@ class ZSpeedConfig:
         self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = \
             _derive_batch(self.top["train_batch_size"], self.top["train_micro_batch_size_per_gpu"],
                           self.top["gradient_accumulation_steps"], ws, autos)
+        self._validate_grad_accum()
 
     # -- sections with per-type params ------------------------------------------------
     def _parse_optimizer(self, given, autos):
@@ -574,8 +636,10 @@ class ZSpeedConfig:
                                                     _OPTIMIZER_PARAMS[low], autos)
         if self.optimizer_name == "AdamW":
             if "adam_w_mode" in o["params"] and not o["params"]["adam_w_mode"]:
-                raise ConfigError("optimizer AdamW with adam_w_mode false is contradictory; use type "
-                                  "Adam with adam_w_mode false for L2-regularized Adam.")
+                # DeepSpeed's rule: the name AdamW always means decoupled weight decay.
+                self.warnings.append("optimizer type AdamW with adam_w_mode false: AdamW (decoupled weight "
+                                     "decay) is used, as in DeepSpeed; for L2-regularized Adam use type Adam "
+                                     "with adam_w_mode false.")
             self.optimizer_params["adam_w_mode"] = True
 
     def _parse_scheduler(self, given, autos):
@@ -610,6 +674,38 @@ class ZSpeedConfig:
     def _validate_features(self):
         if self.fp16["enabled"] and self.bf16["enabled"]:
             raise ConfigError("fp16.enabled and bf16.enabled are both true; choose one precision.")
+        if self.bf16["bf16_master_weights_and_grads"]:
+            raise ConfigError("bf16.bf16_master_weights_and_grads (bf16 master weights and gradients) is a "
+                              "DeepSpeed feature zspeed does not have: its masters are fp32. To save optimizer "
+                              "memory instead, offload it (zero_optimization.offload_optimizer.device cpu or "
+                              "nvme) and/or set optimizer.params.state_dtype to \"bf16\" or \"int8\"; remove "
+                              "the key or set it to false.")
+        if self.bf16["bf16_optimizer_states"]:
+            raise ConfigError("bf16.bf16_optimizer_states is only valid with bf16_master_weights_and_grads in "
+                              "DeepSpeed, which zspeed does not have; zspeed's way to bf16 Adam states is "
+                              "optimizer.params.state_dtype \"bf16\". Remove the key or set it to false.")
+        if self.amp["enabled"]:
+            raise ConfigError("DeepSpeed's 'amp' section (NVIDIA Apex AMP) is not supported by zspeed; use "
+                              "\"fp16\" or \"bf16\" instead, or set amp.enabled to false.")
+        if self.torch_autocast["enabled"]:
+            raise ConfigError("torch_autocast (torch.autocast around an fp32 model) is a DeepSpeed feature "
+                              "zspeed does not have; use \"bf16\": {\"enabled\": true} (or fp16), which runs "
+                              "the model in that dtype with fp32 master weights, or set torch_autocast.enabled "
+                              "to false.")
+        model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
+        pdt = self.data_types["param_dtype"]
+        if pdt is not None and _DTYPE_NAMES[pdt.lower()] != model:
+            raise ConfigError(f"data_types.param_dtype = {pdt!r} does not match the model's dtype ({model}, from "
+                              f"the fp16/bf16 sections); remove it or make them agree.")
+        self._grad_accum = self.data_types["grad_accum_dtype"]
+        if self.zenflow is not None:
+            self.warnings.append("zero_optimization.zenflow: DeepSpeed's ZenFlow (selective gradient updates "
+                                 "with an overlapped CPU step) is not implemented by zspeed; training runs as "
+                                 "ordinary ZeRO-Offload, which applies every gradient on every step.")
+        if self.offload["super_offload"]:
+            self.warnings.append("zero_optimization.offload_optimizer.super_offload: DeepSpeed's SuperOffload "
+                                 "(a ZeRO-3 feature for superchips) is not implemented by zspeed; the optimizer "
+                                 "is offloaded as usual, its CPU step using cpuadam_cores_perc of the cores.")
         if self.fp16["fp16_master_weights_and_grads"]:
             raise ConfigError("fp16.fp16_master_weights_and_grads is not supported by zspeed (master "
                               "weights are always fp32); remove the key or set it to false.")
@@ -649,6 +745,18 @@ class ZSpeedConfig:
                               "CPU Adam kernel implements Adam/AdamW; set amsgrad false.")
         if self.fp16["auto_cast"] and not self.fp16["enabled"]:
             raise ConfigError("fp16.auto_cast needs fp16.enabled true.")
+
+    def _validate_grad_accum(self):
+        """data_types.grad_accum_dtype: zspeed accumulates gradients in the model's dtype; another
+        dtype is refused unless nothing accumulates (one micro-batch per optimizer step)."""
+        gad = self._grad_accum
+        model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
+        if gad is None or _DTYPE_NAMES[gad.lower()] == model or self.gradient_accumulation_steps == 1:
+            return
+        raise ConfigError(f"data_types.grad_accum_dtype = {gad!r}: zspeed accumulates gradients between "
+                          f"accumulation boundaries in the model's dtype ({model}); with "
+                          f"gradient_accumulation_steps {self.gradient_accumulation_steps} set it to "
+                          f"{model!r} or remove it (with one micro-batch per step it has no effect).")
 
     def _validate_nvme_path(self):
         """offload_optimizer.device 'nvme' needs an existing, writable directory for the swap files."""
@@ -769,8 +877,48 @@ def load_json_config(path: Path) -> dict:
     except ConfigError as e:
         raise ConfigError(f"the DeepSpeed config file '{path}': {e}") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"the DeepSpeed config file '{path}' is not valid JSON: {e.msg} at line "
-                          f"{e.lineno} column {e.colno}.") from None
+        return _load_hjson(path, text, e)
     except RecursionError:
         raise ConfigError(f"the DeepSpeed config file '{path}' is nested too deeply to be a "
                           f"config.") from None
+
+
+def _load_hjson(path: Path, text: str, json_error: json.JSONDecodeError) -> dict:
+    """DeepSpeed reads config files as hjson (JSON plus comments, unquoted keys and strings,
+    optional commas). A file that is not JSON is read the same way when the ``hjson``
+    package is installed (zspeed does not require it), with the same checks: no duplicate
+    keys, only finite numbers."""
+    where = (f"the DeepSpeed config file '{path}' is not valid JSON ({json_error.msg} at line "
+             f"{json_error.lineno} column {json_error.colno})")
+    try:
+        import hjson
+    except ImportError:
+        raise ConfigError(f"{where}. DeepSpeed reads config files as hjson (comments, unquoted keys, optional "
+                          f"commas); install the hjson package (pip install hjson) to let zspeed read this "
+                          f"file the same way, or write it as JSON.") from None
+    try:
+        data = hjson.loads(text, object_pairs_hook=_no_duplicates)
+    except ConfigError as e:
+        raise ConfigError(f"the DeepSpeed config file '{path}': {e}") from None
+    except (hjson.HjsonDecodeError, ValueError) as e:
+        raise ConfigError(f"{where}, nor valid hjson: {e}.") from None
+    except RecursionError:
+        raise ConfigError(f"the DeepSpeed config file '{path}' is nested too deeply to be a "
+                          f"config.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"the DeepSpeed config file '{path}' holds {type(data).__name__}, not an object.")
+    _check_finite(data, str(path))
+    return dict(data)
+
+
+def _check_finite(value, where: str) -> None:
+    """hjson reads NaN and Infinity as numbers; a config may not hold them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"the DeepSpeed config file '{where}' holds {value!r}, which is not a number a "
+                          f"config may hold; write a finite number.")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_finite(v, where)
+    elif isinstance(value, list):
+        for v in value:
+            _check_finite(v, where)

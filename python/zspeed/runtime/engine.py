@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -37,15 +38,17 @@ from .cpu import CHUNK_CAP, HostPath
 from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
 from .partition import PartitionPlan
 from .layout import FlatLayout
+from .engine_optimizer import EngineOptimizer, needs_wrapper
 from .loss_scaler import build_loss_scaler
 from .lr_schedules import build_scheduler
 from .nvme import NVMePath
 from .offload import HostBuffers
+from .optimizers import client_as_config, native_client
 from .paths import DevicePath, OptimizerPath
 
 log = logging.getLogger("zspeed.engine")
 
-__all__ = ["ZSpeedEngine", "initialize"]
+__all__ = ["ZSpeedEngine", "DeepSpeedEngine", "initialize"]
 
 _BUCKET_CAP = 1 << 24  # elements per D2H bucket at most: large enough to amortize, small enough to overlap
 
@@ -92,6 +95,9 @@ class ZSpeedEngine(torch.nn.Module):
             raise ConfigError(f"zspeed.initialize needs model=<torch.nn.Module>, got {type(model).__name__}.")
         self._config = config
         self.config = config.to_dict()
+        for w in config.warnings:
+            if comm.get_rank() == 0:
+                log.warning("zspeed: %s", w)
         self.device = device or _pick_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -114,7 +120,14 @@ class ZSpeedEngine(torch.nn.Module):
         self.skipped_steps = 0
         self._global_grad_norm: float | None = None
         self._last_overflow = False
-        self.loss_scaler = build_loss_scaler(config.fp16)
+        self.loss_scaler = build_loss_scaler(config.fp16, config.zero_stage)
+        # The accumulation boundary as set_gradient_accumulation_boundary() fixed it (None:
+        # counted from micro_steps), and the state of a backward the script started itself
+        # with loss.backward() (see forward()).
+        self._boundary_override: bool | None = None
+        self._in_engine_backward = False
+        self._direct_backward_active = False
+        self._loss_scaled_by_script = False
         self._skip_nonfinite = config.fp16_enabled or bool(config.bf16["check_grad_overflow"])
         self._clip = config.gradient_clipping
         self._gas = config.gradient_accumulation_steps
@@ -126,22 +139,33 @@ class ZSpeedEngine(torch.nn.Module):
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             if callable(optimizer):
                 optimizer = optimizer([{k: v for k, v in g.items()} for g in groups])
+                if not isinstance(optimizer, torch.optim.Optimizer):
+                    raise ConfigError(f"the optimizer callable returned {type(optimizer).__name__}, not a "
+                                      f"torch.optim.Optimizer.")
+                groups = self._param_groups(None, optimizer)
             else:
                 raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a callable returning one, "
                                   f"got {type(optimizer).__name__}.")
         if optimizer is None and config.optimizer_name is None:
             raise ConfigError("no optimizer: add an 'optimizer' section to the config (e.g. {\"type\": "
                               "\"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass optimizer= to zspeed.initialize.")
-        if optimizer is not None and config.optimizer_name is not None:
-            raise ConfigError("an optimizer was given both in the config and as optimizer=; pass only one "
-                              "(DeepSpeed refuses this too).")
+        if optimizer is not None:
+            self._check_client_optimizer(optimizer, config)
 
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
+        hook = _ParamGradHook(self)
+        for ps in self._model_params:
+            for p in ps:
+                p.register_hook(hook)
         self._check_ranks_agree()
         self.optimizer_path = _build_path(config, self._layout, self.device, self.dtype, optimizer,
                                           self.global_rank, self.world_size)
-        self.optimizer = self.optimizer_path.optimizer
+        # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
+        # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
+        self.basic_optimizer = self.optimizer_path.optimizer
+        self.optimizer = (EngineOptimizer(self, self.basic_optimizer) if needs_wrapper(config)
+                          else self.basic_optimizer)
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -172,6 +196,25 @@ class ZSpeedEngine(torch.nn.Module):
                     raise ConfigError(f"rank {r} differs from rank 0 in its {key}: "
                                       f"{_first_difference(every[0][key], other[key])}. Every rank must run "
                                       f"the same script with the same config and model.")
+
+    def _check_client_optimizer(self, client: torch.optim.Optimizer, config: ZSpeedConfig) -> None:
+        """DeepSpeed's rules for an optimizer the script passes: it takes precedence over the
+        config's 'optimizer' section, and with ZeRO (stage 1 and up) a class outside the tested
+        set needs zero_allow_untested_optimizer."""
+        if config.optimizer_name is not None:
+            log.warning("zspeed: an optimizer was passed to zspeed.initialize and the config has an "
+                        "'optimizer' section (%s): the passed %s is used and the section is ignored, as "
+                        "in DeepSpeed.", config.optimizer_name, type(client).__name__)
+        if config.zero_stage >= 1 and not _zero_tested(client):
+            if not config.top["zero_allow_untested_optimizer"]:
+                raise ConfigError(
+                    f"ZeRO stage {config.zero_stage} with the client optimizer {type(client).__name__}, which "
+                    f"is not one of the optimizers ZeRO is tested with (torch's Adam, AdamW and Adagrad, "
+                    f"zspeed's CPUAdam / DeepSpeedCPUAdam, CPUAdagrad, CPULion / DeepSpeedCPULion, FusedAdam, "
+                    f"FusedLion). As in DeepSpeed, add \"zero_allow_untested_optimizer\": true to the config "
+                    f"to use it anyway.")
+            log.warning("zspeed: ZeRO with an untested optimizer (%s), allowed by "
+                        "zero_allow_untested_optimizer; proceed with caution.", type(client).__name__)
 
     def _param_groups(self, model_parameters, client_opt) -> list:
         if isinstance(client_opt, torch.optim.Optimizer):
@@ -204,11 +247,13 @@ class ZSpeedEngine(torch.nn.Module):
         if client is not None and self._config.scheduler_name is not None:
             raise ConfigError("an lr scheduler was given both in the config and as lr_scheduler=; pass only one.")
         if self._config.scheduler_name is not None:
-            return build_scheduler(self._config.scheduler_name, self._config.scheduler_params, self.optimizer)
+            return build_scheduler(self._config.scheduler_name, self._config.scheduler_params, self.basic_optimizer)
         if client is None:
             return None
         if callable(client) and not hasattr(client, "step"):
-            return client(self.optimizer)
+            # As DeepSpeed: a scheduler callable gets the basic optimizer (a torch optimizer,
+            # which torch's schedulers require).
+            return client(self.basic_optimizer)
         return client
 
     def _describe(self) -> str:
@@ -247,7 +292,22 @@ class ZSpeedEngine(torch.nn.Module):
         return self._gas
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the current micro-batch ends an accumulation (its step() runs the optimizer):
+        counted from micro_steps, unless set_gradient_accumulation_boundary() fixed it."""
+        if self._boundary_override is not None:
+            return self._boundary_override
         return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed's override of the boundary: until called again (with True or False; None
+        returns to counting), is_gradient_accumulation_boundary() returns ``is_boundary``, so
+        step() runs the optimizer exactly when it is True. Set it before each micro-batch's
+        backward; Hugging Face accelerate calls it with its sync_gradients flag and calls
+        step() only on boundaries. The gradients of each backward are still divided by
+        gradient_accumulation_steps."""
+        if is_boundary is not None and not isinstance(is_boundary, bool):
+            raise TypeError(f"is_boundary must be True, False or None, got {is_boundary!r}")
+        self._boundary_override = is_boundary
 
     def get_lr(self) -> list:
         return [g["lr"] for g in self.optimizer.param_groups]
@@ -278,9 +338,39 @@ class ZSpeedEngine(torch.nn.Module):
 
     # -- training ---------------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
+        """The module's forward. With fp16.auto_cast, floating-point inputs are cast to fp16
+        first. Outputs that carry a graph get backward hooks, so that ``loss.backward()``
+        called by the script itself (instead of engine.backward) trains like
+        engine.backward(loss): see _OutputHooks."""
         if self._config.fp16["auto_cast"]:
             inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
-        return self.module(*inputs, **kwargs)
+        if self.dtype == torch.float32:
+            out = self.module(*inputs, **kwargs)
+        else:
+            try:
+                out = self.module(*inputs, **kwargs)
+            except RuntimeError as e:
+                hint = _dtype_mismatch_hint(e, inputs, kwargs, self.dtype)
+                if hint is None:
+                    raise
+                raise ConfigError(hint) from e
+        if torch.is_grad_enabled():
+            _OutputHooks(self).register(out)
+        return out
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed's engine.scale(loss): the loss multiplied by the fp16 loss scale (the loss
+        itself with bf16 or fp32), for scripts that call ``engine.scale(loss).backward()``
+        instead of engine.backward(loss). The division by gradient_accumulation_steps and the
+        rest of engine.backward's work happen in hooks (see _OutputHooks). With bf16 or fp32
+        a plain ``loss.backward()`` works the same way; with fp16 it is refused, as in
+        DeepSpeed."""
+        if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
+            raise ValueError("engine.scale(loss) needs the scalar loss tensor of the micro-batch, with a graph")
+        if not self._config.fp16_enabled:
+            return loss
+        self._loss_scaled_by_script = True
+        return loss.float() * self.loss_scaler.loss_scale
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         """Backward of one micro-batch; returns the loss as averaged over the accumulation."""
@@ -290,18 +380,34 @@ class ZSpeedEngine(torch.nn.Module):
             loss = loss / self._gas
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
         self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
+        self._in_engine_backward = True
         try:
             with self._collectives("backward"):
                 scaled.backward(retain_graph=retain_graph)
         finally:
+            self._in_engine_backward = False
             self.optimizer_path.after_backward()
         return loss
+
+    def _begin_direct_backward(self) -> None:
+        """The first output hook of a backward the script started (loss.backward()): what
+        engine.backward does before autograd runs, and its end queued after it."""
+        self._direct_backward_active = True
+        self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_direct_backward)
+
+    def _end_direct_backward(self) -> None:
+        self._direct_backward_active = False
+        self._loss_scaled_by_script = False
+        self.optimizer_path.after_backward()
 
     def _collectives(self, what: str):
         """Turns a failed collective into an error that says what probably happened."""
         return _CollectiveErrors(self, what)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drops the gradients (DeepSpeed's engine always sets them to None)."""
+        del set_to_none
         self.optimizer_path.zero_grad()
 
     def step(self, lr_kwargs: dict | None = None) -> None:
@@ -451,17 +557,18 @@ def _comm_dtype(config: ZSpeedConfig, dtype: torch.dtype) -> torch.dtype:
     return _COMM_DTYPES[name]
 
 
-def _host_threads(world_size: int) -> int | None:
-    """Threads of this rank's CPU optimizer: the cores shared by the ranks on this host,
-    unless ZSPEED_NUM_THREADS decides (None: the library's default pool, all cores)."""
-    if world_size == 1 or os.environ.get("ZSPEED_NUM_THREADS"):
+def _host_threads(world_size: int, share: float | None = None) -> int | None:
+    """Threads of this rank's CPU optimizer: the cores shared by the ranks on this host
+    (times ``share``, SuperOffload's cpuadam_cores_perc, when given), unless
+    ZSPEED_NUM_THREADS decides (None: the library's default pool, all cores)."""
+    if (world_size == 1 and share is None) or os.environ.get("ZSPEED_NUM_THREADS"):
         return None
     local = max(1, comm.get_local_world_size())
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, cores // local)
+    return max(1, int(cores // local * (1.0 if share is None else share)))
 
 
 def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, dtype: torch.dtype,
@@ -469,6 +576,12 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
     """The optimizer path of zero_optimization.offload_optimizer.device (none, cpu, nvme); with
     several ranks and ZeRO stage 1 or 2, over this rank's shards (dp.py)."""
     name, params = config.optimizer_name, config.optimizer_params
+    if client is not None:
+        name, params = None, {}  # the client's optimizer replaces the config's (DeepSpeed's rule)
+        if config.offload_device == "nvme" and native_client(client):
+            # The NVMe swapper runs zspeed's kernels itself: the client's settings, not its object.
+            name, params = client_as_config(client)
+            client = None
     bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
     if world_size > 1 and config.zero_stage >= 1:
         plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=bucket)
@@ -485,7 +598,8 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
         buffers = HostBuffers(layout, device, dtype, config.offload["pin_memory"], bucket,
                               flat_grads=config.offload_device == "nvme")
     nvme = config.offload_device == "nvme"
-    threads = _host_threads(world_size)
+    threads = _host_threads(world_size, float(config.offload["cpuadam_cores_perc"])
+                            if config.offload["super_offload"] else None)
     if threads is not None and rank == 0:
         log.info("zspeed: %d rank(s) on this host share its cores: %d CPU optimizer threads per rank "
                  "(set ZSPEED_NUM_THREADS to choose)", comm.get_local_world_size(), threads)
@@ -495,6 +609,119 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
     return HostPath(layout, buffers, name, params, client=client,
                     force_native=bool(config.top["zero_force_ds_cpu_optimizer"]),
                     chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads)
+
+
+# The optimizer classes DeepSpeed's ZeRO accepts from a script without
+# zero_allow_untested_optimizer (DeepSpeed lists exact classes; so does zspeed).
+_ZERO_TESTED_TORCH = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+
+
+def _zero_tested(client) -> bool:
+    if type(client) in _ZERO_TESTED_TORCH:
+        return True
+    try:
+        from ..ops import _ds_optim, _torch_optim
+    except ImportError:
+        return False
+    return type(client) in (_torch_optim.CPUAdam, _torch_optim.CPUAdagrad, _torch_optim.CPULion,
+                            _ds_optim.DeepSpeedCPUAdam, _ds_optim.DeepSpeedCPULion, _ds_optim.FusedAdam,
+                            _ds_optim.FusedLion)
+
+
+class _OutputHooks:
+    """Backward hooks on the tensors forward() returns (at any depth of tuples, lists and
+    dicts, so also Hugging Face's ModelOutput), which notice a backward pass the script
+    starts itself: ``loss.backward()`` or ``engine.scale(loss).backward()``.
+
+    The first of them to fire in such a backward runs the optimizer path's
+    before_backward, marks the backward as direct (the parameters' hooks then divide each
+    gradient by gradient_accumulation_steps, see ZSpeedEngine._param_grad_hook) and
+    queues the end of it (after_backward) for when autograd finishes. Under fp16 a loss
+    that was not scaled through engine.scale() is refused before any gradient is made,
+    as DeepSpeed refuses it: unscaled fp16 gradients underflow. During engine.backward
+    the hooks do nothing (it divides and scales the loss itself).
+
+    DeepSpeed divides at these output hooks instead, which divides twice when one output
+    depends on another (a model returning both the loss and the logits it came from);
+    dividing at the parameters counts every gradient once. DeepSpeed also refuses direct
+    backward passes at ZeRO stage 0; zspeed takes them at every stage."""
+
+    def __init__(self, engine):
+        self.engine = weakref.proxy(engine)
+
+    def register(self, out, seen: set | None = None) -> None:
+        seen = set() if seen is None else seen
+        if torch.is_tensor(out):
+            if out.grad_fn is not None and id(out) not in seen:
+                seen.add(id(out))
+                out.register_hook(self._hook)
+        elif isinstance(out, (list, tuple)):
+            for o in out:
+                self.register(o, seen)
+        elif isinstance(out, dict):
+            for o in out.values():
+                self.register(o, seen)
+
+    def _hook(self, grad: torch.Tensor):
+        e = self.engine
+        if e._in_engine_backward or e._direct_backward_active:
+            return None
+        if e._config.fp16_enabled and not e._loss_scaled_by_script:
+            raise RuntimeError(
+                "fp16 training needs a scaled loss, but loss.backward() was called on an unscaled loss. Call "
+                "engine.backward(loss), or engine.scale(loss).backward() (DeepSpeed's two ways).")
+        e._begin_direct_backward()
+        return None
+
+
+class _ParamGradHook:
+    """Each parameter's gradient of a backward the script started itself, divided by
+    gradient_accumulation_steps as engine.backward divides the loss (weakly bound to the
+    engine, so the model's hooks do not keep a finished engine alive)."""
+
+    def __init__(self, engine):
+        self._engine = weakref.ref(engine)
+
+    def __call__(self, grad: torch.Tensor):
+        e = self._engine()
+        if e is not None and e._direct_backward_active and e._gas > 1:
+            return grad / e._gas
+        return None
+
+
+_DTYPE_ERRORS = ("same dtype", "dtype", "scalar type", "same type", "Input type")
+
+
+def _dtype_mismatch_hint(err: RuntimeError, inputs, kwargs, dtype: torch.dtype) -> str | None:
+    """For a forward that failed on mixed dtypes while the script passed fp32 inputs to an
+    fp16/bf16 model: a message naming the fix (None when that is not what happened)."""
+    text = str(err)
+    if not any(k in text for k in _DTYPE_ERRORS):
+        return None
+    found: list = []
+
+    def walk(o):
+        if torch.is_tensor(o):
+            if o.is_floating_point() and o.dtype != dtype:
+                found.append(o.dtype)
+        elif isinstance(o, (list, tuple)):
+            for x in o:
+                walk(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                walk(x)
+
+    walk(inputs)
+    walk(kwargs)
+    if not found:
+        return None
+    name = "fp16" if dtype == torch.float16 else "bf16"
+    fix = ("set \"fp16\": {\"enabled\": true, \"auto_cast\": true} in the config, which casts floating-point "
+           "inputs to fp16, or cast them yourself (x.half())" if dtype == torch.float16 else
+           "cast them yourself (x.to(torch.bfloat16)): DeepSpeed has no auto_cast for bf16")
+    return (f"the model runs in {name} (the config enables {name}), but forward() received {found[0]} "
+            f"inputs and failed on the mixed dtypes ({text.splitlines()[0]}). DeepSpeed does not cast "
+            f"inputs either: {fix}.")
 
 
 class _CollectiveErrors:
@@ -563,3 +790,6 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     engine = ZSpeedEngine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,
                           lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+DeepSpeedEngine = ZSpeedEngine  # DeepSpeed's class name

@@ -3,10 +3,18 @@
 Dynamic scaling (fp16.loss_scale = 0) starts at 2**initial_scale_power. On a
 step whose gradients overflow (inf/nan), the step is skipped and, once the
 hysteresis budget is spent, the scale is divided by 2 (never below
-min_loss_scale). After loss_scale_window consecutive steps without overflow the
-scale is doubled. With consecutive_hysteresis the budget is refilled on every
-good step; otherwise only when the scale grows. A static scale never changes,
-but overflowing steps are still skipped.
+min_loss_scale). The scale is doubled on the good step that follows
+loss_scale_window good steps since the last overflow (or the start): the
+(window + 1)-th consecutive good step, as DeepSpeed >= 0.17.1 counts. With
+consecutive_hysteresis the budget is refilled on every good step; otherwise only
+when the scale grows. A static scale never changes, but overflowing steps are
+still skipped.
+
+ZeRO stage 0 follows DeepSpeed's fp16 optimizers (FP16_Optimizer and its unfused
+variant), which differ from its ZeRO-1/2 scaler: every overflow halves the scale
+(hysteresis is not used), and an overflow at min_loss_scale keeps the scale at the
+minimum instead of stopping training. ZeRO stages 1-2 apply hysteresis and raise
+:class:`LossScaleError` for an overflow at the minimum, as DeepSpeed's ZeRO does.
 
 Resuming from a checkpoint: only a dynamic scaler has training state. A
 dynamic scaler restores a dynamic scaler's state and starts fresh from a
@@ -84,7 +92,8 @@ class DynamicLossScaler(LossScaler):
         else:
             if self.consecutive_hysteresis:
                 self.cur_hysteresis = self.delayed_shift
-            if (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
+            stable = self.cur_iter - self.last_overflow_iter - 1  # good steps before this one
+            if stable > 0 and stable % self.scale_window == 0:
                 if not self.consecutive_hysteresis:
                     self.cur_hysteresis = self.delayed_shift
                 self.cur_scale *= self.scale_factor
@@ -133,14 +142,17 @@ def check_state_dict(sd) -> dict:
     return out
 
 
-def build_loss_scaler(fp16: dict) -> LossScaler:
-    """The scaler for a validated fp16 config section (unit scale when fp16 is off)."""
+def build_loss_scaler(fp16: dict, zero_stage: int = 1) -> LossScaler:
+    """The scaler for a validated fp16 config section (unit scale when fp16 is off); stage 0
+    gets DeepSpeed's stage-0 rule (no hysteresis, no error at the minimum, see above)."""
     if not fp16["enabled"]:
         return LossScaler(1.0)
     if float(fp16["loss_scale"]) != 0.0:
         return LossScaler(float(fp16["loss_scale"]))
+    stage0 = zero_stage == 0
     return DynamicLossScaler(init_scale=2.0 ** fp16["initial_scale_power"],
                              scale_window=fp16["loss_scale_window"],
                              min_scale=float(fp16["min_loss_scale"]),
-                             delayed_shift=fp16["hysteresis"],
-                             consecutive_hysteresis=fp16["consecutive_hysteresis"])
+                             delayed_shift=1 if stage0 else fp16["hysteresis"],
+                             consecutive_hysteresis=fp16["consecutive_hysteresis"],
+                             raise_error_at_min_scale=not stage0)

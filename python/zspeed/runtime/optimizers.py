@@ -21,7 +21,7 @@ import torch
 from .config import ConfigError
 
 __all__ = ["TorchLion", "build_device_optimizer", "build_host_optimizer", "HostOptimizer",
-           "rebuild_like"]
+           "rebuild_like", "native_client", "client_as_config"]
 
 
 class TorchLion(torch.optim.Optimizer):
@@ -59,8 +59,13 @@ class TorchLion(torch.optim.Optimizer):
 def _torch_family(name: str, params: dict, groups, fused):
     if name in ("Adam", "AdamW"):
         if params.get("bias_correction", True) is False:
-            raise ConfigError("optimizer.params.bias_correction false is only implemented by zspeed's "
-                              "native CPU Adam (offload_optimizer.device cpu without torch_adam).")
+            if params.get("amsgrad"):
+                raise ConfigError("optimizer.params.amsgrad with bias_correction false is not implemented; "
+                                  "set one of them back to its default.")
+            from ..ops._ds_optim import FusedAdam  # torch's Adam has no bias_correction switch
+            return FusedAdam(groups, lr=params["lr"], bias_correction=False, betas=tuple(params["betas"]),
+                             eps=params["eps"], adam_w_mode=params.get("adam_w_mode", True),
+                             weight_decay=params["weight_decay"])
         cls = torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
         return cls(groups, lr=params["lr"], betas=tuple(params["betas"]), eps=params["eps"],
                    weight_decay=params["weight_decay"], amsgrad=params.get("amsgrad", False), fused=fused)
@@ -82,18 +87,56 @@ def build_device_optimizer(name: str, params: dict, groups, device: torch.device
 
 
 def rebuild_like(client: torch.optim.Optimizer, master_groups: list) -> torch.optim.Optimizer:
-    """The client's optimizer class and per-group settings, over the master weights."""
-    groups = []
-    for g, masters in zip(client.param_groups, master_groups):
-        d = {k: v for k, v in g.items() if k != "params"}
-        d["params"] = masters
-        groups.append(d)
+    """The client's optimizer, now over the master weights: as DeepSpeed does with the
+    optimizer a script passes, the same object is kept (so the script's own references and
+    any lr scheduler built on it stay valid) and the parameters of its groups are replaced
+    by the masters, group by group. State already held for a parameter moves to its master
+    when the groups match one to one; groups without trainable parameters are dropped."""
+    live = [g for g in client.param_groups if any(p.requires_grad for p in g["params"])]
+    if len(live) != len(master_groups):
+        raise ConfigError(f"the client optimizer {type(client).__name__} has {len(live)} parameter groups "
+                          f"with trainable parameters, but zspeed built {len(master_groups)}; pass the "
+                          f"optimizer's own parameters as model_parameters (or leave it out).")
+    old_state = client.state
+    new_state: dict = {}
+    for g, masters in zip(live, master_groups):
+        trainable = [p for p in g["params"] if p.requires_grad]
+        if len(trainable) == len(masters):
+            for p, m in zip(trainable, masters):
+                if p in old_state:
+                    new_state[m] = old_state[p]
+        g["params"] = list(masters)
+    client.param_groups[:] = live
+    from collections import defaultdict
+    client.state = defaultdict(dict, new_state)
+    return client
+
+
+def native_client(client) -> bool:
+    """Whether ``client`` is one of zspeed's native CPU optimizers (CPUAdam, CPUAdagrad,
+    CPULion, or DeepSpeed's names for them), which the offloaded paths run directly."""
     try:
-        return type(client)(groups)
-    except TypeError as e:
-        raise ConfigError(f"cannot re-create the client optimizer {type(client).__name__} over zspeed's "
-                          f"fp32 master weights ({e}); configure the optimizer in the config's "
-                          f"'optimizer' section instead.") from None
+        from ..ops._torch_optim import CPUAdagrad, CPUAdam, CPULion
+    except ImportError:  # zspeed.ops without libzspeed: no client can be native
+        return False
+    return isinstance(client, (CPUAdam, CPUAdagrad, CPULion))
+
+
+def client_as_config(client) -> tuple[str, dict]:
+    """(optimizer name, params) equivalent to a native client optimizer's defaults, for the
+    paths that build their own optimizer from a config (nvme offload); each group's own
+    lr, betas, eps and weight decay still come from the client's groups."""
+    from ..ops._torch_optim import CPUAdagrad, CPUAdam
+    d = client.defaults
+    if isinstance(client, CPUAdam):
+        return ("AdamW" if d.get("adamw_mode", True) else "Adam"), dict(
+            lr=d["lr"], betas=list(d["betas"]), eps=d["eps"], weight_decay=d["weight_decay"],
+            bias_correction=d["bias_correction"], adam_w_mode=d.get("adamw_mode", True), amsgrad=False,
+            torch_adam=False, fused=None, state_dtype=d.get("state_dtype", "fp32"))
+    if isinstance(client, CPUAdagrad):
+        return "Adagrad", dict(lr=d["lr"], lr_decay=0.0, eps=d["eps"], weight_decay=d["weight_decay"],
+                               initial_accumulator_value=d["initial_accumulator_value"], torch_adam=False)
+    return "Lion", dict(lr=d["lr"], betas=list(d["betas"]), weight_decay=d["weight_decay"], torch_adam=False)
 
 
 def _cpu_fused_supported() -> bool | None:
@@ -181,12 +224,21 @@ def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
                          num_threads: int | None = None) -> HostOptimizer:
     """The optimizer over CPU master weights (see the module docstring)."""
     if client is not None:
+        if native_client(client):
+            # zspeed's own CPU optimizer (DeepSpeed's recommended pattern: a DeepSpeedCPUAdam
+            # built by the script): it runs over the host masters as it is.
+            _, _, _, grad_stats = _native_ops()
+            opt = rebuild_like(client, [g["params"] for g in master_groups])
+            if num_threads is not None and getattr(opt, "num_threads", None) is None:
+                opt.num_threads = num_threads
+            return HostOptimizer(opt, native=True, grad_stats=lambda ts, scale: grad_stats(
+                ts, scale=scale, num_threads=getattr(opt, "num_threads", None)))
         if force_native:
             raise ConfigError(
-                f"a client optimizer ({type(client).__name__}) was passed to zspeed.initialize with "
-                f"offload_optimizer.device 'cpu': configure the optimizer in the config's 'optimizer' "
-                f"section so zspeed can run its CPU kernel, or set \"zero_force_ds_cpu_optimizer\": false "
-                f"to run your optimizer's class on the CPU.")
+                f"ZeRO-Offload with a client optimizer ({type(client).__name__}) that is not zspeed's CPU "
+                f"optimizer: as in DeepSpeed, pass zspeed.ops.adam.DeepSpeedCPUAdam (or CPUAdam, CPULion, "
+                f"CPUAdagrad), or configure the optimizer in the config's 'optimizer' section, or set "
+                f"\"zero_force_ds_cpu_optimizer\": false to run your optimizer's class on the CPU (slower).")
         return HostOptimizer(rebuild_like(client, [g["params"] for g in master_groups]), native=False)
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"]} for g in master_groups]
     if params.get("torch_adam"):

@@ -1,0 +1,221 @@
+"""DeepSpeed's optimizer class names (imports torch; loaded lazily by zspeed.ops.adam
+and zspeed.ops.lion):
+
+- :class:`DeepSpeedCPUAdam`: zspeed's :class:`~zspeed.ops.adam.CPUAdam` (same
+  signature) with DeepSpeed's ``adam_w_mode`` attribute and its sub-group calls
+  ``step_subgroup`` / ``rollback_subgroup``;
+- :class:`DeepSpeedCPULion`: :class:`~zspeed.ops.lion.CPULion` with DeepSpeed's
+  defaults (lr 1e-3, betas (0.9, 0.999)) and ``fp32_optimizer_states``;
+- :class:`FusedAdam` and :class:`FusedLion`: DeepSpeed's device optimizers, here in
+  plain torch (any device, no compiled kernel), with DeepSpeed's signatures.
+
+Checkpoints record each class under the name of the algorithm it runs
+(``checkpoint_class``), so a checkpoint saved with one of these loads into an engine
+built from the config, and back.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime.optimizers import TorchLion
+from ._torch_optim import CPUAdam, CPULion
+
+__all__ = ["DeepSpeedCPUAdam", "DeepSpeedCPULion", "FusedAdam", "FusedLion"]
+
+
+class DeepSpeedCPUAdam(CPUAdam):
+    """DeepSpeed's ``DeepSpeedCPUAdam(model_params, lr=1e-3, bias_correction=True,
+    betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, adamw_mode=True,
+    fp32_optimizer_states=True)``, run by zspeed's C kernel (see CPUAdam for zspeed's
+    extra keywords ``state_dtype`` and ``num_threads``)."""
+
+    checkpoint_class = "CPUAdam"
+
+    @property
+    def adam_w_mode(self) -> bool:
+        """DeepSpeed's name of ``adamw_mode``: decoupled weight decay (AdamW) when True."""
+        return self.adamw_mode
+
+    @adam_w_mode.setter
+    def adam_w_mode(self, value: bool) -> None:
+        self.adamw_mode = bool(value)
+        for group in getattr(self, "param_groups", []):
+            group["adamw_mode"] = bool(value)
+
+    def _subgroup_param(self, what: str):
+        """The one parameter with a gradient that a sub-group call works on."""
+        with_grad = [(g, p) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if len(with_grad) != 1:
+            raise ValueError(f"{what} updates one flat sub-group parameter (DeepSpeed's ZeRO sub-groups); "
+                             f"{len(with_grad)} parameters have a gradient. Use step() for ordinary "
+                             f"parameter lists.")
+        return with_grad[0]
+
+    @torch.no_grad()
+    def step_subgroup(self, subgroup_id: int, closure=None):
+        """One Adam step of the sub-group ``subgroup_id``: the single parameter that has a
+        gradient, with its state kept under ``self.state[subgroup_id]`` (DeepSpeed keys
+        sub-group states this way, so several sub-groups can share one optimizer whose
+        parameter is swapped in turn)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        group, p = self._subgroup_param("step_subgroup")
+        self._check_param(p)
+        state = self.state[subgroup_id]
+        if len(state) == 0:
+            self._init_state(group, p, state)
+        self._update(group, p, p.grad.contiguous(), state, None, 1.0)
+        return loss
+
+    @torch.no_grad()
+    def rollback_subgroup(self, sub_group_id: int, closure=None):
+        """Undoes the last ``step_subgroup(sub_group_id)`` given the same gradient: the
+        parameter and the moments return to their values before that step (up to fp32
+        rounding; computed in float64), and the step count goes back by one. Needs fp32
+        states and a parameter that was updated with adamw_mode (DeepSpeed's rollback is
+        AdamW's too)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        state = self.state.get(sub_group_id) if sub_group_id in self.state else None
+        if not state:
+            raise RuntimeError(f"cannot roll back sub-group {sub_group_id}: it has no optimizer state yet")
+        step = int(state.get("step", 0))
+        if step <= 0:
+            raise RuntimeError(f"cannot roll back sub-group {sub_group_id}: its step count is {step}")
+        group, p = self._subgroup_param("rollback_subgroup")
+        if state["exp_avg"].dtype != torch.float32 or p.dtype != torch.float32:
+            raise TypeError("rollback_subgroup needs fp32 parameters and fp32 optimizer states")
+        if not group.get("adamw_mode", self.adamw_mode):
+            raise ValueError("rollback_subgroup undoes AdamW steps (adamw_mode=True) only")
+        b1, b2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        bc1 = 1.0 - b1 ** step if group["bias_correction"] else 1.0
+        bc2 = 1.0 - b2 ** step if group["bias_correction"] else 1.0
+        m = state["exp_avg"].double()
+        v = state["exp_avg_sq"].double()
+        g = p.grad.double().view(m.shape)
+        update = (m / bc1) / ((v / bc2).sqrt() + eps)
+        before = (p.double().view(m.shape) + lr * update) / (1.0 - lr * wd)
+        p.copy_(before.view(p.shape).float())
+        state["exp_avg"].copy_(((m - (1.0 - b1) * g) / b1).float())
+        state["exp_avg_sq"].copy_(((v - (1.0 - b2) * g * g) / b2).clamp_(min=0.0).float())
+        state["step"] = step - 1
+        return loss
+
+
+class DeepSpeedCPULion(CPULion):
+    """DeepSpeed's ``DeepSpeedCPULion(model_params, lr=1e-3, betas=(0.9, 0.999),
+    weight_decay=0, fp32_optimizer_states=True)`` run by zspeed's C kernel.
+    ``fp32_optimizer_states=False`` keeps the momentum of bf16 parameters in bf16, as
+    DeepSpeed keeps it in the parameter's dtype; the kernel has no fp16 momentum, so fp16
+    and fp32 parameters keep an fp32 momentum."""
+
+    checkpoint_class = "CPULion"
+
+    def __init__(self, model_params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0,
+                 fp32_optimizer_states=True, num_threads=None):
+        self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        super().__init__(model_params, lr=lr, betas=betas, weight_decay=weight_decay, num_threads=num_threads)
+
+    def _init_state(self, group, p, state):
+        dtype = torch.bfloat16 if (not self.fp32_optimizer_states and p.dtype == torch.bfloat16) else torch.float32
+        state["exp_avg"] = torch.zeros(p.shape, dtype=dtype)
+
+
+class FusedAdam(torch.optim.Optimizer):
+    """DeepSpeed's ``FusedAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999),
+    eps=1e-8, adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True)``
+    for parameters on any device, in plain torch.
+
+    Per parameter with p of any float dtype, the arithmetic is fp32 (the moments have
+    the parameter's dtype, as DeepSpeed's): with adam_w_mode,
+    ``p *= 1 - lr*wd``, else ``g += wd*p``; ``m = b1*m + (1-b1)*g``,
+    ``v = b2*v + (1-b2)*g*g``; ``p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)`` with
+    ``bc = 1 - beta**step`` (1 without bias_correction). amsgrad is refused, as in
+    DeepSpeed. step() takes only a closure (DeepSpeed's deprecated arguments raise)."""
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+                 adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True):
+        if amsgrad:
+            raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
+        if not 0.0 <= lr:
+            raise ValueError(f"invalid lr {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"invalid betas {betas}")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.adam_w_mode = 1 if adam_w_mode else 0
+        self.set_grad_none = set_grad_none
+
+    @property
+    def checkpoint_class(self) -> str:
+        """Checkpoints record the torch class with the same state (Adam or AdamW)."""
+        return "AdamW" if self.adam_w_mode else "Adam"
+
+    def zero_grad(self, set_to_none: bool = True):
+        super().zero_grad(set_to_none=bool(self.set_grad_none and set_to_none))
+
+    @torch.no_grad()
+    def step(self, closure=None, grads=None, output_params=None, scale=None, grad_norms=None, grad_scaler=None):
+        if any(x is not None for x in (grads, output_params, scale, grad_norms, grad_scaler)):
+            raise RuntimeError("FusedAdam.step() takes only a closure: initialize it like torch.optim.Adam and "
+                               "call step() with no arguments.")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("FusedAdam does not support sparse gradients, please consider SparseAdam")
+                if p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                    raise RuntimeError("FusedAdam only supports fp16, bf16 and fp32 parameters.")
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = int(state["step"].item())
+                w = p.float()
+                g = p.grad.float()
+                if self.adam_w_mode:
+                    w.mul_(1.0 - lr * wd)
+                elif wd:
+                    g = g.add(w, alpha=wd)
+                m = state["exp_avg"].float().mul_(b1).add_(g, alpha=1.0 - b1)
+                v = state["exp_avg_sq"].float().mul_(b2).addcmul_(g, g, value=1.0 - b2)
+                bc1 = 1.0 - b1 ** t if group["bias_correction"] else 1.0
+                bc2 = 1.0 - b2 ** t if group["bias_correction"] else 1.0
+                denom = (v / bc2).sqrt_().add_(eps)
+                w.addcdiv_(m, denom, value=-lr / bc1)
+                for dst, src in ((state["exp_avg"], m), (state["exp_avg_sq"], v)):
+                    if dst.data_ptr() != src.data_ptr():  # low-precision moments: round back
+                        dst.copy_(src)
+                if w.data_ptr() != p.data_ptr():
+                    p.copy_(w)
+        return loss
+
+
+class FusedLion(TorchLion):
+    """DeepSpeed's ``FusedLion(params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0,
+    set_grad_none=True)`` in plain torch (the engine's Lion on the device, with
+    DeepSpeed's defaults)."""
+
+    checkpoint_class = "TorchLion"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, set_grad_none=True):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.set_grad_none = set_grad_none
+
+    def zero_grad(self, set_to_none: bool = True):
+        super().zero_grad(set_to_none=bool(self.set_grad_none and set_to_none))

@@ -1,0 +1,87 @@
+"""Config keys DeepSpeed implements: each is supported, or refused as a named DeepSpeed
+feature with what to use instead (never as an unknown key); hjson config files."""
+import json
+
+import pytest
+
+from zspeed.runtime.config import ConfigError, parse_config
+
+BASE = {"train_batch_size": 4}
+
+
+def ok(extra):
+    return parse_config({**BASE, **extra}, world_size=1)
+
+
+def refused(extra, *needles):
+    with pytest.raises(ConfigError) as info:
+        parse_config({**BASE, **extra}, world_size=1)
+    text = str(info.value)
+    assert "unknown config key" not in text and "Did you mean" not in text, text
+    for n in needles:
+        assert n in text, (n, text)
+    return text
+
+
+def test_zenflow_is_accepted_with_a_warning_and_checked():
+    zf = {"topk_ratio": 0.1, "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": True}
+    c = ok({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": zf}})
+    assert c.zenflow["update_interval"] == 4 and any("ZenFlow" in w for w in c.warnings)
+    with pytest.raises(ConfigError, match="topk_ratio"):  # its keys are still checked
+        ok({"zero_optimization": {"stage": 2, "zenflow": {"topk_ratoi": 0.1}}})
+
+
+def test_super_offload_and_cpuadam_cores_perc():
+    c = ok({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "super_offload": True,
+                                                                    "cpuadam_cores_perc": 0.5}}})
+    assert c.offload["cpuadam_cores_perc"] == 0.5 and any("SuperOffload" in w for w in c.warnings)
+    with pytest.raises(ConfigError, match="cpuadam_cores_perc"):
+        ok({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "cpuadam_cores_perc": 1.5}}})
+
+
+def test_bf16_keys():
+    c = ok({"bf16": {"enabled": True, "bf16_master_weights_and_grads": False, "bf16_optimizer_states": False}})
+    assert c.bf16["check_grad_overflow"] is True  # DeepSpeed's default since 0.19.3
+    refused({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}}, "bf16_master_weights_and_grads",
+            "DeepSpeed feature", "state_dtype")
+    refused({"bf16": {"enabled": True, "bf16_optimizer_states": True}}, "bf16_optimizer_states", "state_dtype")
+
+
+def test_amp_torch_autocast_and_data_types():
+    ok({"amp": {"enabled": False}, "torch_autocast": {"enabled": False, "dtype": "torch.bfloat16"}})
+    refused({"amp": {"enabled": True, "opt_level": "O1"}}, "amp", "fp16")
+    refused({"torch_autocast": {"enabled": True}}, "torch_autocast", "bf16")
+    c = ok({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}})
+    assert c.data_types["grad_accum_dtype"] == "bf16"
+    ok({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}})  # one micro-batch: no effect
+    refused({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+             "data_types": {"grad_accum_dtype": "fp32"}}, "grad_accum_dtype", "'bf16'")
+    refused({"data_types": {"param_dtype": "bf16"}}, "param_dtype", "fp32")
+
+
+def test_adamw_with_adam_w_mode_false_is_adamw():
+    c = ok({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": False, "torch_adam": True}}})
+    assert c.optimizer_params["adam_w_mode"] is True and c.optimizer_params["torch_adam"] is True
+    assert "decoupled" in c.warnings[0]
+
+
+def test_steps_per_print_infinity_as_accelerate_writes_it():
+    assert ok({"steps_per_print": float("inf")}).top["steps_per_print"] == float("inf")
+
+
+def test_hjson_config_file(tmp_path):
+    hjson = pytest.importorskip("hjson", reason="hjson is not installed (requirements-dev.txt has it)")
+    del hjson
+    p = tmp_path / "ds.hjson"
+    p.write_text("{\n  // DeepSpeed reads its config files as hjson\n  train_batch_size: 8\n"
+                 "  optimizer: {\n    type: AdamW\n    params: {lr: 1e-3,}\n  }\n}\n")
+    c = parse_config(str(p), world_size=1)
+    assert c.train_batch_size == 8 and c.optimizer_name == "AdamW" and c.optimizer_params["lr"] == 1e-3
+    p.write_text("{train_batch_size: 8, train_batch_size: 4}")
+    with pytest.raises(ConfigError, match="appears twice"):
+        parse_config(str(p), world_size=1)
+    p.write_text("{train_batch_size: 8, gradient_clipping: NaN}")
+    with pytest.raises(ConfigError):
+        parse_config(str(p), world_size=1)
+    p.write_text(json.dumps(BASE))  # plain JSON still reads strictly as JSON
+    assert parse_config(str(p), world_size=1).train_batch_size == 4

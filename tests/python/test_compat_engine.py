@@ -1,0 +1,260 @@
+"""DeepSpeed's engine rules as scripts see them: client optimizers (precedence over the
+config, zero_allow_untested_optimizer, DeepSpeedCPUAdam with offload), the optimizer
+wrapper's attributes, set_gradient_accumulation_boundary, loss.backward() called by the
+script (with engine.scale under fp16), the stage-0 loss-scale rule, and the fp16 input
+error that names fp16.auto_cast."""
+import logging
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch")
+
+import zspeed
+from zspeed.runtime.config import ConfigError
+from zspeed.runtime.loss_scaler import LossScaleError
+
+os.environ["ZSPEED_DEVICE"] = "cpu"  # CPU references, also on GPU machines
+from engine_helpers import OFFLOAD, config as cfg, mlp, native_ops_available, regression_data as batches  # noqa: E402
+
+F = torch.nn.functional
+
+
+def _params(e):
+    return [p.detach().float().clone() for p in e.module.parameters()]
+
+
+def _run(e, data, how="engine"):
+    """One micro-batch per item: the loss, then the backward the way ``how`` names."""
+    for x, y in data:
+        loss = F.mse_loss(e(x.to(e.dtype)).float(), y)
+        if how == "engine":
+            e.backward(loss)
+        elif how == "direct":
+            loss.backward()
+        else:
+            e.scale(loss).backward()
+        e.step()
+
+
+# -- client optimizers -------------------------------------------------------------------------
+def test_client_optimizer_takes_precedence_over_the_config(caplog):
+    model = mlp()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+    caplog.set_level(logging.WARNING, logger="zspeed")
+    e, o, _, _ = zspeed.initialize(model=model, optimizer=sgd, config=cfg())
+    assert o is sgd and e.basic_optimizer is sgd
+    assert any("section is ignored" in r.getMessage() for r in caplog.records)
+    before = _params(e)
+    _run(e, batches(1))
+    # SGD's update, not AdamW's: p - lr * grad exactly (fp32, stage 0).
+    assert not torch.equal(before[0], _params(e)[0])
+
+
+def test_untested_client_optimizer_with_zero_needs_the_key():
+    model = mlp()
+    c = {"train_batch_size": 6, "zero_optimization": {"stage": 2}}
+    with pytest.raises(ConfigError, match="zero_allow_untested_optimizer"):
+        zspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=c)
+    c["zero_allow_untested_optimizer"] = True
+    e, *_ = zspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=c)
+    _run(e, batches(2))
+    assert e.global_steps == 2
+    # A tested class needs no key.
+    model = mlp()
+    zspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                      config={"train_batch_size": 6, "zero_optimization": {"stage": 1}})
+
+
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_client_deepspeed_cpu_adam_with_offload_matches_the_config(device, tmp_path):
+    if not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
+    from zspeed.ops.adam import DeepSpeedCPUAdam
+    off = dict(OFFLOAD, offload_optimizer={"device": device, "nvme_path": str(tmp_path)})
+    data = batches(4, seed=9)
+    ref, *_ = zspeed.initialize(model=mlp(), config=cfg(zero_optimization=off, bf16={"enabled": True}))
+    _run(ref, data)
+    model = mlp()
+    client = DeepSpeedCPUAdam(model.parameters(), lr=2e-2, weight_decay=0.01)
+    c = {"train_micro_batch_size_per_gpu": 6, "zero_optimization": off, "bf16": {"enabled": True}}
+    e, o, _, _ = zspeed.initialize(model=model, optimizer=client, config=c)
+    _run(e, data)
+    # The same C kernel over the same fp32 masters: bit-identical weights.
+    for a, b in zip(_params(ref), _params(e)):
+        assert torch.equal(a, b)
+    if device == "cpu":
+        assert o.optimizer is client and client.state  # the script's object holds the state
+
+
+def test_client_scheduler_keeps_driving_the_adopted_optimizer():
+    model = mlp()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=0.5)
+    e, *_ = zspeed.initialize(model=model, optimizer=sgd, lr_scheduler=sched,
+                              config={"train_batch_size": 6, "bf16": {"enabled": True}})
+    _run(e, batches(2))
+    assert e.get_lr() == [pytest.approx(0.025)]
+
+
+# -- the optimizer wrapper ---------------------------------------------------------------------
+def test_engine_optimizer_has_deepspeeds_wrapper_attributes():
+    e, o, _, _ = zspeed.initialize(model=mlp(), config=cfg(fp16={"enabled": True, "initial_scale_power": 8}))
+    assert isinstance(o.optimizer, torch.optim.AdamW) and o is e.optimizer
+    assert o.loss_scaler is e.loss_scaler and o.dynamic_loss_scale is True
+    assert o.cur_scale == o.loss_scale == 256.0
+    lsc = o.loss_scale_config
+    assert (lsc.use_grad_scaling, lsc.dynamic_loss_scale, lsc.cur_scale, lsc.scale_window, lsc.min_loss_scale,
+            lsc.scale_factor) == (True, True, 256.0, 1000, 1.0, 2.0)
+    o.param_groups[0]["lr"] = 0.5  # the groups are the basic optimizer's own
+    assert o.optimizer.param_groups[0]["lr"] == 0.5 and e.get_lr() == [0.5]
+    assert o.state_dict()["param_groups"] == o.optimizer.state_dict()["param_groups"]
+    with pytest.raises(RuntimeError, match="engine.step"):
+        o.step()
+    # fp32 at stage 0: the basic optimizer itself, as in DeepSpeed.
+    e, o, _, _ = zspeed.initialize(model=mlp(), config=cfg())
+    assert type(o) is torch.optim.AdamW
+    # bf16: no loss scaling, but the wrapper.
+    e, o, _, _ = zspeed.initialize(model=mlp(), config=cfg(bf16={"enabled": True}))
+    assert o.dynamic_loss_scale is False and o.loss_scale_config.use_grad_scaling is False
+
+
+# -- the accumulation boundary -------------------------------------------------------------------
+def test_set_gradient_accumulation_boundary_as_accelerate_drives_it():
+    data = batches(8, seed=2)
+    gas = {"gradient_accumulation_steps": 4}
+    ref, *_ = zspeed.initialize(model=mlp(), config=cfg(**gas))
+    _run(ref, data)
+    e, *_ = zspeed.initialize(model=mlp(), config=cfg(**gas))
+    for i, (x, y) in enumerate(data):
+        boundary = i % 4 == 3
+        e.set_gradient_accumulation_boundary(boundary)
+        assert e.is_gradient_accumulation_boundary() is boundary
+        e.backward(F.mse_loss(e(x), y))
+        if boundary:  # accelerate calls step() on boundaries only
+            e.step()
+    assert e.global_steps == ref.global_steps == 2
+    for a, b in zip(_params(ref), _params(e)):
+        assert torch.equal(a, b)
+    # False holds the optimizer back whatever the micro-step count says.
+    e.set_gradient_accumulation_boundary(False)
+    before = _params(e)
+    for x, y in data[:5]:
+        e.backward(F.mse_loss(e(x), y))
+        e.step()
+    assert e.global_steps == 2 and all(torch.equal(a, b) for a, b in zip(before, _params(e)))
+    e.set_gradient_accumulation_boundary(None)
+    with pytest.raises(TypeError):
+        e.set_gradient_accumulation_boundary(1)
+
+
+# -- loss.backward() called by the script ---------------------------------------------------------
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("offload", [False, True])
+def test_direct_backward_trains_like_engine_backward(precision, offload):
+    if offload and not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
+    c = cfg(gradient_accumulation_steps=3)
+    if precision == "bf16":
+        c["bf16"] = {"enabled": True}
+    if offload:
+        c["zero_optimization"] = OFFLOAD
+    data = batches(6, seed=4)
+    ref, *_ = zspeed.initialize(model=mlp(), config=c)
+    _run(ref, data, "engine")
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    _run(e, data, "direct")
+    assert e.global_steps == 2
+    # The gradients are divided by 3 at the parameters instead of at the loss: the same values
+    # up to the rounding of that division (fp32: ~1 ulp per step; bf16: the model's rounding).
+    tol = 1e-5 if precision == "fp32" else 2e-2
+    for a, b in zip(_params(ref), _params(e)):
+        assert torch.allclose(a, b, rtol=tol, atol=tol)
+
+
+class LossAndLogits(torch.nn.Module):
+    """Returns (loss, logits) like a Hugging Face model: the loss depends on the other output."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x, y):
+        logits = self.net(x)
+        return F.mse_loss(logits.float(), y), logits
+
+
+def test_direct_backward_divides_once_when_outputs_depend_on_each_other():
+    c = cfg(gradient_accumulation_steps=2)
+    data = batches(2, seed=6)
+    ref, *_ = zspeed.initialize(model=LossAndLogits(), config=c)
+    e, *_ = zspeed.initialize(model=LossAndLogits(), config=c)
+    for x, y in data:
+        ref.backward(ref(x, y)[0])
+        e(x, y)[0].backward()
+        grads_ref = [p.grad.clone() for p in ref.module.parameters()]
+        grads = [p.grad.clone() for p in e.module.parameters()]
+        for a, b in zip(grads_ref, grads):
+            assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+        ref.step()
+        e.step()
+
+
+def test_fp16_direct_backward_needs_engine_scale():
+    c = cfg(fp16={"enabled": True, "initial_scale_power": 8}, gradient_accumulation_steps=2)
+    data = batches(4, seed=8)
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    x, y = data[0]
+    with pytest.raises(RuntimeError, match="engine.scale"):
+        F.mse_loss(e(x.half()).float(), y).backward()
+    assert all(p.grad is None for p in e.module.parameters())  # refused before any gradient
+    ref, *_ = zspeed.initialize(model=mlp(), config=c)
+    _run(ref, data, "engine")
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    _run(e, data, "scale")
+    assert e.get_global_grad_norm() == pytest.approx(ref.get_global_grad_norm(), rel=1e-3)
+    for a, b in zip(_params(ref), _params(e)):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)  # fp16 weights, same scaled gradients
+    assert e.scale(F.mse_loss(e(x.half()).float(), y)).item() == pytest.approx(
+        256.0 * F.mse_loss(e(x.half()).float(), y).item(), rel=1e-3)
+
+
+# -- loss scaling at stage 0 ------------------------------------------------------------------------
+class AlwaysInf(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        return self.net(x) * torch.tensor(float("inf"), dtype=torch.float16)
+
+
+def test_stage0_overflow_at_the_minimum_keeps_training_but_zero2_stops():
+    fp16 = {"enabled": True, "initial_scale_power": 2, "min_loss_scale": 1, "hysteresis": 2}
+    e, *_ = zspeed.initialize(model=AlwaysInf(), config=cfg(fp16=fp16))
+    scales = []
+    for x, y in batches(5):
+        e.backward(F.mse_loss(e(x.half()).float(), y))
+        e.step()
+        scales.append(e.loss_scale)
+    assert scales == [2, 1, 1, 1, 1] and e.skipped_steps == 5  # halves on every overflow, then holds
+    z2 = cfg(fp16=fp16, zero_optimization={"stage": 2})
+    e, *_ = zspeed.initialize(model=AlwaysInf(), config=z2)
+    with pytest.raises(LossScaleError, match="minimum"):
+        for x, y in batches(5):
+            e.backward(F.mse_loss(e(x.half()).float(), y))
+            e.step()
+
+
+# -- fp16 inputs --------------------------------------------------------------------------------------
+def test_fp32_inputs_to_an_fp16_model_name_auto_cast():
+    e, *_ = zspeed.initialize(model=mlp(), config=cfg(fp16={"enabled": True}))
+    x, y = batches(1)[0]
+    with pytest.raises(ConfigError, match="auto_cast") as info:
+        e(x)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    e, *_ = zspeed.initialize(model=mlp(), config=cfg(fp16={"enabled": True, "auto_cast": True}))
+    assert e(x).dtype == torch.float16
+    e, *_ = zspeed.initialize(model=mlp(), config=cfg(bf16={"enabled": True}))
+    with pytest.raises(ConfigError, match="bfloat16"):
+        e(x)

@@ -1,0 +1,283 @@
+"""The DeepSpeed names scripts import or call at start-up, through zspeed's public API:
+zspeed.utils, runtime.zero / offload_config, moe.utils, pipe, checkpoint.utils, the
+version attributes, DeepSpeed's optimizer classes (against float64 references on odd
+sizes) and the fd= keyword of async_pwrite."""
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import zspeed
+from zspeed import utils
+from zspeed.checkpoint.utils import clone_tensors_for_torch_save
+from zspeed.moe.layer import MoE, MoENotSupported
+from zspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+from zspeed.pipe import LayerSpec, PipelineModule, PipelineNotSupported, TiedLayerSpec
+from zspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+
+# -- zspeed.utils ------------------------------------------------------------------------------
+def test_repeating_loader_restarts_each_pass():
+    loader = torch.utils.data.DataLoader(list(range(5)), batch_size=2)
+    it = iter(utils.RepeatingLoader(loader))
+    got = [next(it).tolist() for _ in range(7)]
+    assert got == [[0, 1], [2, 3], [4], [0, 1], [2, 3], [4], [0, 1]]
+
+
+def test_repeating_loader_of_nothing_stops():
+    with pytest.raises(StopIteration):
+        next(utils.RepeatingLoader([]))
+
+
+def test_log_dist_follows_deepspeeds_rank_rule(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="zspeed")
+    monkeypatch.setattr(utils, "_rank", lambda: None)  # no process group: everyone logs
+    utils.log_dist("alone", ranks=[0])
+    monkeypatch.setattr(utils, "_rank", lambda: 1)
+    utils.log_dist("for rank 0", ranks=[0])
+    utils.log_dist("for nobody")
+    utils.log_dist("for all", ranks=[-1])
+    utils.log_dist("for rank 1", ranks=[0, 1], level=logging.WARNING)
+    msgs = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "zspeed"]
+    assert msgs == [(logging.INFO, "[Rank -1] alone"), (logging.INFO, "[Rank 1] for all"),
+                    (logging.WARNING, "[Rank 1] for rank 1")]
+
+
+def test_log_dist_once_and_warning_once(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="zspeed")
+    monkeypatch.setattr(utils, "_rank", lambda: None)
+    for _ in range(3):
+        utils.log_dist_once("only once, a", ranks=[0])
+        utils.logger.warning_once("only once, b")
+    msgs = [r.getMessage() for r in caplog.records if r.name == "zspeed"]
+    assert msgs == ["[Rank -1] only once, a", "only once, b"]
+
+
+def test_set_log_level_from_string():
+    old = utils.logger.level
+    try:
+        utils.set_log_level_from_string("DEBUG")
+        assert utils.logger.level == logging.DEBUG
+        with pytest.raises(ValueError, match="verbose"):
+            utils.set_log_level_from_string("verbose")
+    finally:
+        utils.logger.setLevel(old)
+
+
+# -- zero, moe, pipe, checkpoint -------------------------------------------------------------
+def test_offload_enums_have_deepspeeds_values():
+    assert [e.value for e in OffloadDeviceEnum] == ["none", "cpu", "nvme"]
+    assert OffloadDeviceEnum.cpu == "cpu"
+    assert {e.name for e in OffloadStateTypeEnum} == {"optim_states", "hp_params", "lp_params", "lp_grads",
+                                                      "contiguous_grad_buffer"}
+
+
+def test_zero3_init_is_refused_by_name():
+    with pytest.raises(zspeed.zero.ZeRO3NotSupported, match="stage 3.*stage 2"):
+        zspeed.zero.Init(config_dict_or_path={})
+    with zspeed.zero.Init(enabled=False):
+        torch.nn.Linear(2, 2)
+
+
+def test_gathered_parameters_runs_its_body_on_whole_parameters():
+    lin = torch.nn.Linear(3, 2)
+    with zspeed.zero.GatheredParameters(lin.weight, modifier_rank=0):
+        with torch.no_grad():
+            lin.weight.fill_(0.5)
+    assert torch.equal(lin.weight, torch.full((2, 3), 0.5))
+
+
+def test_moe_groups_without_experts_are_returned_as_a_list():
+    lin = torch.nn.Linear(3, 2)
+    group = {"params": iter(lin.parameters()), "name": "parameters"}
+    out = split_params_into_different_moe_groups_for_optimizer(group)
+    assert len(out) == 1 and out[0]["params"] == list(lin.parameters()) and out[0]["name"] == "parameters"
+    tup = ({"params": [lin.weight]}, {"params": [lin.bias]})
+    assert isinstance(split_params_into_different_moe_groups_for_optimizer(tup), list)
+    with pytest.raises(ValueError, match="dict"):
+        split_params_into_different_moe_groups_for_optimizer([lin.weight][0])
+    lin.weight.allreduce = False  # how DeepSpeed's MoE layer marks an expert parameter
+    with pytest.raises(MoENotSupported, match="expert"):
+        split_params_into_different_moe_groups_for_optimizer([{"params": [lin.weight]}])
+    with pytest.raises(MoENotSupported, match="mixture of experts"):
+        MoE(hidden_size=4, expert=lin, num_experts=2)
+
+
+def test_pipe_imports_and_refuses_pipelines():
+    spec = LayerSpec(torch.nn.Linear, 4, 3, bias=False)
+    layer = spec.build()
+    assert isinstance(layer, torch.nn.Linear) and layer.bias is None and layer.weight.shape == (3, 4)
+    tied = TiedLayerSpec("emb", torch.nn.Embedding, 5, 2, tied_weight_attr="weight")
+    assert tied.key == "emb" and tied.tied_weight_attr == ["weight"]
+    with pytest.raises(PipelineNotSupported, match="pipeline parallelism"):
+        PipelineModule(layers=[spec], num_stages=2)
+
+
+def test_clone_tensors_for_torch_save_compacts_views():
+    flat = torch.arange(1000, dtype=torch.float32)
+    state = {"a": flat[10:17], "nested": [flat[:3], (flat[500:501], 7)], "s": "x"}
+    out = clone_tensors_for_torch_save(state)
+    assert torch.equal(out["a"], flat[10:17])
+    assert out["a"].untyped_storage().nbytes() == 7 * 4
+    assert out["nested"][1][1] == 7 and isinstance(out["nested"][1], tuple) and out["s"] == "x"
+    out["a"][0] = -1.0
+    assert flat[10] == 10.0  # a copy, not a view
+    meta = clone_tensors_for_torch_save(flat[:3], device="meta")
+    assert meta.device.type == "meta" and meta.shape == (3,)
+
+
+def test_version_attributes():
+    major, minor, patch = (int(x) for x in zspeed.__version__.split("."))
+    assert (zspeed.__version_major__, zspeed.__version_minor__, zspeed.__version_patch__) == (major, minor, patch)
+    assert zspeed.version == zspeed.__version__
+    assert zspeed.__git_hash__ is None and zspeed.__git_branch__ is None
+
+
+def test_set_random_seed_seeds_torch_and_numpy():
+    from zspeed.runtime.utils import set_random_seed
+    set_random_seed(1234)
+    a = (torch.rand(3), np.random.rand(3))
+    set_random_seed(1234)
+    b = (torch.rand(3), np.random.rand(3))
+    assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+# -- DeepSpeed's optimizer classes -----------------------------------------------------------
+def _adam_reference(p, grads, lr, betas, eps, wd, adamw, bias_correction):
+    """Adam/AdamW in float64 over a list of gradients."""
+    p = p.double().clone()
+    m = torch.zeros_like(p)
+    v = torch.zeros_like(p)
+    b1, b2 = betas
+    for t, g in enumerate(grads, 1):
+        g = g.double()
+        if adamw:
+            p = p * (1 - lr * wd)
+        else:
+            g = g + wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        bc1 = 1 - b1 ** t if bias_correction else 1.0
+        bc2 = 1 - b2 ** t if bias_correction else 1.0
+        p = p - lr * (m / bc1) / ((v / bc2).sqrt() + eps)
+    return p
+
+
+@pytest.mark.parametrize("adam_w_mode", [True, False])
+@pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_adam_matches_float64_reference(adam_w_mode, bias_correction, dtype):
+    from zspeed.ops.adam import FusedAdam
+    g = torch.Generator().manual_seed(3)
+    p0 = torch.randn(1031, generator=g)
+    grads = [torch.randn(1031, generator=g) for _ in range(5)]
+    p = torch.nn.Parameter(p0.to(dtype).clone())
+    opt = FusedAdam([p], lr=1e-2, bias_correction=bias_correction, betas=(0.8, 0.95), eps=1e-6,
+                    adam_w_mode=adam_w_mode, weight_decay=0.1)
+    assert opt.adam_w_mode == (1 if adam_w_mode else 0)
+    for gr in grads:
+        p.grad = gr.to(dtype)
+        opt.step()
+    ref = _adam_reference(p0.to(dtype).float(), [gr.to(dtype).float() for gr in grads], 1e-2, (0.8, 0.95),
+                          1e-6, 0.1, adam_w_mode, bias_correction)
+    # fp32: only fp32 rounding of 5 steps; bf16: weights and moments are rounded to bf16
+    # (8 bits of mantissa) after every step.
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    assert torch.allclose(p.double(), ref, rtol=tol, atol=tol)
+    assert opt.state[p]["exp_avg"].dtype == dtype and float(opt.state[p]["step"]) == 5.0
+    assert opt.checkpoint_class == ("AdamW" if adam_w_mode else "Adam")
+
+
+def test_fused_adam_refuses_what_deepspeeds_refuses():
+    from zspeed.ops.adam import FusedAdam
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(RuntimeError, match="AMSGrad"):
+        FusedAdam([p], amsgrad=True)
+    opt = FusedAdam([p])
+    p.grad = torch.ones(3)
+    with pytest.raises(RuntimeError, match="closure"):
+        opt.step(scale=2.0)
+    opt.zero_grad()
+    assert p.grad is None
+
+
+def test_fused_lion_matches_float64_reference():
+    from zspeed.ops.lion import FusedLion
+    g = torch.Generator().manual_seed(5)
+    p0 = torch.randn(517, generator=g)
+    grads = [torch.randn(517, generator=g) for _ in range(4)]
+    p = torch.nn.Parameter(p0.clone())
+    opt = FusedLion([p], weight_decay=0.05)
+    assert opt.defaults["lr"] == 1e-3 and opt.defaults["betas"] == (0.9, 0.999)  # DeepSpeed's defaults
+    ref, m = p0.double(), torch.zeros(517, dtype=torch.float64)
+    for gr in grads:
+        p.grad = gr
+        opt.step()
+        gd = gr.double()
+        upd = torch.sign(0.9 * m + 0.1 * gd)
+        ref = ref * (1 - 1e-3 * 0.05) - 1e-3 * upd
+        m = 0.999 * m + 0.001 * gd
+    assert torch.allclose(p.double(), ref, rtol=0, atol=1e-6)  # fp32 rounding of 4 steps
+
+
+def test_deepspeed_cpu_adam_names_and_subgroups():
+    from zspeed.ops.adam import CPUAdam, DeepSpeedCPUAdam
+    g = torch.Generator().manual_seed(7)
+    flat = torch.nn.Parameter(torch.randn(1027, generator=g))
+    opt = DeepSpeedCPUAdam([flat], lr=1e-2, weight_decay=0.05)
+    assert isinstance(opt, CPUAdam) and opt.adam_w_mode is True and opt.checkpoint_class == "CPUAdam"
+    history = []
+    for sub in (0, 0, 0):
+        flat.grad = torch.randn(1027, generator=g)
+        before = (flat.detach().clone(), {k: v.clone() if torch.is_tensor(v) else v
+                                          for k, v in opt.state.get(sub, {}).items()})
+        opt.step_subgroup(sub)
+        history.append(before)
+    assert opt.state[0]["step"] == 3 and flat not in opt.state
+    # Undo the last step with the same gradient: back to the values before it.
+    p_before, st_before = history[-1]
+    opt.rollback_subgroup(0)
+    assert opt.state[0]["step"] == 2
+    assert torch.allclose(flat.detach(), p_before, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(opt.state[0]["exp_avg"], st_before["exp_avg"], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(opt.state[0]["exp_avg_sq"], st_before["exp_avg_sq"], rtol=1e-4, atol=1e-9)
+    with pytest.raises(RuntimeError, match="no optimizer state"):
+        opt.rollback_subgroup(5)
+    other = torch.nn.Parameter(torch.zeros(2))
+    other.grad = torch.zeros(2)
+    opt.add_param_group({"params": [other]})
+    with pytest.raises(ValueError, match="one flat sub-group"):
+        opt.step_subgroup(1)
+
+
+def test_deepspeed_cpu_lion_defaults_and_state_dtype():
+    from zspeed.ops.lion import CPULion, DeepSpeedCPULion
+    p = torch.nn.Parameter(torch.randn(33).bfloat16())
+    p.grad = torch.randn(33).bfloat16()
+    opt = DeepSpeedCPULion([p], fp32_optimizer_states=False)
+    assert isinstance(opt, CPULion) and opt.defaults["lr"] == 1e-3 and opt.defaults["betas"] == (0.9, 0.999)
+    opt.step()
+    assert opt.state[p]["exp_avg"].dtype == torch.bfloat16
+    q = torch.nn.Parameter(torch.randn(33).bfloat16())
+    q.grad = torch.randn(33).bfloat16()
+    DeepSpeedCPULion([q]).step()
+
+
+def test_async_pwrite_fd_keyword(tmp_path):
+    from zspeed.ops.aio import AsyncIOHandle
+    h = AsyncIOHandle(backend="threads")
+    x = torch.arange(100, dtype=torch.float32)
+    fd = os.open(str(tmp_path / "fd.bin"), os.O_RDWR | os.O_CREAT)
+    try:
+        assert h.async_pwrite(x, fd=fd) == 0 and h.wait() == 1
+        with pytest.raises(TypeError, match="not both"):
+            h.async_pwrite(x, str(tmp_path / "other.bin"), fd=fd)
+        with pytest.raises(TypeError, match="int"):
+            h.async_pwrite(x, fd="3")
+    finally:
+        os.close(fd)
+        h.close()
+    back = np.fromfile(tmp_path / "fd.bin", dtype=np.float32)
+    assert np.array_equal(back, x.numpy())
