@@ -60,7 +60,7 @@ def init_distributed(*args, **kwargs):
 
 # Submodules that DeepSpeed scripts reach as attributes (deepspeed.comm.get_rank(), ...);
 # imported on first use because they need torch.
-_TORCH_SUBMODULES = ("comm", "accelerator")
+_TORCH_SUBMODULES = ("comm", "accelerator", "checkpointing")
 # Submodules that import without torch, also imported on first use.
 _PLAIN_SUBMODULES = ("utils", "ops", "pipe", "moe", "checkpoint", "runtime")
 

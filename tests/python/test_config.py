@@ -329,3 +329,23 @@ def test_any_offload_needs_a_zero_stage(tmp_path):
     err({"train_batch_size": 4, "zero_optimization": {"stage": 0, "offload_optimizer":
                                                       {"device": "nvme", "nvme_path": str(tmp_path)}}},
         "'nvme' needs", "stage 1 or 2")
+
+
+def test_stage3_keys_in_a_stage2_config_warn():
+    with pytest.warns(RuntimeWarning, match="stage3_max_live_parameters is used only by ZeRO stage 3; this "
+                                            "config runs stage 2"):
+        ok({"train_batch_size": 4, "zero_optimization": {"stage": 2, "stage3_max_live_parameters": 1e7,
+                                                         "stage3_prefetch_bucket_size": "auto"}})
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ok({"train_batch_size": 4, "zero_optimization": {"stage": 2, "stage3_prefetch_bucket_size": "auto"}})
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+        "stage 3")
+
+
+def test_activation_checkpointing_section():
+    c = ok({"train_batch_size": 4, "activation_checkpointing": {"partition_activations": True,
+                                                                 "cpu_checkpointing": True}})
+    assert c.activation_checkpointing["cpu_checkpointing"] is True
+    err({"train_batch_size": 4, "activation_checkpointing": {"cpu_checkpoint": True}}, "cpu_checkpointing")

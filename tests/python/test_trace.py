@@ -51,3 +51,29 @@ def test_missing_folder_is_a_config_error(tmp_path):
     from zspeed.runtime.config import ConfigError
     with pytest.raises(ConfigError, match="does not exist"):
         trace.tracer_from(str(tmp_path / "no" / "t.json"))
+
+
+def test_engine_writes_its_phases(tmp_path):
+    import engine_helpers as eh
+    import zspeed
+    path = tmp_path / "engine.json"
+    cfg = eh.config(zero_optimization=eh.OFFLOAD, zspeed_trace=str(path))
+    e, *_ = zspeed.initialize(model=eh.mlp(), config=cfg)
+    eh.train(e, eh.regression_data(3))
+    e.close()
+    doc = json.loads(path.read_text())
+    names = [ev["name"] for ev in doc["traceEvents"] if ev["ph"] == "X"]
+    for n in ("forward", "backward", "optimizer step", "gather gradients", "gradient statistics", "apply",
+              "cpu step"):
+        assert names.count(n) >= 3 or (n == "cpu step" and names.count(n) >= 3), (n, names)
+
+
+def test_activation_checkpointing_section_configures_checkpointing():
+    import engine_helpers as eh
+    import zspeed
+    from zspeed import checkpointing
+    checkpointing.reset()
+    zspeed.initialize(model=eh.mlp(), config=eh.config(activation_checkpointing={"cpu_checkpointing": True,
+                                                                                "profile": True}))
+    assert checkpointing.is_configured() and checkpointing._setting("cpu_checkpointing") is True
+    checkpointing.reset()

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -220,6 +221,8 @@ SCHEMA: dict[str, S] = {
         "memory_breakdown": K(False, (bool,), "log memory use"),
         "seed": K(None, (int, type(None)), "zspeed extension: torch.manual_seed before the dataloader",
                   check=_between(-2 ** 63, 2 ** 64 - 1, "torch seeds are 64-bit integers")),
+        "zspeed_trace": K(None, (str, type(None)), "zspeed extension: write a Chrome trace of the engine's phases "
+                          "to this file (see also ZSPEED_TRACE); off by default"),
     }, "top level"),
     "optimizer": S({
         "type": K(None, (str,), "Adam, AdamW, Adagrad or Lion"),
@@ -345,6 +348,16 @@ SCHEMA: dict[str, S] = {
         "overlap_events": K(True, (bool,), "overlap submission and completion (nvme swapper, io_uring)"),
         "use_gds": K(False, (bool,), "GPUDirect Storage (not supported)"),
     }, "aio"),
+    "activation_checkpointing": S({
+        "partition_activations": K(False, (bool,), "split saved activations across model-parallel ranks: no "
+                                   "effect (zspeed has no model parallelism)"),
+        "cpu_checkpointing": K(False, (bool,), "keep checkpointed layer inputs in pinned host memory, copied "
+                               "back ahead of recomputation (zspeed.checkpointing)"),
+        "contiguous_memory_optimization": K(False, (bool,), "accepted (no effect without partitioning)"),
+        "number_checkpoints": K(None, (int, type(None)), "accepted (no effect without partitioning)"),
+        "synchronize_checkpoint_boundary": K(False, (bool,), "synchronize the device around each checkpoint"),
+        "profile": K(False, (bool,), "log each checkpointed call's forward and backward time"),
+    }, "activation_checkpointing"),
     "checkpoint": S({
         "tag_validation": K("Warn", (str,), "tag consistency across ranks (one rank: no effect)",
                             choices=("Warn", "Ignore", "Fail")),
@@ -357,7 +370,6 @@ SCHEMA: dict[str, S] = {
 # DeepSpeed features that exist but that zspeed does not implement. Monitoring
 # sections are accepted when disabled, since generated configs often carry them.
 _DS_UNSUPPORTED_TOP = {
-    "activation_checkpointing": "use torch.utils.checkpoint in your model",
     "flops_profiler": None, "tensorboard": None, "wandb": None, "csv_monitor": None,
     "comet": None, "comms_logger": None,
     "compression_training": "", "data_efficiency": "", "pipeline": "",
@@ -589,6 +601,7 @@ class ZSpeedConfig:
         self.bf16 = sec("bf16")
         self.aio = sec("aio")
         self.checkpoint = sec("checkpoint")
+        self.activation_checkpointing = sec("activation_checkpointing")
         self.data_types = sec("data_types")
         self.torch_autocast = sec("torch_autocast")
         self.amp = sec("amp")
@@ -671,7 +684,22 @@ class ZSpeedConfig:
         self.scheduler_params = p
 
     # -- cross-key rules ----------------------------------------------------------------
+    def _warn_stage3_keys(self) -> None:
+        """Keys only ZeRO stage 3 reads, set in a config of another stage, change nothing: say so
+        (guides copy them into stage-2 configs). "auto" and default values stay silent."""
+        given = self.raw.get("zero_optimization") or {}
+        stage = self.zero["stage"]
+        if stage == 3 or not isinstance(given, dict):
+            return
+        for key in sorted(k for k in given if k.startswith("stage3_") or k == "memory_efficient_linear"):
+            spec = SCHEMA["zero_optimization"].keys.get(key)
+            if spec is None or given[key] == "auto" or given[key] == spec.default:
+                continue
+            warnings.warn(f"zero_optimization.{key} is used only by ZeRO stage 3; this config runs stage {stage}, "
+                          f"so it has no effect.", RuntimeWarning, stacklevel=4)
+
     def _validate_features(self):
+        self._warn_stage3_keys()
         if self.fp16["enabled"] and self.bf16["enabled"]:
             raise ConfigError("fp16.enabled and bf16.enabled are both true; choose one precision.")
         if self.bf16["bf16_master_weights_and_grads"]:

@@ -66,10 +66,13 @@ class HostPath(OffloadedPath):
         return self.host.grad_stats(tensors, scale)
 
     def apply(self, factor: float) -> None:
-        self.buffers.wait_host_buffers()
-        for chunk in self.chunks:
-            self.host.step(self._select(chunk), factor, self._lowp_out)
-            self.buffers.write_back(self._out, chunk)
+        with self.trace.span("wait for last step's copies"):
+            self.buffers.wait_host_buffers()
+        for i, chunk in enumerate(self.chunks):
+            with self.trace.span("cpu step", chunk=i, params=len(chunk)):
+                self.host.step(self._select(chunk), factor, self._lowp_out)
+            with self.trace.span("copy back (queue)", chunk=i):
+                self.buffers.write_back(self._out, chunk)
         self.buffers.end_write_back()
 
     def _select(self, chunk: list) -> list:

@@ -37,6 +37,7 @@ from .config import ConfigError, ZSpeedConfig, parse_config
 from .cpu import CHUNK_CAP, HostPath
 from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
 from .partition import PartitionPlan
+from .trace import tracer_from
 from .layout import FlatLayout
 from .engine_optimizer import EngineOptimizer, needs_wrapper
 from .loss_scaler import build_loss_scaler
@@ -166,6 +167,8 @@ class ZSpeedEngine(torch.nn.Module):
         self.basic_optimizer = self.optimizer_path.optimizer
         self.optimizer = (EngineOptimizer(self, self.basic_optimizer) if needs_wrapper(config)
                           else self.basic_optimizer)
+        self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
+        self.optimizer_path.set_trace(self._trace)
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -345,10 +348,12 @@ class ZSpeedEngine(torch.nn.Module):
         if self._config.fp16["auto_cast"]:
             inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
         if self.dtype == torch.float32:
-            out = self.module(*inputs, **kwargs)
+            with self._trace.span("forward"):
+                out = self.module(*inputs, **kwargs)
         else:
             try:
-                out = self.module(*inputs, **kwargs)
+                with self._trace.span("forward"):
+                    out = self.module(*inputs, **kwargs)
             except RuntimeError as e:
                 hint = _dtype_mismatch_hint(e, inputs, kwargs, self.dtype)
                 if hint is None:
@@ -382,7 +387,7 @@ class ZSpeedEngine(torch.nn.Module):
         self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
         self._in_engine_backward = True
         try:
-            with self._collectives("backward"):
+            with self._collectives("backward"), self._trace.span("backward"):
                 scaled.backward(retain_graph=retain_graph)
         finally:
             self._in_engine_backward = False
@@ -413,8 +418,10 @@ class ZSpeedEngine(torch.nn.Module):
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Ends a micro-batch; on the accumulation boundary runs the optimizer."""
         if self.is_gradient_accumulation_boundary():
-            with self._collectives("step"):
+            with self._collectives("step"), self._trace.span("optimizer step", step=self.global_steps):
                 self._take_model_step(lr_kwargs)
+            if self._trace.enabled and self.global_steps % 20 == 0:
+                self._trace.flush()
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs) -> None:
@@ -424,8 +431,10 @@ class ZSpeedEngine(torch.nn.Module):
         inv_scale = 1.0 / self.loss_scaler.loss_scale / self.world_size
         if self.world_size > 1 and self._config.zero_stage == 0:
             self._all_reduce_grads()
-        path.gather()
-        sumsq, nonfinite = path.grad_stats(inv_scale)
+        with self._trace.span("gather gradients"):
+            path.gather()
+        with self._trace.span("gradient statistics"):
+            sumsq, nonfinite = path.grad_stats(inv_scale)
         if self.world_size > 1 and self._config.zero_stage >= 1:  # stage 0: every rank has every gradient
             sumsq, nonfinite = self._reduce_stats(sumsq, nonfinite)
         overflow = nonfinite and self._skip_nonfinite
@@ -442,7 +451,8 @@ class ZSpeedEngine(torch.nn.Module):
             coef = 1.0
             if self._clip > 0 and norm > self._clip:
                 coef = self._clip / (norm + 1e-6)
-            path.apply(inv_scale * coef)
+            with self._trace.span("apply"):
+                path.apply(inv_scale * coef)
             # After the step: if it raised (an NVMe I/O error), nothing here has moved and
             # engine.step() can simply be called again; the path then completes the step.
             self.loss_scaler.update_scale(False)
@@ -514,6 +524,7 @@ class ZSpeedEngine(torch.nn.Module):
         files under nvme_path are deleted (also done when the engine is garbage-collected).
         The engine cannot train afterwards. Idempotent."""
         self.optimizer_path.close()
+        self._trace.flush()
 
     destroy = close  # DeepSpeed's name
 
@@ -787,6 +798,12 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
                        world_size=comm.get_world_size())
     if cfg.top["seed"] is not None:
         torch.manual_seed(int(cfg.top["seed"]))
+    if "activation_checkpointing" in cfg.raw:
+        # The section configures zspeed.checkpointing (DeepSpeed leaves that to the script's own
+        # deepspeed.checkpointing.configure call, which still wins when it comes first or later).
+        from .. import checkpointing
+        if not checkpointing.is_configured():
+            checkpointing.configure(None, deepspeed_config=cfg)
     engine = ZSpeedEngine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,
                           lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -47,6 +47,7 @@ import torch
 
 from .layout import FlatLayout
 from .paths import OptimizerPath
+from .trace import OFF
 
 log = logging.getLogger("zspeed.offload")
 
@@ -157,6 +158,14 @@ class HostBuffers:
         self._source = (_CudaGradCopies(layout, self.grads, device, bucket_elems) if self.cuda
                         else _CpuGrads(layout, self.grads))
         self._h2d_done = None
+
+    @property
+    def trace(self):
+        return getattr(self._source, "trace", OFF)
+
+    @trace.setter
+    def trace(self, tracer) -> None:
+        self._source.trace = tracer
 
     @property
     def pinned(self) -> bool:
@@ -337,6 +346,7 @@ class _CudaGradCopies:
         self._norms: list = []  # fp32 norm of each copied gradient, on the device
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for ps in layout.params for p in ps]
+        self.trace = OFF
 
     def before_backward(self, boundary: bool) -> None:
         self._armed = boundary
@@ -358,7 +368,8 @@ class _CudaGradCopies:
         ready = torch.cuda.Event()
         ready.record(producer)
         self.side.wait_event(ready)
-        with torch.cuda.stream(self.side):
+        with torch.cuda.stream(self.side), self.trace.cuda_span("gradients to host", self.side,
+                                                                 tensors=len(self._pending)):
             for (gi, pi), g in self._pending:
                 self._norms.append(torch.linalg.vector_norm(g, 2, dtype=torch.float32))
                 self.dests[gi][pi].copy_(g.reshape(-1), non_blocking=True)

@@ -32,6 +32,7 @@ import abc
 import torch
 
 from .layout import FlatLayout
+from .trace import OFF
 from .optimizers import build_device_optimizer, rebuild_like, torch_grad_stats
 
 __all__ = ["OptimizerPath", "DevicePath", "copy_masters"]
@@ -100,6 +101,15 @@ class OptimizerPath(abc.ABC):
     def stats(self, reset: bool = False) -> list:
         """Per parameter group, statistics of the path's I/O ([] where it has none)."""
         return []
+
+    trace = OFF
+
+    def set_trace(self, tracer) -> None:
+        """The engine's timeline (trace.py); the path records its own phases into it."""
+        self.trace = tracer
+        buffers = getattr(self, "buffers", None)
+        if buffers is not None:
+            buffers.trace = tracer
 
     def close(self) -> None:
         """Releases what the path holds outside Python's memory (idempotent)."""
