@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engine_helpers as eh  # noqa: E402
+from checkpoint_helpers import same  # noqa: E402  (also used by the tests as h.same)
 
 import zspeed  # noqa: E402
 
@@ -106,17 +107,6 @@ def dump(engine) -> dict:
                         "master": m.detach().cpu().reshape(-1).clone(),
                         "state": {k: _plain(v) for k, v in (st or {}).items()}}
     return out
-
-
-def same(a, b) -> bool:
-    """Bit-identical nested values (tensors of the same dtype and shape)."""
-    if torch.is_tensor(a):
-        return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def _dequantized(st: dict) -> dict:

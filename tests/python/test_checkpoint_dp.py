@@ -130,26 +130,31 @@ def test_same_world_size_resumes_bit_exactly(runs, kind):
         assert r["client2"]["kind"] == kind and torch.equal(r["client2"]["t"], torch.arange(3))
 
 
+def _check_resumed(loaded: list, saved: list, kind: str, load: str) -> None:
+    """The ranks' dumps ``loaded[r][kind][load]`` (after loading a checkpoint of another world
+    size) hold the saving engine's state (the same bits; 8-bit states within one step), weights,
+    counters and lr, and ``...[load + "_after"]`` continued as it did, within tolerance."""
+    ref = saved[0][kind]
+    _check_state(_merged(loaded, load, kind), _merged(saved, "saved", kind), kind, requantized=True)
+    for d in loaded:
+        got = d[kind]
+        _check_model(got[load]["model"], ref["saved"]["model"], kind, exact=True)
+        assert got[load]["counters"] == ref["saved"]["counters"] and got[load]["lr"] == ref["saved"]["lr"]
+        _check_model(got[load + "_after"]["model"], ref["saved_after"]["model"], kind, exact=False)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_two_ranks_to_three(runs, kind):
     root, out = runs
-    _check_state(_merged(out[3], "load2", kind), _merged(out[2], "saved", kind), kind, requantized=True)
-    for d in out[3]:
-        _check_model(d[kind]["load2"]["model"], out[2][0][kind]["saved"]["model"], kind, exact=True)
-        assert d[kind]["load2"]["counters"] == out[2][0][kind]["saved"]["counters"]
-        assert d[kind]["load2"]["lr"] == out[2][0][kind]["saved"]["lr"]
-        _check_model(d[kind]["load2_after"]["model"], out[2][0][kind]["saved_after"]["model"], kind, exact=False)
-        assert d[kind]["client2"]["kind"] == kind
+    _check_resumed(out[3], out[2], kind, "load2")
+    assert all(d[kind]["client2"]["kind"] == kind for d in out[3])
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_one_process_to_two_ranks(runs, kind):
     root, out = runs
-    _check_state(_merged(out[2], "load1", kind), _merged(out[1], "saved", kind), kind, requantized=True)
-    for d in out[2]:
-        _check_model(d[kind]["load1"]["model"], out[1][0][kind]["saved"]["model"], kind, exact=True)
-        _check_model(d[kind]["load1_after"]["model"], out[1][0][kind]["saved_after"]["model"], kind, exact=False)
-        assert d[kind]["client1"] == {"kind": kind}
+    _check_resumed(out[2], out[1], kind, "load1")
+    assert all(d[kind]["client1"] == {"kind": kind} for d in out[2])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -271,19 +276,22 @@ def test_to_fp32_consolidates_any_world_size(runs, tmp_path, kind):
 
 
 # -- failures ---------------------------------------------------------------------------------------
-FAILURES = """
-import json, os, sys, torch
+# What the ranks of the failure tests do first: one complete checkpoint "a" at step 1, one more step.
+PROLOGUE = """
+import json, os, signal, sys, torch
 sys.path.insert(0, {here!r})
 import ckpt_dp_helpers as h
 import zspeed, zspeed.runtime.checkpoint_files as cf
 from zspeed.runtime.checkpoint import CheckpointError
 zspeed.init_distributed()
 rank, root = zspeed.comm.get_rank(), {root!r}
-e = h.make("cpu-bf16", os.path.join(root, "nvme"))
+e = h.make({kind!r}, os.path.join(root, "nvme"))
 h.train(e, 1)
 e.save_checkpoint(root, tag="a")
 h.train(e, 1)
+"""
 
+FAILURES = PROLOGUE + """
 def attempt(what, fn):
     try:
         fn()
@@ -305,6 +313,7 @@ attempt("write", lambda: e.save_checkpoint(root, tag="b"))
 cf.StagingWriter.write_tensors = real
 torch.distributed.barrier()
 print(json.dumps(["after", sorted(os.listdir(root)), open(os.path.join(root, "latest")).read()]), flush=True)
+torch.distributed.barrier()  # both have looked before rank 0's next save creates its staging folder
 # different tags on different ranks
 attempt("tags", lambda: e.save_checkpoint(root, tag="c" + str(rank)))
 # a flipped byte in rank 1's partition file: no rank changes
@@ -332,7 +341,7 @@ def _lines(res) -> dict:
 
 
 def test_failures_during_save_and_load_fail_every_rank_and_change_nothing(tmp_path):
-    res = _ranks(2, FAILURES.format(here=str(HERE), root=str(tmp_path)))
+    res = _ranks(2, FAILURES.format(here=str(HERE), root=str(tmp_path), kind="cpu-bf16"))
     got = [_lines(r) for r in res]
     for g in got:
         assert "rank 0" in g["client"][0] and "client_state value at 'client_state.x'" in g["client"][0]
@@ -345,18 +354,7 @@ def test_failures_during_save_and_load_fail_every_rank_and_change_nothing(tmp_pa
     assert sorted(os.listdir(tmp_path)) == [".zspeed-lock", "a", "latest", "nvme"]
 
 
-KILL = """
-import os, signal, sys
-sys.path.insert(0, {here!r})
-import ckpt_dp_helpers as h
-import zspeed, zspeed.runtime.checkpoint_files as cf
-from zspeed.runtime.checkpoint import CheckpointError
-zspeed.init_distributed()
-rank, root = zspeed.comm.get_rank(), {root!r}
-e = h.make("nvme-fp32", os.path.join(root, "nvme"))
-h.train(e, 1)
-e.save_checkpoint(root, tag="a")
-h.train(e, 1)
+KILL = PROLOGUE + """
 if rank == {victim}:
     cf._crash_hook = lambda what: os.kill(os.getpid(), signal.SIGKILL) if what == {point!r} else None
 try:
@@ -375,7 +373,8 @@ except CheckpointError as x:
                                           (0, "new tag in place")])
 def test_a_rank_killed_during_a_save(tmp_path, victim, point):
     """The surviving rank fails with an error (not a hang); a later job sees only complete tags."""
-    res = run_ranks(2, KILL.format(here=str(HERE), root=str(tmp_path), victim=victim, point=point),
+    res = run_ranks(2, KILL.format(here=str(HERE), root=str(tmp_path), kind="nvme-fp32", victim=victim,
+                                   point=point),
                     env=_env(DEEPSPEED_TIMEOUT="1"), timeout=240)
     assert res[victim].returncode == -signal.SIGKILL, res[victim]
     survivor = res[1 - victim]
