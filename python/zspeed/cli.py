@@ -42,8 +42,8 @@ def _cmd_to_fp32(argv: List[str]) -> int:
 
 COMMANDS: Dict[str, tuple] = {
     "report": (_cmd_report, "print the environment report (--json for JSON)"),
-    "to-fp32": (_cmd_to_fp32, "consolidate a checkpoint's fp32 weights into one "
-                              "safetensors file (zero_to_fp32)"),
+    "to-fp32": (_cmd_to_fp32, "consolidate a checkpoint's fp32 weights (of any world "
+                              "size) into one safetensors file (zero_to_fp32)"),
 }
 
 

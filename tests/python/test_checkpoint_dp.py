@@ -325,6 +325,7 @@ if rank == 0:
     open(p, "wb").write(bytes(data))
 torch.distributed.barrier()
 before = h.dump(e)
+attempt("differ", lambda: e.load_checkpoint(root, tag="a" if rank == 0 else "nothing"))
 attempt("corrupt", lambda: e.load_checkpoint(root, tag="a"))
 print(json.dumps(["unchanged", h.same(h.dump(e), before)]), flush=True)
 e.close()
@@ -349,6 +350,7 @@ def test_failures_during_save_and_load_fail_every_rank_and_change_nothing(tmp_pa
         # the previous checkpoint and `latest` are intact, nothing of the failed saves is visible
         assert g["after"] == [[".zspeed-lock", "a", "latest", "nvme"], "a"]
         assert "rank 1 asked for tag 'c1', rank 0 for 'c0'" in g["tags"][0]
+        assert "rank 1 found no checkpoint" in g["differ"][0] and "Nothing was loaded" in g["differ"][0]
         assert "failed on rank 1 of 2" in g["corrupt"][0] and "optim.rank1.safetensors' is corrupt" in g["corrupt"][0]
         assert g["unchanged"] == [True]
     assert sorted(os.listdir(tmp_path)) == [".zspeed-lock", "a", "latest", "nvme"]

@@ -853,8 +853,10 @@ def _load_ranks(engine, load_dir, tag, strict, load_optimizer_states, load_lr_sc
         err, own = describe(e), e
     found = all_gather((err, path, save_id), doing)
     raise_failed(found, doing, own)
-    if any(f[1:] != found[0][1:] for f in found):
-        r = next(r for r, f in enumerate(found) if f[1:] != found[0][1:])
+    # The save id (random per save) identifies the checkpoint; the paths may differ between
+    # hosts that mount the shared folder at different places.
+    if any(f[2] != found[0][2] for f in found):
+        r = next(r for r, f in enumerate(found) if f[2] != found[0][2])
         raise CheckpointError(f"{doing}: rank {r} found {found[r][1] or 'no checkpoint'} (save "
                               f"{found[r][2]}), rank 0 {found[0][1] or 'no checkpoint'} (save {found[0][2]}); "
                               f"was another job saving into '{load_dir}' meanwhile? Nothing was loaded.")
@@ -956,8 +958,8 @@ def main_to_fp32(argv: list[str] | None = None) -> int:
     """``zspeed to-fp32 CKPT OUT [--tag TAG]``: DeepSpeed's zero_to_fp32 for zspeed checkpoints."""
     import argparse
     ap = argparse.ArgumentParser(prog="zspeed to-fp32",
-                                 description="Consolidate a zspeed checkpoint's weights into one fp32 "
-                                             "safetensors file.")
+                                 description="Consolidate a zspeed checkpoint's weights (saved by any number "
+                                             "of ranks) into one fp32 safetensors file.")
     ap.add_argument("checkpoint", help="checkpoint folder (with 'latest') or one tag folder")
     ap.add_argument("output", help="output .safetensors file, or a folder that receives model.safetensors")
     ap.add_argument("--tag", default=None, help="tag to read (default: the one in 'latest')")
