@@ -50,8 +50,8 @@ COMMANDS: Dict[str, tuple] = {
     "launch": (_cmd_launch, "start a training script on several processes (DeepSpeed's "
                             "`deepspeed` launcher, over torchrun)"),
     "report": (_cmd_report, "print the environment report (--json for JSON)"),
-    "to-fp32": (_cmd_to_fp32, "consolidate a checkpoint's fp32 weights into one "
-                              "safetensors file (zero_to_fp32)"),
+    "to-fp32": (_cmd_to_fp32, "consolidate a checkpoint's fp32 weights (of any world "
+                              "size) into one safetensors file (zero_to_fp32)"),
 }
 
 

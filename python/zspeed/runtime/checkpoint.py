@@ -1,5 +1,5 @@
 """Checkpoints of the engine: DeepSpeed's folder layout, safetensors files, all-or-nothing
-saves and loads.
+saves and loads, for one process or several data-parallel ranks.
 
 Layout::
 
@@ -10,17 +10,29 @@ Layout::
     save_dir/<tag>/optim.safetensors    optimizer state tensors as "<param name>/<state key>"
     save_dir/<tag>/client.safetensors   tensors found in client_state (if any)
     save_dir/<tag>/meta.json            counters, loss scaler, scheduler, optimizer groups,
-                                        non-tensor state, client_state, config
+                                        non-tensor state, client_state, config, world_size
+
+With several ranks and ZeRO stage 1 or 2, master.safetensors and optim.safetensors
+are replaced by each rank's partition files, master.rank<r>.safetensors and
+optim.rank<r>.safetensors, and meta.json records the partition (checkpoint_shards.py).
 
 How the folder is written and read (transactions, the manifest, crash safety) is
 checkpoint_files.py. This module turns the engine into those files and back:
 
 - save: everything that can be refused (the tag, client_state, the metadata) is
   checked before the first byte is written; the files then go into one transaction.
+  With several ranks every rank calls save: rank 0 opens the transaction and writes
+  the shared files, every rank writes its own partition files into the same staging
+  folder, and rank 0 commits only when every rank succeeded (else every rank raises
+  the same CheckpointError and nothing becomes visible).
 - load: every file is verified and everything is read and checked against the
   engine first (shapes, dtypes, optimizer class and groups, every meta.json field,
   the loss scaler, the scheduler); only then is the engine changed. A failure is a
   CheckpointError naming the file and the field, and leaves the engine as it was.
+  With several ranks each rank reads what it needs and the ranks compare their
+  results before any of them changes: every rank loads, or none changes. A
+  checkpoint loads at any world size: each rank reads the ranges of the saved
+  pieces that overlap its own (checkpoint_shards.PieceReader).
 
 Across precisions and state dtypes: the loss scaler follows loss_scaler.py (an fp16
 scale never reaches a bf16/fp32 engine); the optimizer's state dtype
@@ -28,10 +40,11 @@ scale never reaches a bf16/fp32 engine); the optimizer's state dtype
 one, and saved states are converted to it, on the cpu and nvme paths alike.
 
 ``main_to_fp32(argv)`` implements ``zspeed to-fp32 CKPT OUT`` (DeepSpeed's
-zero_to_fp32): one safetensors file of fp32 weights.
+zero_to_fp32): one safetensors file of fp32 weights, from a checkpoint of any world size.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -44,8 +57,10 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from .checkpoint_files import (CheckpointError, CheckpointReader, SaveTransaction, StagingWriter, _Dir,
-                               _oserror, open_for_load, validate_tag)
+from .checkpoint_files import (_ST_DTYPES, CheckpointError, CheckpointReader, Deferred, SaveTransaction,
+                               StagingWriter, _Dir, _oserror, open_for_load, validate_tag)
+from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
+                                piece_key, raise_failed, saved_world_size)
 from .loss_scaler import check_state_dict as _check_scaler_state
 
 log = logging.getLogger("zspeed.checkpoint")
@@ -146,21 +161,38 @@ def _json_default(o):
     raise TypeError(f"{type(o).__name__} is not JSON-serializable")
 
 
-def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
-    """Writes ``save_dir/<tag>`` (default tag: ``global_step<N>``) as one transaction; returns
-    True like DeepSpeed. On any failure (CheckpointError: a bad tag or client_state, a full
-    disk, an I/O error) the folder holds what it held before."""
-    tag = validate_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+class _Save:
+    """What a save writes, prepared and checked before the first byte is written."""
+    tag: str
+    save_id: str | None
+    meta: bytes | None         # meta.json (the rank that writes the shared files)
+    model: dict | None         # model.safetensors
+    client: dict | None        # client.safetensors (None: no tensors in client_state)
+    optim: dict | None         # optim.safetensors (one process's layout)
+
+
+def _prepare(engine, tag, client_state, *, shared: bool, sharded: bool) -> _Save:
+    """The tag and, for the rank that writes the shared files, everything they hold."""
+    sv = _Save()
+    sv.tag = validate_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+    sv.save_id = sv.meta = sv.model = sv.client = sv.optim = None
+    if not shared:
+        return sv
     client_tensors: dict = {}
     client_json = _encode_client(client_state or {}, "client_state", client_tensors)
     model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
-    model_t, aliases = _dedupe(model_sd)
-    opt_t, opt_json = _optimizer_payload(engine)
+    sv.model, aliases = _dedupe(model_sd)
+    if sharded:  # the state tensors go into the ranks' own files
+        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+                  for g in engine.optimizer.param_groups]
+        opt_json = {"class": engine.optimizer_path.checkpoint_class, "param_groups": groups, "scalars": {}}
+    else:
+        sv.optim, opt_json = _optimizer_payload(engine)
     sched = engine.lr_scheduler
     has_sched = sched is not None and hasattr(sched, "state_dict")
-    save_id = secrets.token_hex(8)
+    sv.save_id = secrets.token_hex(8)
     meta = {
-        "format": FORMAT, "save_id": save_id, "zspeed_version": __version__, "tag": tag,
+        "format": FORMAT, "save_id": sv.save_id, "zspeed_version": __version__, "tag": sv.tag,
         "global_steps": engine.global_steps, "global_samples": engine.global_samples,
         "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
         "dtype": str(engine.dtype).replace("torch.", ""),
@@ -169,22 +201,130 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
         "lr_scheduler": sched.state_dict() if has_sched else None,
         "lr_scheduler_class": type(sched).__name__ if has_sched else None,
         "optimizer": opt_json, "client_state": client_json, "config": engine.config,
+        "world_size": engine.world_size if sharded else 1,
     }
+    if sharded:
+        meta["partition"] = partition_meta(engine.optimizer_path.sharded.plan)
     try:
-        text = json.dumps(meta, indent=1, default=_json_default).encode()
+        sv.meta = json.dumps(meta, indent=1, default=_json_default).encode()
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint metadata is not JSON-serializable: {e}") from None
+    sv.client = client_tensors or None
+    return sv
+
+
+def _write_files(engine, w: StagingWriter, sv: _Save, save_id: str, rank: int, sharded: bool) -> dict:
+    """Writes this rank's files; returns their manifest entries. The shared files come from
+    ``sv`` (prepared on the rank that writes them), the partition files from the path."""
     file_meta = {"format": FORMAT, "save_id": save_id}
-    with SaveTransaction(save_dir, tag) as tx:
-        w = tx.writer
-        entries = {"model.safetensors": w.write_tensors("model.safetensors", model_t, file_meta)}
+    entries = {}
+    if sv.model is not None:
+        entries["model.safetensors"] = w.write_tensors("model.safetensors", sv.model, file_meta)
+    if sharded:
+        entries.update(_write_partition(engine, w, file_meta, rank))
+    elif sv.optim is not None:
         entries["master.safetensors"] = w.write_tensors("master.safetensors", engine._master_named(), file_meta)
-        entries["optim.safetensors"] = w.write_tensors("optim.safetensors", opt_t, file_meta)
-        if client_tensors:
-            entries["client.safetensors"] = w.write_tensors("client.safetensors", client_tensors, file_meta)
-        entries["meta.json"] = w.write_bytes("meta.json", text)
-        d = tx.commit(entries, save_id, save_latest)
+        entries["optim.safetensors"] = w.write_tensors("optim.safetensors", sv.optim, file_meta)
+    if sv.client is not None:
+        entries["client.safetensors"] = w.write_tensors("client.safetensors", sv.client, file_meta)
+    if sv.meta is not None:
+        entries["meta.json"] = w.write_bytes("meta.json", sv.meta)
+    return entries
+
+
+def _write_partition(engine, w: StagingWriter, file_meta: dict, rank: int) -> dict:
+    """master.rank<r> and optim.rank<r>: this rank's pieces (never the padding), keyed
+    "<name>@<offset>"; the non-tensor state (the step) as JSON in optim's metadata."""
+    path = engine.optimizer_path
+    sm = path.sharded
+    masters, tensors, scalars = {}, {}, {}
+    for gi, (entries, ms, sts) in enumerate(zip(sm.pieces, path.masters(), path.param_states())):
+        for (pc, _at, _n), m, st in zip(entries, ms, sts):
+            if pc is None:
+                continue
+            key = piece_key(engine._names[gi][pc.param], pc.offset)
+            masters[key] = m
+            for k, v in (st or {}).items():
+                if torch.is_tensor(v):
+                    tensors[f"{key}/{k}"] = v
+                else:
+                    scalars.setdefault(key, {})[k] = v
+    meta = {**file_meta, "rank": str(rank)}
+    try:
+        scalar_text = json.dumps(scalars, default=_json_default)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"the optimizer's non-tensor state is not JSON-serializable: {e}") from None
+    return {master_file(rank): w.write_tensors(master_file(rank), masters, meta),
+            optim_file(rank): w.write_tensors(optim_file(rank), tensors, {**meta, "scalars": scalar_text})}
+
+
+def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
+    """Writes ``save_dir/<tag>`` (default tag: ``global_step<N>``) as one transaction; returns
+    True like DeepSpeed. On any failure (CheckpointError: a bad tag or client_state, a full
+    disk, an I/O error) the folder holds what it held before. With several ranks every rank
+    must call it (rank 0's tag and client_state are saved); a failure on any rank is a
+    CheckpointError on every rank."""
+    if engine.world_size > 1:
+        return _save_ranks(engine, save_dir, tag, client_state, save_latest)
+    sv = _prepare(engine, tag, client_state, shared=True, sharded=False)
+    with SaveTransaction(save_dir, sv.tag) as tx:
+        entries = _write_files(engine, tx.writer, sv, sv.save_id, 0, False)
+        d = tx.commit(entries, sv.save_id, save_latest)
     log.info("zspeed: saved checkpoint %s", d)
+    return True
+
+
+def _save_ranks(engine, save_dir, tag, client_state, save_latest) -> bool:
+    """The save of several ranks (module docstring): prepare and open, write, commit, with
+    the ranks' results exchanged after each phase so that all of them go on or all fail."""
+    rank, ws = engine.global_rank, engine.world_size
+    sharded = engine.optimizer_path.sharded is not None
+    doing = "the checkpoint save"
+    with contextlib.ExitStack() as stack:
+        sv = staging = owner = err = own = None
+        tx = None
+        try:
+            sv = _prepare(engine, tag, client_state, shared=rank == 0, sharded=sharded)
+            if rank == 0:
+                tx = stack.enter_context(SaveTransaction(save_dir, sv.tag))
+                staging, owner = tx.staging, tx.dir.lstat(tx.staging).st_uid
+        except Exception as e:  # reported to every rank below, then raised on every rank
+            err, own = describe(e), e
+        opened = all_gather((err, sv.tag if sv else None, staging, owner, sv.save_id if sv else None), doing)
+        raise_failed(opened, doing, own)
+        tags = [o[1] for o in opened]
+        if any(t != tags[0] for t in tags):
+            r = next(r for r, t in enumerate(tags) if t != tags[0])
+            raise CheckpointError(f"{doing}: rank {r} asked for tag {tags[r]!r}, rank 0 for {tags[0]!r}; every rank "
+                                  f"must save the same tag (or leave it to the default, global_step<N>).")
+        _, _, staging, owner, save_id = opened[0]
+
+        entries = {}
+        try:
+            if rank == 0:
+                entries = _write_files(engine, tx.writer, sv, save_id, rank, sharded)
+            elif sharded:
+                w = StagingWriter.open_existing(save_dir, staging, owner)
+                try:
+                    entries = _write_files(engine, w, sv, save_id, rank, sharded)
+                finally:
+                    w.close()
+        except Exception as e:
+            err, own = describe(e), e
+        written = all_gather((err, entries), doing)
+        raise_failed(written, doing, own)  # rank 0 leaves the transaction uncommitted: staging removed
+
+        if rank == 0:
+            try:
+                merged = {}
+                for _, ent in written:
+                    merged.update(ent)
+                d = tx.commit(merged, save_id, save_latest, world_size=ws if sharded else 1)
+                log.info("zspeed: saved checkpoint %s (%d ranks)", d, ws)
+            except Exception as e:
+                err, own = describe(e), e
+    # The transaction is closed (its lock released) before the last exchange.
+    raise_failed(all_gather((err,), doing), doing, own)
     return True
 
 
@@ -365,9 +505,10 @@ def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) ->
             raise _bad(where, f"{name}/step", None if step is _MISSING else step, "must be a number >= 0")
 
 
-def _plan_optimizer(engine, meta: dict, where, tensors: dict) -> dict:
-    """The validated state_dict for ``engine.optimizer.load_state_dict`` (states converted
-    to the configured state dtype)."""
+def _plan_groups(engine, meta: dict, where) -> tuple[str, list, dict]:
+    """(the optimizer class, the param_groups for ``load_state_dict`` (the checkpoint's
+    hyperparameters, the engine's run settings), the saved non-tensor state by parameter),
+    checked against the engine."""
     names = [n for row in engine._names for n in row]
     saved_names = _field(meta, where, "param_names")
     if not isinstance(saved_names, list) or not all(isinstance(r, list) and all(isinstance(n, str) for n in r)
@@ -408,7 +549,16 @@ def _plan_optimizer(engine, meta: dict, where, tensors: dict) -> dict:
         merged["params"] = list(range(start, start + n))
         start += n
         groups.append(merged)
+    return cls, groups, scalars
 
+
+def _plan_optimizer(engine, meta: dict, where, tensors: dict, scalars: dict | None = None) -> dict:
+    """The validated state_dict for ``engine.optimizer.load_state_dict`` (states converted
+    to the configured state dtype); ``scalars`` (the non-tensor state by parameter) replaces
+    meta.json's when the checkpoint keeps them elsewhere (in its partition files)."""
+    cls, groups, saved_scalars = _plan_groups(engine, meta, where)
+    scalars = saved_scalars if scalars is None else scalars
+    names = [n for row in engine._names for n in row]
     known = set(names)
     by_name: dict = {}
     for k, v in tensors.items():
@@ -478,12 +628,91 @@ def _plan_scheduler(engine, meta: dict, where):
 class _Plan:
     """Everything a load will put into the engine, read and checked."""
     model: dict
-    masters: dict | None
+    masters: dict | None          # by parameter name (one process's layout)
+    local_masters: list | None    # per group, per entry of this rank's local space (several ranks)
     optimizer: dict | None
     scaler: dict | None
     counters: dict | None
     scheduler: dict | None
     client: Any
+
+
+def _whole_params(engine, r: CheckpointReader, meta: dict, where, saved_model: dict) -> tuple:
+    """(masters by name, optimizer tensors "<name>/<key>", non-tensor state by name or None for
+    meta.json's) of whole parameters: a world-size-1 checkpoint's files as they are, or a
+    checkpoint of several ranks assembled from its pieces (8-bit states dequantized where a
+    parameter spans pieces)."""
+    if saved_world_size(meta, where) == 1:
+        return r.tensors("master.safetensors"), r.tensors("optim.safetensors"), None
+    masters, tensors, scalars = {}, {}, {}
+    with PieceReader(r, meta, where) as src:
+        for name in src.names():
+            n = src.numel(name)
+            m = saved_model.get(name)
+            masters[name] = src.master(name, 0, n).view(m.shape if m is not None and m.numel() == n else (n,))
+            for k, v in src.state(name, 0, n).items():
+                if torch.is_tensor(v):
+                    tensors[f"{name}/{k}"] = v
+                else:
+                    scalars.setdefault(name, {})[k] = v
+    return masters, tensors, scalars
+
+
+def _zero_state(key: str, v, n: int):
+    """The state of n padding elements, shaped after a real piece's value ``v``."""
+    if not torch.is_tensor(v):
+        return v
+    if key in _Q8_SCALES:
+        from ..ops import qblocks
+        return torch.zeros(qblocks(n), dtype=v.dtype)
+    return torch.zeros(n, dtype=v.dtype) if v.dim() >= 1 else v.clone()
+
+
+def _plan_pieces(engine, r: CheckpointReader, meta: dict, where) -> tuple[list, dict]:
+    """Several ranks, ZeRO stage 1 or 2: (this rank's masters per entry of its local space,
+    its optimizer's state_dict), read from the ranges of the saved pieces (of any world
+    size) that overlap this rank's pieces. Padding gets zeros, and the state of a real
+    piece of its group with zeros (same step)."""
+    path = engine.optimizer_path
+    sm = path.sharded
+    cls, groups, _ = _plan_groups(engine, meta, where)
+    targets = [g.get("state_dtype") for g in engine.optimizer.param_groups]
+    masters, states = [], []
+    with PieceReader(r, meta, where) as src:
+        mine = {n: torch.empty(p.numel(), device="meta") for names, ps in zip(engine._names, engine._model_params)
+                for n, p in zip(names, ps)}
+        got = {n: torch.empty(k, device="meta") for n in src.names() if (k := src.numel(n)) is not None}
+        _check_shapes(f"fp32 master weights in '{r.path}'", mine, got, True)
+        for gi, entries in enumerate(sm.pieces):
+            mrow, srow = [], []
+            for pc, _at, n in entries:
+                if pc is None:
+                    mrow.append(torch.zeros(n, dtype=torch.float32))
+                    srow.append(None)
+                    continue
+                name = engine._names[gi][pc.param]
+                label = f"{name}[{pc.offset}:{pc.offset + n}]"
+                mrow.append(src.master(name, pc.offset, n))
+                st = src.state(name, pc.offset, n)
+                if st:
+                    _check_param_state(cls, st, torch.empty(n, device="meta"), where, label)
+                    if cls == "CPUAdam" and targets[gi] in ("fp32", "bf16", "int8"):
+                        st = _convert_adam_state(st, targets[gi], n, (n,), where, label)
+                srow.append(st or None)
+            ref = next((st for st in srow if st is not None), None)
+            if ref is not None:
+                srow = [st if pc is not None else {k: _zero_state(k, v, n) for k, v in ref.items()}
+                        for (pc, _at, n), st in zip(entries, srow)]
+            masters.append(mrow)
+            states.append(srow)
+    try:
+        sd = path.state_dict_from(states, groups)
+        check = getattr(engine.optimizer, "validate_state_dict", None)
+        if check is not None:
+            check(sd)
+    except ValueError as e:
+        raise CheckpointError(f"optimizer state in '{where}' cannot be loaded: {e}") from None
+    return masters, sd
 
 
 def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states: bool,
@@ -511,17 +740,20 @@ def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states:
     _check_shapes(f"model weights in '{r.path}'", model_sd, saved, strict)
     plan.model = {k: v for k, v in saved.items() if k in model_sd}
 
-    plan.masters = plan.optimizer = plan.scaler = plan.counters = None
+    plan.masters = plan.local_masters = plan.optimizer = plan.scaler = plan.counters = None
     if load_optimizer_states:
-        masters = r.tensors("master.safetensors")
-        mine = engine._master_shapes()
-        _check_shapes(f"fp32 master weights in '{r.path}'", mine, masters, True)
-        wrong = [k for k in mine if masters[k].dtype != torch.float32]
-        if wrong:
-            raise CheckpointError(f"'{r.path / 'master.safetensors'}': master weight {wrong[0]} has dtype "
-                                  f"{masters[wrong[0]].dtype}, not float32; the checkpoint is corrupt.")
-        plan.masters = {n: masters[n] for n in mine}
-        plan.optimizer = _plan_optimizer(engine, meta, where, r.tensors("optim.safetensors"))
+        if engine.optimizer_path.sharded is not None:
+            plan.local_masters, plan.optimizer = _plan_pieces(engine, r, meta, where)
+        else:
+            masters, opt_t, scalars = _whole_params(engine, r, meta, where, saved)
+            mine = engine._master_shapes()
+            _check_shapes(f"fp32 master weights in '{r.path}'", mine, masters, True)
+            wrong = [k for k in mine if masters[k].dtype != torch.float32]
+            if wrong:
+                raise CheckpointError(f"'{r.path / 'master.safetensors'}': master weight {wrong[0]} has dtype "
+                                      f"{masters[wrong[0]].dtype}, not float32; the checkpoint is corrupt.")
+            plan.masters = {n: masters[n] for n in mine}
+            plan.optimizer = _plan_optimizer(engine, meta, where, opt_t, scalars)
         try:
             plan.scaler = _check_scaler_state(_field(meta, where, "loss_scaler"))
         except ValueError as e:
@@ -534,17 +766,40 @@ def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states:
     return plan
 
 
+def _load_optimizer(engine, sd: dict, where: Path, ranks: bool) -> None:
+    """engine.optimizer.load_state_dict(sd), the one step of a load that the optimizer itself
+    may still refuse (a client optimizer's checks). With several ranks the ranks compare
+    outcomes, and a rank whose load succeeded while another's failed puts its previous
+    state back, so that every rank keeps its optimizer unchanged."""
+    err = own = None
+    opt = engine.optimizer
+    # An optimizer that validates first (nvme) cannot refuse after the plan's checks; for the
+    # others the previous state_dict (references to the current tensors, no copy) is kept.
+    before = opt.state_dict() if ranks and getattr(opt, "validate_state_dict", None) is None else None
+    try:
+        opt.load_state_dict(sd)
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        err, own = f"optimizer state in '{where}' cannot be loaded: {e}", e
+    if not ranks:
+        if err is not None:
+            raise CheckpointError(err) from None
+        return
+    outcomes = all_gather((err,), "the checkpoint load")
+    if any(o[0] is not None for o in outcomes) and err is None and before is not None:
+        opt.load_state_dict(before)
+    raise_failed(outcomes, "the checkpoint load", own)
+
+
 def _apply(engine, plan: _Plan, where: Path) -> None:
     """Puts a checked plan into the engine. The optimizer goes first: it is the only part
     whose own load could still refuse (a client optimizer's checks), and then nothing else
     has changed yet."""
     if plan.optimizer is not None:
-        try:
-            engine.optimizer.load_state_dict(plan.optimizer)
-        except (ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise CheckpointError(f"optimizer state in '{where}' cannot be loaded: {e}") from None
+        _load_optimizer(engine, plan.optimizer, where, engine.world_size > 1)
     engine.module.load_state_dict(plan.model, strict=False)
-    if plan.masters is not None:
+    if plan.local_masters is not None:
+        engine.optimizer_path.load_masters(plan.local_masters)
+    elif plan.masters is not None:
         engine._load_masters(plan.masters)
     else:  # weights only: masters follow the (possibly low-precision) model weights
         params = dict(engine.module.named_parameters())
@@ -568,7 +823,12 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
                     load_lr_scheduler_states=True):
     """Restores a checkpoint; returns (path, client_state), or (None, None) when there is none
     (no folder, no ``latest``, or an explicit tag that does not exist). Every problem with
-    the checkpoint is a CheckpointError, raised before the engine changes."""
+    the checkpoint is a CheckpointError, raised before the engine changes. With several
+    ranks every rank must call it; they load the same checkpoint, at any world size, or
+    all raise the same CheckpointError and none changes."""
+    if engine.world_size > 1:
+        return _load_ranks(engine, load_dir, tag, load_module_strict, load_optimizer_states,
+                           load_lr_scheduler_states)
     with open_for_load(load_dir, tag) as r:
         if r is None:
             return None, None
@@ -576,6 +836,35 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     _apply(engine, plan, r.path)
     log.info("zspeed: loaded checkpoint %s", r.path)
     return str(r.path), plan.client
+
+
+def _load_ranks(engine, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
+    """Every rank plans its load (reads and checks what it needs, with the folder locked for
+    reading), the ranks compare (after the lock is released: on Windows the lock is
+    exclusive), and only when every rank succeeded with the same checkpoint do they apply."""
+    doing = "the checkpoint load"
+    plan = path = save_id = err = own = None
+    try:
+        with open_for_load(load_dir, tag) as r:
+            if r is not None:
+                path, save_id = str(r.path), r.save_id
+                plan = _plan_load(engine, r, strict, load_optimizer_states, load_lr_scheduler_states)
+    except Exception as e:  # reported to every rank, then raised on every rank
+        err, own = describe(e), e
+    found = all_gather((err, path, save_id), doing)
+    raise_failed(found, doing, own)
+    # The save id (random per save) identifies the checkpoint; the paths may differ between
+    # hosts that mount the shared folder at different places.
+    if any(f[2] != found[0][2] for f in found):
+        r = next(r for r, f in enumerate(found) if f[2] != found[0][2])
+        raise CheckpointError(f"{doing}: rank {r} found {found[r][1] or 'no checkpoint'} (save "
+                              f"{found[r][2]}), rank 0 {found[0][1] or 'no checkpoint'} (save {found[0][2]}); "
+                              f"was another job saving into '{load_dir}' meanwhile? Nothing was loaded.")
+    if plan is None:
+        return None, None
+    _apply(engine, plan, Path(path))
+    log.info("zspeed: loaded checkpoint %s", path)
+    return path, plan.client
 
 
 # -- zspeed to-fp32 -----------------------------------------------------------------------------
@@ -594,27 +883,55 @@ def consolidate_fp32(ckpt: str | os.PathLike, out: str | os.PathLike, tag: str |
     return _consolidate(ckpt, out, tag)[0]
 
 
+_FROM_ST = {code: dt for dt, code in _ST_DTYPES.items()}
+
+
 def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
-    with _open_checkpoint(ckpt, tag) as r:
-        if r is None:
-            raise CheckpointError(f"no checkpoint at '{ckpt}': expected a tag folder (with manifest.json) or a "
-                                  f"folder with a 'latest' file.")
-        meta = r.json("meta.json")
-        model = r.tensors("model.safetensors")
-        masters = r.tensors("master.safetensors")
-        src = str(r.path)
-    result = {}
-    for k, t in model.items():
-        s = masters.get(k, t)
-        result[k] = s.to(torch.float32) if s.is_floating_point() else s
-    for k, t in masters.items():
-        result.setdefault(k, t.to(torch.float32))
-    aliases = meta.get("model_aliases", {}) if isinstance(meta, dict) else {}
+    """Streams the output one tensor at a time: each trained parameter's master is read
+    (from its pieces, for a checkpoint of several ranks) when its turn to be written comes,
+    so memory holds one parameter, never the whole model or any optimizer state."""
     outp = Path(out)
     if outp.is_dir() or str(out).endswith(("/", os.sep)):
         outp = outp / "model.safetensors"
     if outp.is_dir():
         raise CheckpointError(f"'{outp}' is a folder; give the output file's name.")
+    with _open_checkpoint(ckpt, tag) as r:
+        if r is None:
+            raise CheckpointError(f"no checkpoint at '{ckpt}': expected a tag folder (with manifest.json) or a "
+                                  f"folder with a 'latest' file.")
+        where = r.path / "meta.json"
+        meta = r.json("meta.json")
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"'{where}' must hold a JSON object; the file is corrupt.")
+        aliases = meta.get("model_aliases", {})
+        with PieceReader(r, meta, where) as src, r.open_tensors("model.safetensors") as model:
+            specs: dict = {}
+            trained = {n: src.numel(n) for n in src.names()}
+            for k in model.keys():
+                sl = model.get_slice(k)
+                shape, dt = sl.get_shape(), _FROM_ST.get(sl.get_dtype())
+                if dt is None:
+                    raise CheckpointError(f"'{r.path / 'model.safetensors'}': tensor {k} has dtype "
+                                          f"{sl.get_dtype()}, which zspeed does not read.")
+                n = math.prod(shape)
+                if trained.get(k) == n:
+                    specs[k] = Deferred(torch.float32, shape, lambda k=k, n=n, shape=shape:
+                                        src.master(k, 0, n).view(shape))
+                else:
+                    to = torch.float32 if dt.is_floating_point else dt
+                    specs[k] = Deferred(to, shape, lambda k=k, to=to: model.get_tensor(k).to(to).clone())
+            for k, n in trained.items():
+                if k not in specs and n is not None:
+                    shape = src.shape(k) or (n,)
+                    specs[k] = Deferred(torch.float32, shape, lambda k=k, n=n, shape=shape:
+                                        src.master(k, 0, n).view(shape))
+            _write_output(outp, specs, {"format": "zspeed-fp32", "source": str(r.path),
+                                        "aliases": json.dumps(aliases)})
+    return outp, sum(t.numel() for t in specs.values())
+
+
+def _write_output(outp: Path, tensors: dict, metadata: dict) -> None:
+    """One safetensors file that appears complete or not at all (temporary name, rename)."""
     try:
         outp.parent.mkdir(parents=True, exist_ok=True)
         d = _Dir.open(outp.parent)
@@ -622,8 +939,7 @@ def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
         raise _oserror(e, f"cannot create the output folder '{outp.parent}'") from None
     tmp = f".{outp.name}.zspeed-tmp-{secrets.token_hex(8)}"
     try:
-        StagingWriter(d).write_tensors(tmp, result, {"format": "zspeed-fp32", "source": src,
-                                                     "aliases": json.dumps(aliases)})
+        StagingWriter(d).write_tensors(tmp, tensors, metadata)
         d.replace(tmp, outp.name)
         d.fsync()
     except BaseException as e:
@@ -636,15 +952,14 @@ def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
         raise
     finally:
         d.close()
-    return outp, sum(t.numel() for t in result.values())
 
 
 def main_to_fp32(argv: list[str] | None = None) -> int:
     """``zspeed to-fp32 CKPT OUT [--tag TAG]``: DeepSpeed's zero_to_fp32 for zspeed checkpoints."""
     import argparse
     ap = argparse.ArgumentParser(prog="zspeed to-fp32",
-                                 description="Consolidate a zspeed checkpoint's weights into one fp32 "
-                                             "safetensors file.")
+                                 description="Consolidate a zspeed checkpoint's weights (saved by any number "
+                                             "of ranks) into one fp32 safetensors file.")
     ap.add_argument("checkpoint", help="checkpoint folder (with 'latest') or one tag folder")
     ap.add_argument("output", help="output .safetensors file, or a folder that receives model.safetensors")
     ap.add_argument("--tag", default=None, help="tag to read (default: the one in 'latest')")

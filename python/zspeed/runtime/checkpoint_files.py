@@ -24,10 +24,13 @@ What this module guarantees (docs/CHECKPOINTS.md states it for users):
   contents are used, so a truncated, torn or bit-flipped file is an error
   naming the file, never silently loaded.
 
-Several ranks (the multi-rank ZeRO to come) fit this shape: one rank opens the
-transaction, every rank writes its own files into the same staging folder with
-a :class:`StagingWriter` and returns their manifest entries, and the one rank
-commits with all entries. This module runs with one rank today.
+Several ranks (data-parallel ZeRO) share one transaction: rank 0 opens it
+(lock, clean-up, staging folder) and tells the others the staging folder's
+name; every rank writes its own files into it through a :class:`StagingWriter`
+(:meth:`StagingWriter.open_existing` re-opens the folder rank 0 created, never
+through a symbolic link) and returns their manifest entries; rank 0 commits
+with every rank's entries, or aborts. The ranks must share the file system;
+the protocol itself is checkpoint_shards.py.
 
 Tensor files are safetensors, streamed here tensor by tensor through a file
 descriptor opened as above (safetensors' own writer takes a path and follows
@@ -59,7 +62,7 @@ from .._native import ZSpeedError
 log = logging.getLogger("zspeed.checkpoint")
 
 __all__ = ["CheckpointError", "validate_tag", "SaveTransaction", "StagingWriter", "CheckpointReader",
-           "open_for_load", "write_file_atomic", "MANIFEST", "MAX_TAG_BYTES"]
+           "Deferred", "open_for_load", "write_file_atomic", "MANIFEST", "MAX_TAG_BYTES"]
 
 FORMAT = "zspeed-checkpoint-2"
 MANIFEST = "manifest.json"
@@ -179,6 +182,16 @@ class _Dir:
 
     def mkdir(self, name: str) -> None:
         os.mkdir(self._p(name), 0o777, **self._kw())
+
+    def open_sub(self, name: str) -> "_Dir":
+        """The folder ``name`` inside this one, opened without following a symbolic link
+        (where the OS allows it; elsewhere a name that is a symlink is refused first)."""
+        if self.fd is None:
+            if stat.S_ISLNK(self.lstat(name).st_mode):
+                raise OSError(errno.ELOOP, "is a symbolic link", str(self.path / name))
+            return _Dir.open(self.path / name)
+        flags = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC | _NOFOLLOW
+        return _Dir(self.path / name, os.open(name, flags, dir_fd=self.fd))
 
     def rename(self, src: str, dst: str) -> None:
         if self.fd is not None:
@@ -395,12 +408,63 @@ def _safetensors_header(tensors: dict, metadata: dict, file: str) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+class Deferred:
+    """A tensor that :meth:`StagingWriter.write_tensors` materializes only when its turn
+    comes (``load()`` returns it), so a file larger than memory can be written one tensor
+    at a time: the header needs only its dtype and shape."""
+
+    def __init__(self, dtype: torch.dtype, shape, load: Callable[[], torch.Tensor]):
+        self.dtype, self.shape, self.load = dtype, torch.Size(shape), load
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
+_STAGING_NAME_LEN = len(_STAGING) + 16
+
+
 class StagingWriter:
     """Writes files into a staging folder; every write returns the file's manifest entry.
     Any rank may hold one over the same staging folder (each writing its own files)."""
 
     def __init__(self, d: _Dir):
         self.dir = d
+
+    @classmethod
+    def open_existing(cls, root, name: str, owner: int | None = None) -> "StagingWriter":
+        """A writer over the staging folder ``root/name`` that another rank's
+        :class:`SaveTransaction` created: the name must be a staging folder's, the entry a
+        real folder (a symbolic link is refused, never followed) and, when ``owner`` is
+        given, owned by that user id (what rank 0 saw when it created it). Close it with
+        :meth:`close`."""
+        ok = isinstance(name, str) and name.startswith(_STAGING) and len(name) == _STAGING_NAME_LEN and \
+            all(c in "0123456789abcdef" for c in name[len(_STAGING):])
+        if not ok:
+            raise CheckpointError(f"{name!r} is not the name of a zspeed staging folder.")
+        try:
+            parent = _Dir.open(Path(root))
+        except OSError as e:
+            raise _oserror(e, f"cannot open the checkpoint folder '{root}'") from None
+        try:
+            st = parent.lstat(name)
+            if not stat.S_ISDIR(st.st_mode):
+                raise CheckpointError(f"'{parent.path / name}' is not a folder (a symbolic link or a file): "
+                                      f"it is not the staging folder rank 0 created; refusing to write "
+                                      f"into it.")
+            if owner is not None and os.name != "nt" and st.st_uid != owner:
+                raise CheckpointError(f"'{parent.path / name}' belongs to user {st.st_uid}, but rank 0 "
+                                      f"created it as user {owner}; refusing to write into it.")
+            return cls(parent.open_sub(name))
+        except OSError as e:
+            raise _oserror(e, f"cannot open the staging folder '{parent.path / name}'") from None
+        finally:
+            parent.close()
+
+    def close(self) -> None:
+        self.dir.close()
 
     def _file(self, name: str, body: Callable[[int], int]) -> dict:
         fd = None
@@ -434,6 +498,8 @@ class StagingWriter:
             for t in tensors.values():
                 if t.numel() == 0:
                     continue
+                if isinstance(t, Deferred):
+                    t = t.load()
                 t = t.detach()
                 if t.device.type != "cpu":
                     t = t.to("cpu")
@@ -509,10 +575,11 @@ class SaveTransaction:
         if self.dir is not None:
             self.dir.close()
 
-    def commit(self, entries: dict, save_id: str, save_latest: bool) -> Path:
+    def commit(self, entries: dict, save_id: str, save_latest: bool, world_size: int = 1) -> Path:
         """Writes the manifest listing ``entries`` (file name -> entry, from every writer),
-        makes the staging folder the tag, and points ``latest`` at it."""
-        manifest = {"format": FORMAT, "tag": self.tag, "save_id": save_id, "world_size": 1,
+        makes the staging folder the tag, and points ``latest`` at it. ``world_size``: the
+        number of ranks whose partition files the tag holds."""
+        manifest = {"format": FORMAT, "tag": self.tag, "save_id": save_id, "world_size": world_size,
                     "files": dict(sorted(entries.items()))}
         d = self.dir
         try:
@@ -649,13 +716,22 @@ class CheckpointReader:
     def json(self, name: str):
         return _json_file(self.verify(name), name)
 
+    @contextlib.contextmanager
+    def open_tensors(self, name: str):
+        """The verified safetensors file ``name`` opened lazily (safetensors' ``safe_open``):
+        tensors and slices are read when asked for. A malformed file is a CheckpointError."""
+        p = self.verify(name)
+        safe_open = _safe_open()
+        try:
+            f = safe_open(str(p), framework="pt", device="cpu")
+        except Exception as e:  # safetensors raises its own error types for malformed files
+            raise CheckpointError(f"cannot read '{p}' as safetensors: {e}.") from None
+        with f:
+            yield f
+
     def tensors(self, name: str) -> dict:
         p = self.verify(name)
-        try:
-            from safetensors import safe_open
-        except ImportError:
-            raise CheckpointError("zspeed checkpoints need the 'safetensors' package: pip install "
-                                  "safetensors") from None
+        safe_open = _safe_open()
         try:
             # get_tensor may return a view of the file's memory mapping; a copy owns its memory,
             # so nothing loaded keeps the file mapped (which would pin it, and on Windows stop
@@ -664,6 +740,15 @@ class CheckpointReader:
                 return {k: f.get_tensor(k).clone() for k in f.keys()}
         except Exception as e:  # safetensors raises its own error types for malformed files
             raise CheckpointError(f"cannot read '{p}' as safetensors: {e}.") from None
+
+
+def _safe_open():
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise CheckpointError("zspeed checkpoints need the 'safetensors' package: pip install "
+                              "safetensors") from None
+    return safe_open
 
 
 def _json_file(p: Path, what: str):

@@ -106,6 +106,16 @@ class ShardedModel:
             local_params.append(tensors)
         self.local_layout = FlatLayout(layout.with_params(local_params))
 
+    def cut(self, full) -> list:
+        """Per group, per entry of the local space (ShardedModel.pieces), the piece of
+        ``full(gi, pi)`` (parameter pi of group gi, flattened) as fp32, or zeros for padding."""
+        rows = []
+        for gi, entries in enumerate(self.pieces):
+            rows.append([torch.zeros(n, dtype=torch.float32) if pc is None else
+                         full(gi, pc.param).reshape(-1)[pc.offset:pc.offset + n].to("cpu", torch.float32)
+                         for pc, _at, n in entries])
+        return rows
+
     def shard(self, gi: int, ui: int) -> torch.Tensor:
         """This rank's shard of unit ui of group gi (a view of the unit's buffer)."""
         u = self.plan.groups[gi].units[ui]
@@ -495,6 +505,56 @@ class ShardedDevicePath(OptimizerPath):
         for ps in self.sm.layout.params:
             for p in ps:
                 p.grad = None
+
+    @property
+    def sharded(self) -> ShardedModel:
+        return self.sm
+
+    def param_states(self) -> list:
+        """The flat state of each group cut into the local space's entries (views; a value
+        that is not per element, the step, is shared by every entry)."""
+        state = self.optimizer.state_dict()["state"]
+        out = []
+        for gi, entries in enumerate(self.sm.pieces):
+            st, total = state.get(gi), self._flat[gi].numel()
+            out.append([None if st is None else
+                        {k: (v[at:at + n] if torch.is_tensor(v) and v.dim() == 1 and v.numel() == total else v)
+                         for k, v in st.items()} for _pc, at, n in entries])
+        return out
+
+    def state_dict_from(self, rows: list, groups: list) -> dict:
+        """Joins per-entry states back into one flat state per group: per-element tensors
+        are placed at their entries' local offsets, other values (the step) must agree."""
+        if [len(r) for r in rows] != [len(e) for e in self.sm.pieces]:
+            raise ValueError("the optimizer state does not have one entry per piece of this rank")
+        state = {}
+        for gi, (entries, row) in enumerate(zip(self.sm.pieces, rows)):
+            if all(st is None for st in row):
+                continue
+            if any(st is None for st in row) or any(st.keys() != row[0].keys() for st in row):
+                raise ValueError(f"the optimizer state covers only some parameters of group {gi} (or not with "
+                                 f"the same keys); this rank's optimizer steps the group as one tensor")
+            total, joined = self._flat[gi].numel(), {}
+            for k, v0 in row[0].items():
+                if torch.is_tensor(v0) and v0.dim() >= 1:
+                    flat = torch.zeros(total, dtype=v0.dtype)
+                    for (_pc, at, n), st in zip(entries, row):
+                        v = st[k]
+                        if not torch.is_tensor(v) or v.numel() != n:
+                            raise ValueError(f"state '{k}' of a piece has {getattr(v, 'numel', lambda: 1)()} "
+                                             f"values for {n} elements")
+                        flat[at:at + n] = v.reshape(-1)
+                    joined[k] = flat
+                else:
+                    for st in row[1:]:
+                        v = st[k]
+                        same = torch.equal(v, v0) if torch.is_tensor(v) and torch.is_tensor(v0) else v == v0
+                        if not same:
+                            raise ValueError(f"the pieces of group {gi} have different '{k}' values; this rank's "
+                                             f"optimizer keeps one per group")
+                    joined[k] = v0.clone() if torch.is_tensor(v0) else v0
+            state[gi] = joined
+        return {"state": state, "param_groups": groups}
 
     def masters(self) -> list:
         return self._views

@@ -537,7 +537,14 @@ class ZSpeedEngine(torch.nn.Module):
     # -- internals used by checkpoint.py -------------------------------------------------------------
     def _master_named(self) -> dict:
         """name -> fp32 master tensor (shaped like the parameter; with nvme offload a fresh copy
-        read from disk)."""
+        read from disk). With several ranks and ZeRO stage 1 or 2, this rank's pieces only:
+        "<name>@<offset>" -> the flat fp32 master of the piece."""
+        sm = self.optimizer_path.sharded
+        if sm is not None:
+            from .checkpoint_shards import piece_key
+            return {piece_key(self._names[gi][pc.param], pc.offset): m
+                    for gi, (entries, ms) in enumerate(zip(sm.pieces, self.optimizer_path.masters()))
+                    for (pc, _at, _n), m in zip(entries, ms) if pc is not None}
         out = {}
         for names, ps, ms in zip(self._names, self._model_params, self.optimizer_path.masters()):
             for n, p, m in zip(names, ps, ms):
@@ -550,7 +557,12 @@ class ZSpeedEngine(torch.nn.Module):
                 for names, ps in zip(self._names, self._model_params) for n, p in zip(names, ps)}
 
     def _load_masters(self, src: dict) -> None:
-        """Replaces every fp32 master from ``src`` (name -> tensor) and refreshes the model."""
+        """Replaces every fp32 master from ``src`` (name -> tensor) and refreshes the model
+        (with several ranks and ZeRO stage 1 or 2: this rank's pieces of them)."""
+        sm = self.optimizer_path.sharded
+        if sm is not None:
+            self.optimizer_path.load_masters(sm.cut(lambda gi, pi: src[self._names[gi][pi]]))
+            return
         self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
 
 

@@ -22,7 +22,8 @@ starts its own partition (and is split at block multiples), so that the
 The kernels are the CPU path's, elementwise, so the result is bit for bit the
 one of device=cpu with the same optimizer and state dtype (the tests check
 it). Checkpoints store the same tensors as the CPU path (master.safetensors
-and optim.safetensors by parameter name; the optimizer's class recorded as
+and optim.safetensors by parameter name, or with several ranks each rank's
+pieces in its partition files; the optimizer's class recorded as
 CPUAdam / CPUAdagrad / CPULion), so a checkpoint moves between cpu and nvme
 offload; 8-bit states move as their codes and block scales, bit for bit, and
 loading masters keeps the states' stored bytes. Saving and loading

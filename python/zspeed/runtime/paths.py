@@ -13,6 +13,10 @@ few calls, so its step algorithm does not depend on where the optimizer runs:
                               factor, then the updated weights written into the model
   release()                   drop the step's gradients (after apply or a skipped step)
   masters() / load_masters()  the fp32 masters, for checkpoints
+  param_states() / state_dict_from()
+                              the optimizer state per parameter of the path's layout
+                              and back, for checkpoints of several ranks (whose
+                              "parameters" are a rank's pieces, see dp.py)
   optimizer                   what LR schedulers, get_lr() and checkpoints see
                               (its state_dict is the checkpoint's optimizer state)
   stats(reset) / close()      I/O statistics; release what lives outside Python's memory
@@ -92,6 +96,37 @@ class OptimizerPath(abc.ABC):
     def load_masters(self, masters: list) -> None:
         """Replaces every fp32 master (per group, per parameter tensors shaped like the
         parameters) and refreshes the model's weights from them."""
+
+    @property
+    def sharded(self):
+        """The :class:`~zspeed.runtime.dp.ShardedModel` whose local space this path steps
+        (several ranks, ZeRO stage 1 or 2), else None."""
+        return getattr(getattr(self, "buffers", None), "sm", None)
+
+    def param_states(self) -> list:
+        """Per group, per parameter of this path's layout, the optimizer's state as a dict
+        (tensors as the optimizer holds them), or None where it has none. With several ranks
+        the layout's parameters are the rank's pieces and padding (ShardedModel.pieces)."""
+        state = self.optimizer.state_dict()["state"]
+        out, idx = [], 0
+        for ps in self.layout.params:
+            out.append([state.get(idx + i) for i in range(len(ps))])
+            idx += len(ps)
+        return out
+
+    def state_dict_from(self, rows: list, groups: list) -> dict:
+        """The optimizer state_dict holding ``rows`` (the shape :meth:`param_states` returns)
+        and ``groups`` (param_groups with their "params" indices). ValueError for rows that
+        do not fit this path."""
+        if [len(r) for r in rows] != [len(ps) for ps in self.layout.params]:
+            raise ValueError("the optimizer state does not have one entry per parameter of this path")
+        state, idx = {}, 0
+        for row in rows:
+            for st in row:
+                if st is not None:
+                    state[idx] = st
+                idx += 1
+        return {"state": state, "param_groups": groups}
 
     @property
     def checkpoint_class(self) -> str:
