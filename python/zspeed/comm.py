@@ -175,6 +175,15 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
                  get_world_size())
 
 
+_peer_lost = False  # set when a collective failed because another rank is gone
+
+
+def peer_lost() -> None:
+    """Records that another rank is gone: the ordered exit below does not wait for it."""
+    global _peer_lost
+    _peer_lost = True
+
+
 def _shutdown() -> None:
     """At interpreter exit, the group zspeed created is destroyed on every rank, and rank 0,
     whose process serves the launcher's key-value store, leaves last. A group left to the
@@ -196,8 +205,8 @@ def _shutdown() -> None:
     import time
     try:
         store.add("zspeed/exited", 1)
-        if rank == 0:
-            deadline = time.monotonic() + 30.0
+        if rank == 0 and not _peer_lost:
+            deadline = time.monotonic() + 10.0
             while store.add("zspeed/exited", 0) < ws and time.monotonic() < deadline:
                 time.sleep(0.01)
     except Exception:  # noqa: BLE001 - another rank already gone: nothing left to order

@@ -766,6 +766,7 @@ class _CollectiveErrors:
         if isinstance(exc, backend_error) or (isinstance(exc, RuntimeError) and any(
                 k in text for k in ("Connection closed by peer", "Connection reset", "Timed out",
                                     "timed out", "Broken pipe", "NCCL", "Gloo", "gloo"))):
+            comm.peer_lost()
             raise comm.DistributedError(
                 f"rank {self.engine.global_rank} of {self.engine.world_size}: a collective in engine."
                 f"{self.what}() failed ({text.splitlines()[0] if text else typ.__name__}). Another rank has "
