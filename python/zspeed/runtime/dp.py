@@ -42,23 +42,19 @@ overlap with the GPU's work here). On a CPU-only run everything is host memory.
 """
 from __future__ import annotations
 
-import logging
-import math
+import weakref
 
 import torch
 import torch.distributed as td
 
 from .layout import FlatLayout
-from .offload import _unpin, alloc_host
+from .offload import HostBuffers, _unpin, alloc_host
 from .partition import PartitionPlan
 from .paths import OptimizerPath
-from .optimizers import build_device_optimizer, rebuild_like
+from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
 
-log = logging.getLogger("zspeed.dp")
 
-__all__ = ["ShardedModel", "GradReducer", "ShardedBuffers", "ShardedDevicePath", "PAD"]
-
-PAD = -1  # Piece.param of the padding at the end of a shard
+__all__ = ["ShardedModel", "GradReducer", "ShardedBuffers", "ShardedDevicePath"]
 
 
 class ShardedModel:
@@ -91,11 +87,13 @@ class ShardedModel:
         local_params: list[list[torch.Tensor]] = []
         for gi, gp in enumerate(plan.groups):
             entries, tensors = [], []
-            mine = plan.pieces(gi)
+            by_unit: dict = {}
+            for pc in plan.pieces(gi):
+                by_unit.setdefault(pc.unit, []).append(pc)
             for ui, u in enumerate(gp.units):
                 shard0 = gp.local_start[ui]
                 at = shard0
-                for pc in (p for p in mine if p.unit == ui):
+                for pc in by_unit.get(ui, ()):
                     entries.append((pc, pc.at, pc.length))
                     tensors.append(self.shard(gi, ui)[pc.at - shard0:pc.at - shard0 + pc.length])
                     at = pc.at + pc.length
@@ -168,11 +166,6 @@ class GradReducer:
         self._armed = False
         self._order = [(gi, ui) for gi, gp in enumerate(sharded.plan.groups) for ui in range(len(gp.units))]
         self._order.reverse()
-        self._missing: dict = {}
-        self._unit_bufs: dict = {}
-        self._next = 0           # index into _order of the next unit to issue
-        self._works: list = []   # (work, finish callback) in issue order
-        self._norms: list = []   # CUDA: fp32 norms of the reduced shards, on the device
         self.reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for ps in self.layout.params for p in ps]
@@ -284,13 +277,14 @@ class GradReducer:
         return self._norms
 
     def reset(self) -> None:
+        """Ready for the next boundary: every unit waits for all its gradients again."""
         self._missing = {(gi, ui): u.count for gi, gp in enumerate(self.sm.plan.groups)
-                         for ui, u in enumerate(gp.units)}
-        self._unit_bufs = {}
-        self._next = 0
-        self._works = []
-        self._norms = []
-        self._taken = set()
+                         for ui, u in enumerate(gp.units)}  # gradients a unit still waits for
+        self._unit_bufs: dict = {}  # (group, unit) -> the unit's gradient buffer until issued
+        self._next = 0              # index into _order of the next unit to issue
+        self._works: list = []      # Gloo: (work, copy to dest or None, input kept alive), in order
+        self._norms: list = []      # CUDA: fp32 norms of the reduced shards, on the device
+        self._taken: set = set()    # (group, param) whose gradient is in its unit buffer
 
 
 def _flat_base(views: list, flats: list) -> list | None:
@@ -322,20 +316,18 @@ class _ShardedSource:
 
     def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
         if self.device_norms:
-            norms = self.reducer.local_norms()
-            if not norms:
-                return 0.0, False
-            total = torch.stack(norms).to(torch.float64).square().sum().item() * float(scale) ** 2
-            return total, not math.isfinite(total)
+            return norms_stats(self.reducer.local_norms(), scale)
         return host_stats([g for row in grads for g in row], scale)
 
     def reset(self) -> None:
         self.reducer.reset()
 
 
-class ShardedBuffers:
+class ShardedBuffers(HostBuffers):
     """offload.HostBuffers for several ranks (see the module docstring): host buffers in this
-    rank's local space, gradients reduce-scattered into them, weights all-gathered back."""
+    rank's local space, gradients reduce-scattered into them, weights all-gathered back. What
+    does not depend on the ranks (pinning, the gradient source's calls, waiting for the last
+    step's copies) is HostBuffers' own."""
 
     def __init__(self, sm: ShardedModel, *, pin_memory: bool, stage: int, overlap: bool, comm_cpu: bool,
                  comm_dtype: torch.dtype):
@@ -348,7 +340,6 @@ class ShardedBuffers:
         self._pin = self.cuda and pin_memory
         self._pinned_ptrs: list[int] = []
         self._pinned_any = False
-        import weakref
         weakref.finalize(self, _unpin, self._pinned_ptrs)
         self._flats: list = []
         self.flat_grads, self.grads = self.alloc(sm.dtype)
@@ -357,10 +348,6 @@ class ShardedBuffers:
         self._source = _ShardedSource(self.reducer, self.grads, device_norms=self.cuda and not comm_cpu)
         self._h2d_done = None
         self._pending_src = None
-
-    @property
-    def pinned(self) -> bool:
-        return self._pin and self._pinned_any
 
     def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
         """(one flat zeroed host buffer per group of the local space, per group the per-piece
@@ -374,19 +361,7 @@ class ShardedBuffers:
         self._flats.extend(flats)
         return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
 
-    # -- gradients --------------------------------------------------------------------------------
-    def before_backward(self, boundary: bool) -> None:
-        self._source.before_backward(boundary)
-
-    def after_backward(self) -> None:
-        self._source.after_backward()
-
-    def gather(self) -> list:
-        return self._source.gather()
-
-    def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
-        return self._source.grad_stats(grads, scale, host_stats)
-
+    # -- gradients (the source's calls are HostBuffers') -------------------------------------------
     def release(self) -> None:
         for ps in self.sm.layout.params:
             for p in ps:
@@ -394,11 +369,6 @@ class ShardedBuffers:
         self._source.reset()
 
     # -- weights ----------------------------------------------------------------------------------
-    def wait_host_buffers(self) -> None:
-        if self._h2d_done is not None:
-            self._h2d_done.synchronize()
-            self._h2d_done = None
-
     def write_back(self, src: list, keys: list) -> None:
         """Puts the new weights of the pieces ``keys`` into this rank's shards of the unit
         buffers (on the host path with Gloo and a CUDA model: remembered for the all-gather,
@@ -477,7 +447,6 @@ class ShardedDevicePath(OptimizerPath):
         self.reducer.gather()
 
     def grad_stats(self, scale: float) -> tuple[float, bool]:
-        from .optimizers import torch_grad_stats
         return torch_grad_stats(self._gflat, scale)
 
     def apply(self, factor: float) -> None:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import abc
 import logging
-import math
 import sys
 import warnings
 import weakref
@@ -46,6 +45,7 @@ import weakref
 import torch
 
 from .layout import FlatLayout
+from .optimizers import norms_stats
 from .paths import OptimizerPath
 from .trace import OFF
 
@@ -405,10 +405,7 @@ class _CudaGradCopies:
         """From the norms taken on the device: per-tensor fp32 norms summed in float64, as
         torch_grad_stats does. Kept until reset(): a step that fails (an NVMe I/O error) and
         is called again sees the same."""
-        if not self._norms:
-            return 0.0, False
-        total = torch.stack(self._norms).to(torch.float64).square().sum().item() * float(scale) ** 2
-        return total, not math.isfinite(total)
+        return norms_stats(self._norms, scale)
 
     def reset(self) -> None:
         self._pending.clear()

@@ -212,9 +212,14 @@ def torch_grad_stats(tensors: list, scale: float) -> tuple[float, bool]:
 
     vector_norm with dtype=float32 accumulates low-precision tensors in fp32 without
     materializing an fp32 copy of each gradient."""
-    if not tensors:
+    return norms_stats([torch.linalg.vector_norm(t, 2, dtype=torch.float32) for t in tensors], scale)
+
+
+def norms_stats(norms: list, scale: float) -> tuple[float, bool]:
+    """(sum of squares of scale*g, any inf/NaN) from per-tensor fp32 norms (on any device),
+    summed in float64: the one reduction behind every path's grad_stats."""
+    if not norms:
         return 0.0, False
-    norms = [torch.linalg.vector_norm(t, 2, dtype=torch.float32) for t in tensors]
     total = torch.stack(norms).to(torch.float64).square().sum().item() * float(scale) ** 2
     return total, not math.isfinite(total)
 

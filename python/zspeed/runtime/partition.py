@@ -126,7 +126,3 @@ class PartitionPlan:
 
     def owned(self, group: int, rank: int | None = None) -> int:
         return self.groups[group].owned(self.rank if rank is None else rank)
-
-    def signature(self) -> tuple:
-        """What every rank must agree on: world size, cuts and every group's sizes."""
-        return (self.world_size, self.align, self.unit_elems, tuple(g.numels for g in self.groups))
