@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from .._version import __version__
+from .zero3 import full_numel
 from .checkpoint_files import (_ST_DTYPES, CheckpointError, CheckpointReader, Deferred, SaveTransaction,
                                StagingWriter, _Dir, _oserror, open_for_load, validate_tag)
 from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
@@ -176,11 +177,14 @@ def _prepare(engine, tag, client_state, *, shared: bool, sharded: bool) -> _Save
     sv = _Save()
     sv.tag = validate_tag(f"global_step{engine.global_steps}" if tag is None else tag)
     sv.save_id = sv.meta = sv.model = sv.client = sv.optim = None
+    # ZeRO-3: every rank takes part in gathering the whole weights; one writes them.
+    model_sd = engine._module_state_for_save() if engine._stage3 else None
     if not shared:
         return sv
     client_tensors: dict = {}
     client_json = _encode_client(client_state or {}, "client_state", client_tensors)
-    model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
+    if model_sd is None:
+        model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
     sv.model, aliases = _dedupe(model_sd)
     if sharded:  # the state tensors go into the ranks' own files
         groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
@@ -264,7 +268,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
     disk, an I/O error) the folder holds what it held before. With several ranks every rank
     must call it (rank 0's tag and client_state are saved); a failure on any rank is a
     CheckpointError on every rank."""
-    if engine.world_size > 1:
+    if engine.world_size > 1 or engine.optimizer_path.sharded is not None:
         return _save_ranks(engine, save_dir, tag, client_state, save_latest)
     sv = _prepare(engine, tag, client_state, shared=True, sharded=False)
     with SaveTransaction(save_dir, sv.tag) as tx:
@@ -642,7 +646,7 @@ def _whole_params(engine, r: CheckpointReader, meta: dict, where, saved_model: d
     meta.json's) of whole parameters: a world-size-1 checkpoint's files as they are, or a
     checkpoint of several ranks assembled from its pieces (8-bit states dequantized where a
     parameter spans pieces)."""
-    if saved_world_size(meta, where) == 1:
+    if saved_world_size(meta, where) == 1 and meta.get("partition") is None:
         return r.tensors("master.safetensors"), r.tensors("optim.safetensors"), None
     masters, tensors, scalars = {}, {}, {}
     with PieceReader(r, meta, where) as src:
@@ -679,7 +683,7 @@ def _plan_pieces(engine, r: CheckpointReader, meta: dict, where) -> tuple[list, 
     targets = [g.get("state_dtype") for g in engine.optimizer.param_groups]
     masters, states = [], []
     with PieceReader(r, meta, where) as src:
-        mine = {n: torch.empty(p.numel(), device="meta") for names, ps in zip(engine._names, engine._model_params)
+        mine = {n: torch.empty(full_numel(p), device="meta") for names, ps in zip(engine._names, engine._model_params)
                 for n, p in zip(names, ps)}
         got = {n: torch.empty(k, device="meta") for n in src.names() if (k := src.numel(n)) is not None}
         _check_shapes(f"fp32 master weights in '{r.path}'", mine, got, True)
@@ -728,7 +732,7 @@ def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states:
                               f"{r.save_id!r}: the folder mixes two saves.")
     plan = _Plan()
 
-    model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
+    model_sd = engine._module_shapes()
     saved = r.tensors("model.safetensors")
     aliases = _field(meta, where, "model_aliases")
     if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
@@ -796,14 +800,13 @@ def _apply(engine, plan: _Plan, where: Path) -> None:
     has changed yet."""
     if plan.optimizer is not None:
         _load_optimizer(engine, plan.optimizer, where, engine.world_size > 1)
-    engine.module.load_state_dict(plan.model, strict=False)
+    engine._load_module_weights(plan.model)
     if plan.local_masters is not None:
         engine.optimizer_path.load_masters(plan.local_masters)
     elif plan.masters is not None:
         engine._load_masters(plan.masters)
     else:  # weights only: masters follow the (possibly low-precision) model weights
-        params = dict(engine.module.named_parameters())
-        engine._load_masters({n: params[n].detach().to(torch.float32) for n in engine._master_shapes()})
+        engine._load_masters({n: w.to(torch.float32) for n, w in engine._whole_weights(plan.model).items()})
     if plan.scaler is not None:
         if not plan.scaler["dynamic"] and engine.loss_scaler.dynamic:
             log.info("zspeed: the checkpoint in %s has no dynamic loss scale (it was not trained with dynamic "
@@ -826,7 +829,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     the checkpoint is a CheckpointError, raised before the engine changes. With several
     ranks every rank must call it; they load the same checkpoint, at any world size, or
     all raise the same CheckpointError and none changes."""
-    if engine.world_size > 1:
+    if engine.world_size > 1 or engine.optimizer_path.sharded is not None:
         return _load_ranks(engine, load_dir, tag, load_module_strict, load_optimizer_states,
                            load_lr_scheduler_states)
     with open_for_load(load_dir, tag) as r:

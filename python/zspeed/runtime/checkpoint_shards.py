@@ -104,7 +104,10 @@ class SavedLayout:
         # name -> (numel, [(rank, offset, length), ...] in offset order); None for world size 1,
         # whose sizes come from master.safetensors itself.
         self.index: dict | None = None
-        if self.world_size == 1:
+        # Whole-parameter files (master.safetensors, optim.safetensors): a checkpoint of one
+        # process without a partition. A partition (several ranks, or ZeRO-3 on one) is in pieces.
+        self.whole = self.world_size == 1 and meta.get("partition") is None
+        if self.whole:
             return
         part = meta.get("partition")
         if not isinstance(part, dict):
@@ -173,7 +176,8 @@ class PieceReader:
         self._stack = contextlib.ExitStack()
         self._files: dict = {}
         self._scalars1 = None
-        if self.world_size == 1:
+        self.whole = self.layout.whole
+        if self.whole:
             opt = meta.get("optimizer")
             sc = opt.get("scalars", {}) if isinstance(opt, dict) else {}
             if not isinstance(sc, dict) or not all(isinstance(v, dict) for v in sc.values()):
@@ -221,11 +225,11 @@ class PieceReader:
         return f
 
     def _source(self, rank, optim: bool) -> tuple[str, _File]:
-        if self.world_size == 1:
+        if self.whole:
             name = "optim.safetensors" if optim else "master.safetensors"
         else:
             name = optim_file(rank) if optim else master_file(rank)
-        return name, self._open(name, None if self.world_size == 1 else rank, optim)
+        return name, self._open(name, None if self.whole else rank, optim)
 
     # -- what the checkpoint holds --------------------------------------------------------------------
     def names(self) -> list:
@@ -268,7 +272,7 @@ class PieceReader:
         return out
 
     def _key(self, name: str, so: int) -> str:
-        return name if self.world_size == 1 else piece_key(name, so)
+        return name if self.whole else piece_key(name, so)
 
     # -- masters -------------------------------------------------------------------------------------
     def master(self, name: str, off: int, n: int) -> torch.Tensor:
@@ -295,7 +299,7 @@ class PieceReader:
         fname, f = self._source(rk, True)
         key = self._key(name, so)
         tensors = f.keys.get(key, {})
-        scalars = (self._scalars1 if self.world_size == 1 else f.scalars).get(key, {})
+        scalars = (self._scalars1 if self.whole else f.scalars).get(key, {})
         return fname, f, tensors, scalars
 
     def state(self, name: str, off: int, n: int) -> dict:

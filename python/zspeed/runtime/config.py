@@ -738,17 +738,21 @@ class ZSpeedConfig:
             raise ConfigError("fp16.fp16_master_weights_and_grads is not supported by zspeed (master "
                               "weights are always fp32); remove the key or set it to false.")
         stage = self.zero["stage"]
-        if stage == 3:
-            raise ConfigError("zero_optimization.stage 3 (parameter partitioning) is not yet supported "
-                              "by zspeed; use stage 2 (optionally with offload_optimizer) for now.")
         if self.zero["cpu_offload"]:  # DeepSpeed's deprecated boolean
             if self.offload["device"] not in ("none", "cpu"):
                 raise ConfigError("zero_optimization.cpu_offload=true conflicts with "
                                   f"offload_optimizer.device={self.offload['device']!r}; keep only one.")
             self.offload["device"] = "cpu"
-        if self.offload_param["device"] != "none":
-            raise ConfigError("zero_optimization.offload_param needs stage 3, which zspeed does not "
-                              "support yet; remove offload_param (offload_optimizer works with stage 1-2).")
+        pdev = self.offload_param["device"]
+        if pdev != "none" and stage != 3:
+            raise ConfigError(f"zero_optimization.offload_param.device '{pdev}' needs zero_optimization.stage 3 "
+                              f"(only stage 3 partitions and offloads parameters; this config runs stage "
+                              f"{stage}): set \"stage\": 3, or remove offload_param.")
+        if pdev == "nvme":
+            raise ConfigError("zero_optimization.offload_param.device 'nvme' (parameters on NVMe) is not "
+                              "supported by zspeed yet; use \"device\": \"cpu\" for the parameters (host memory) "
+                              "and offload_optimizer.device \"nvme\" for the optimizer state, which is most of "
+                              "the memory.")
         dev = self.offload["device"]
         if dev == "nvme":
             self._validate_nvme_path()

@@ -39,7 +39,9 @@ class HostPath(OffloadedPath):
                  num_threads: int | None = None):
         super().__init__(layout, buffers)
         lowp = buffers.model_dtype != torch.float32
-        shared = not buffers.cuda and all(p.is_contiguous() for ps in layout.params for p in ps)
+        # Host parameters (a CPU model, or ZeRO-3 shards offloaded to host memory) can be the
+        # buffers the optimizer writes.
+        shared = all(p.device.type == "cpu" and p.is_contiguous() for ps in layout.params for p in ps)
         own = [[p.data.view(-1) for p in ps] for ps in layout.params] if shared else None
         if own is not None and not lowp:
             self.host_masters = own

@@ -82,7 +82,12 @@ class ShardedModel:
                         at += n
                     row.append(buf)
                 self.bufs.append(row)
-        # The local space: per group, the pieces (plus padding) in local order.
+        self._build_local()
+
+    def _build_local(self) -> None:
+        """The local space: per group, the pieces (plus padding) in local order, as views of
+        this rank's shards (:meth:`shard`)."""
+        layout, plan = self.layout, self.plan
         self.pieces: list[list] = []      # per group: (Piece or None for padding, local start, length)
         local_params: list[list[torch.Tensor]] = []
         for gi, gp in enumerate(plan.groups):
@@ -159,8 +164,13 @@ class GradReducer:
         self.comm_cpu = comm_cpu
         self.comm_dtype = comm_dtype
         # Stage 1 reduces after backward; stage 2 during it (Gloo with a CUDA model after,
-        # as the copies to the host must complete first).
-        self.eager = stage >= 2 and not (comm_cpu and self.cuda)
+        # as the copies to the host must complete first). Stage 3 reduces during every
+        # micro-batch's backward (the device keeps no gradient between micro-batches) and
+        # accumulates the reduced shards in ``dests``.
+        self.accumulate = stage >= 3
+        if sharded.world_size == 1:
+            comm_cpu = self.comm_cpu = False  # nothing to communicate
+        self.eager = self.accumulate or (stage >= 2 and not (comm_cpu and self.cuda))
         self.overlap = overlap
         self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._armed = False
@@ -172,7 +182,12 @@ class GradReducer:
 
     # -- backward ------------------------------------------------------------------------------------
     def before_backward(self, boundary: bool) -> None:
-        self._armed = boundary and self.eager
+        self._boundary = boundary
+        if self.accumulate:
+            self._begin_pass()
+            self._armed = True
+        else:
+            self._armed = boundary and self.eager
 
     def _unit_buf(self, gi: int, ui: int) -> torch.Tensor:
         key = (gi, ui)
@@ -217,6 +232,9 @@ class GradReducer:
         start, n = self.sm.local_range(gi, ui)
         dest = self.dests[gi][start:start + n]
         group = self.sm.group
+        if self.accumulate:
+            self._issue_accumulate(gi, ui, buf, dest, n)
+            return
         if self.comm_cpu and self.cuda:
             host = torch.empty(buf.numel(), dtype=buf.dtype, pin_memory=False)
             host.copy_(buf)
@@ -244,6 +262,71 @@ class GradReducer:
         if not self.overlap:
             torch.cuda.current_stream(self.device).wait_stream(self.side)
 
+    def _reduce(self, buf: torch.Tensor, n: int, device) -> tuple:
+        """(the reduced shard of ``buf`` as a tensor on ``device``, the collective's work or None)."""
+        if self.sm.world_size == 1:
+            return buf, None
+        out = torch.empty(n, dtype=buf.dtype, device=device)
+        return out, td.reduce_scatter_tensor(out, buf, group=self.sm.group, async_op=True)
+
+    def _issue_accumulate(self, gi: int, ui: int, buf: torch.Tensor, dest: torch.Tensor, n: int) -> None:
+        """Stage 3: the unit's reduced shard added into ``dest`` (copied on its first micro-batch
+        since the last step); the norm is taken of the sum, on the boundary micro-batch."""
+        first = (gi, ui) not in self._fresh
+        self._fresh.add((gi, ui))
+        if self.comm_cpu and self.cuda:  # Gloo with a CUDA model: reduce on the host, synchronously
+            host = buf.to("cpu")
+            out, work = self._reduce(host, n, "cpu")
+            if work is not None:
+                work.wait()
+            dest.copy_(out) if first else dest.add_(out)
+            return
+        if not self.cuda:
+            out, work = self._reduce(buf, n, "cpu")
+
+            def finish(o=out, d=dest, f=first):
+                d.copy_(o) if f else d.add_(o)
+            if work is None:
+                finish()
+            else:
+                self._works.append((work, finish, buf))
+                if not self.overlap:
+                    self._finish_all()
+            return
+        out, work = self._reduce(buf, n, self.device)
+        with torch.cuda.stream(self.side):
+            self.side.wait_stream(torch.cuda.current_stream(self.device))
+            if work is not None:
+                work.wait()
+            if dest.device.type == "cuda":
+                dest.copy_(out) if first else dest.add_(out)
+                val = dest
+            elif first:
+                val = out
+            else:
+                val = dest.to(self.device, non_blocking=True)
+                val.add_(out)
+            if self._boundary:
+                self._norms.append(torch.linalg.vector_norm(val, 2, dtype=torch.float32))
+            if val is not dest:
+                dest.copy_(val, non_blocking=True)
+                val.record_stream(self.side)
+            out.record_stream(self.side)
+            buf.record_stream(self.side)
+
+    def _flush(self) -> None:
+        """Stage 3, end of a micro-batch's backward: every unit not issued yet (parameters that
+        got no gradient count as zeros) is reduced now, in the fixed order."""
+        for gi, ui in self._order[self._next:]:
+            u = self.sm.plan.groups[gi].units[ui]
+            for pi in range(u.first, u.first + u.count):
+                if (gi, pi) not in self._taken:
+                    p = self.layout.params[gi][pi]
+                    self._take(gi, pi, p.grad)
+                    p.grad = None
+            self._issue(gi, ui)
+        self._next = len(self._order)
+
     def _finish_all(self) -> None:
         for work, finish, _buf in self._works:
             work.wait()
@@ -252,13 +335,27 @@ class GradReducer:
         self._works.clear()
 
     def after_backward(self) -> None:
+        if self.accumulate and self._armed:
+            self._flush()
         self._armed = False
 
     # -- the step --------------------------------------------------------------------------------------
     def gather(self) -> None:
         """Reduces what is left (every unit with stage 1) in the fixed order, and waits. A
         parameter whose hook did not fire on the boundary contributes the gradient it has
-        (accumulated in earlier micro-batches) or zeros."""
+        (accumulated in earlier micro-batches) or zeros. Stage 3 reduced everything during
+        backward: units that got nothing since the last step read as zeros."""
+        if self.accumulate:
+            self._finish_all()
+            if self.cuda:
+                self.side.synchronize()
+            for gi, gp in enumerate(self.sm.plan.groups):
+                for ui in range(len(gp.units)):
+                    if (gi, ui) not in self._fresh:
+                        start, n = self.sm.local_range(gi, ui)
+                        self.dests[gi][start:start + n].zero_()
+                        self._fresh.add((gi, ui))
+            return
         for gi, ui in self._order[self._next:]:
             u = self.sm.plan.groups[gi].units[ui]
             for pi in range(u.first, u.first + u.count):
@@ -278,12 +375,17 @@ class GradReducer:
 
     def reset(self) -> None:
         """Ready for the next boundary: every unit waits for all its gradients again."""
+        self._begin_pass()
+        self._works: list = []      # Gloo: (work, copy to dest or None, input kept alive), in order
+        self._norms: list = []      # CUDA: fp32 norms of the reduced shards, on the device
+        self._fresh: set = set()    # stage 3: units whose dest holds this step's sum
+        self._boundary = True
+
+    def _begin_pass(self) -> None:
         self._missing = {(gi, ui): u.count for gi, gp in enumerate(self.sm.plan.groups)
                          for ui, u in enumerate(gp.units)}  # gradients a unit still waits for
         self._unit_bufs: dict = {}  # (group, unit) -> the unit's gradient buffer until issued
         self._next = 0              # index into _order of the next unit to issue
-        self._works: list = []      # Gloo: (work, copy to dest or None, input kept alive), in order
-        self._norms: list = []      # CUDA: fp32 norms of the reduced shards, on the device
         self._taken: set = set()    # (group, param) whose gradient is in its unit buffer
 
 

@@ -38,6 +38,7 @@ from .cpu import CHUNK_CAP, HostPath
 from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
 from .partition import PartitionPlan
 from .trace import tracer_from
+from .zero3 import full_shape
 from .layout import FlatLayout
 from .engine_optimizer import EngineOptimizer, needs_wrapper
 from .loss_scaler import build_loss_scaler
@@ -113,8 +114,14 @@ class ZSpeedEngine(torch.nn.Module):
                               f"zspeed.initialize after the process group exists.")
         self.dtype = (torch.float16 if config.fp16_enabled else
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
-        self.module = model.to(device=self.device, dtype=self.dtype) if self.dtype != torch.float32 \
-            else model.to(device=self.device)
+        self._stage3 = config.zero_stage == 3
+        if self._stage3:
+            # The trainable parameters go straight from where they are into their shards
+            # (the whole model may not fit on the device); the rest moves now.
+            self.module = model
+        else:
+            self.module = model.to(device=self.device, dtype=self.dtype) if self.dtype != torch.float32 \
+                else model.to(device=self.device)
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -155,6 +162,8 @@ class ZSpeedEngine(torch.nn.Module):
 
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
+        if self._stage3:
+            _move_except(model, self.device, self.dtype, self._layout.index)
         hook = _ParamGradHook(self)
         for ps in self._model_params:
             for p in ps:
@@ -162,6 +171,16 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_ranks_agree()
         self.optimizer_path = _build_path(config, self._layout, self.device, self.dtype, optimizer,
                                           self.global_rank, self.world_size)
+        self._fetcher = None
+        if self._stage3:
+            from .zero3 import ParamFetcher
+            z = config.zero
+            self._fetcher = ParamFetcher(
+                self.optimizer_path.sharded, self.module, prefetch_elems=int(z["stage3_prefetch_bucket_size"]),
+                max_live=int(z["stage3_max_live_parameters"]),
+                persistence=int(z["stage3_param_persistence_threshold"]),
+                comm_cpu=comm.get_backend() != "nccl")
+            self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
         self.basic_optimizer = self.optimizer_path.optimizer
@@ -187,7 +206,7 @@ class ZSpeedEngine(torch.nn.Module):
         mine = {
             "zspeed version": __version__,
             "config": self.config,
-            "parameters": [[(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, ps)]
+            "parameters": [[(n, tuple(full_shape(p)), str(p.dtype)) for n, p in zip(names, ps)]
                            for names, ps in zip(self._names, self._model_params)],
             "device type": self.device.type,
         }
@@ -260,7 +279,7 @@ class ZSpeedEngine(torch.nn.Module):
         return client
 
     def _describe(self) -> str:
-        n = sum(p.numel() for ps in self._model_params for p in ps)
+        n = sum(self._layout.totals)
         return (f"device={self.device} dtype={self.dtype} params={n} stage={self._config.zero_stage} "
                 f"offload={self._config.offload_device} pinned={self.optimizer_path.pinned} "
                 f"optimizer={type(self.optimizer).__name__} batch={self.train_batch_size()} "
@@ -392,6 +411,8 @@ class ZSpeedEngine(torch.nn.Module):
         finally:
             self._in_engine_backward = False
             self.optimizer_path.after_backward()
+            if self._fetcher is not None:
+                self._fetcher.release_all()
         return loss
 
     def _begin_direct_backward(self) -> None:
@@ -405,6 +426,8 @@ class ZSpeedEngine(torch.nn.Module):
         self._direct_backward_active = False
         self._loss_scaled_by_script = False
         self.optimizer_path.after_backward()
+        if self._fetcher is not None:
+            self._fetcher.release_all()
 
     def _collectives(self, what: str):
         """Turns a failed collective into an error that says what probably happened."""
@@ -548,12 +571,103 @@ class ZSpeedEngine(torch.nn.Module):
         out = {}
         for names, ps, ms in zip(self._names, self._model_params, self.optimizer_path.masters()):
             for n, p, m in zip(names, ps, ms):
-                out[n] = m.view(p.shape) if m.shape != p.shape else m
+                shape = full_shape(p)
+                out[n] = m.view(shape) if m.shape != shape else m
         return out
+
+    # -- whole weights (ZeRO-3 keeps only shards; see zero3.py) --------------------------------------
+    def _partitioned(self) -> dict:
+        """id(parameter) -> (group, index) of the ZeRO-3 partitioned parameters ({} otherwise)."""
+        return self._layout.index if self._stage3 else {}
+
+    def _module_shapes(self) -> dict:
+        """module.state_dict()'s names -> meta tensors of the whole shapes."""
+        part = self._partitioned()
+        out = {}
+        for k, v in self.module.state_dict(keep_vars=True).items():
+            if torch.is_tensor(v):
+                out[k] = torch.empty(full_shape(v), dtype=v.dtype, device="meta") if id(v) in part else v
+        return out
+
+    def _module_state_for_save(self) -> dict:
+        """module.state_dict() with every ZeRO-3 parameter gathered whole to host memory (every
+        rank must call it; tied parameters stay one tensor under each of their names)."""
+        part, sm = self._partitioned(), self.optimizer_path.sharded
+        done: dict = {}
+        out = {}
+        for k, v in self.module.state_dict(keep_vars=True).items():
+            if not torch.is_tensor(v):
+                continue
+            if id(v) in part:
+                if id(v) not in done:
+                    gi, pi = part[id(v)]
+                    done[id(v)] = sm.full(gi, pi, "cpu").view(full_shape(v))
+                out[k] = done[id(v)]
+            else:
+                out[k] = v.detach()
+        return out
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict:
+        """DeepSpeed's name: the whole model's state_dict in the training dtype, on rank 0 (other
+        ranks get {}); every rank must call it. Also works below stage 3."""
+        sd = self._module_state_for_save() if self._stage3 else \
+            {k: v.detach() for k, v in self.module.state_dict().items() if torch.is_tensor(v)}
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            sd = {k: v for k, v in sd.items() if k not in frozen}
+        return sd if self.global_rank == 0 else {}
+
+    def _load_module_weights(self, sd: dict) -> None:
+        """module.load_state_dict(sd, strict=False), with ZeRO-3 parameters written into shards."""
+        part = self._partitioned()
+        if not part:
+            self.module.load_state_dict(sd, strict=False)
+            return
+        sm = self.optimizer_path.sharded
+        mine = self.module.state_dict(keep_vars=True)
+        rest = {}
+        for k, v in sd.items():
+            t = mine.get(k)
+            if t is not None and id(t) in part:
+                gi, pi = part[id(t)]
+                sm.set_full(gi, pi, v)
+            else:
+                rest[k] = v
+        self.module.load_state_dict(rest, strict=False)
+
+    def _whole_weights(self, loaded: dict) -> dict:
+        """name -> the whole weight of every trained parameter: from ``loaded`` where it has it,
+        else the model's (gathered under ZeRO-3)."""
+        part, sm = self._partitioned(), self.optimizer_path.sharded
+        out = {}
+        for names, ps in zip(self._names, self._model_params):
+            for n, p in zip(names, ps):
+                if n in loaded:
+                    out[n] = loaded[n].detach()
+                elif id(p) in part:
+                    out[n] = sm.full(*part[id(p)], "cpu").view(full_shape(p))
+                else:
+                    out[n] = p.detach()
+        return out
+
+    def _zero3_modified(self, states: list) -> None:
+        """Parameters edited whole under GatheredParameters(modifier_rank=...): their shards were
+        written; the fp32 masters (and through them the optimizer's weights) follow."""
+        path, sm = self.optimizer_path, self.optimizer_path.sharded
+        new = {(st.gi, st.pi): st.p.detach().reshape(-1) for st in states}
+        rows = []
+        for gi, (entries, ms) in enumerate(zip(sm.pieces, path.masters())):
+            row = []
+            for (pc, _at, n), m in zip(entries, ms):
+                v = new.get((gi, pc.param)) if pc is not None else None
+                row.append(v[pc.offset:pc.offset + n].to("cpu", torch.float32) if v is not None
+                           else m.detach().reshape(-1).to("cpu", torch.float32, copy=True))
+            rows.append(row)
+        path.load_masters(rows)
 
     def _master_shapes(self) -> dict:
         """name -> a meta tensor shaped like the master (for validation without reading them)."""
-        return {n: torch.empty(p.shape, device="meta")
+        return {n: torch.empty(full_shape(p), device="meta")
                 for names, ps in zip(self._names, self._model_params) for n, p in zip(names, ps)}
 
     def _load_masters(self, src: dict) -> None:
@@ -564,6 +678,23 @@ class ZSpeedEngine(torch.nn.Module):
             self.optimizer_path.load_masters(sm.cut(lambda gi, pi: src[self._names[gi][pi]]))
             return
         self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
+
+
+def _move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, keep: dict) -> None:
+    """model.to(device, dtype) for everything but the parameters in ``keep`` (ids): floating
+    parameters and buffers take ``dtype``, as Module.to does."""
+    with torch.no_grad():
+        for m in model.modules():
+            for name, p in m._parameters.items():
+                if p is not None and id(p) not in keep:
+                    if hasattr(p, "ds_tensor"):  # cut by zero.Init, not trained: whole again
+                        from .zero import _init_gather
+                        _init_gather(p)
+                        del p.ds_tensor, p.ds_shape, p.ds_numel
+                    p.data = p.data.to(device, dtype if p.is_floating_point() else p.dtype)
+            for name, b in m._buffers.items():
+                if b is not None:
+                    m._buffers[name] = b.to(device, dtype if b.is_floating_point() else b.dtype)
 
 
 _COMM_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
@@ -606,11 +737,19 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
             name, params = client_as_config(client)
             client = None
     bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
-    if world_size > 1 and config.zero_stage >= 1:
+    if config.zero_stage == 3:
+        # One unit per parameter (unit_elems 1): each is gathered and reduced on its own.
+        from .zero3 import Stage3Model
+        plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
+        on_host = config.offload_param["device"] == "cpu"
+        sm = Stage3Model(layout, plan, device, dtype, param_device=torch.device("cpu") if on_host else device,
+                         pin=on_host and device.type == "cuda" and bool(config.offload_param["pin_memory"]))
+    elif world_size > 1 and config.zero_stage >= 1:
         plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=bucket)
         sm = ShardedModel(layout, plan, device, dtype)
+    if config.zero_stage == 3 or (world_size > 1 and config.zero_stage >= 1):
         kw = dict(stage=config.zero_stage, overlap=bool(config.zero["overlap_comm"]),
-                  comm_cpu=comm.get_backend() != "nccl", comm_dtype=_comm_dtype(config, dtype))
+                  comm_cpu=world_size > 1 and comm.get_backend() != "nccl", comm_dtype=_comm_dtype(config, dtype))
         if not config.offloaded:
             return ShardedDevicePath(sm, name, params, client, **kw)
         buffers = ShardedBuffers(sm, pin_memory=config.offload["pin_memory"], **kw)

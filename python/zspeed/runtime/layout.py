@@ -21,7 +21,9 @@ class FlatLayout:
     def __init__(self, groups: list):
         self.groups = groups
         self.params: list[list[torch.Tensor]] = [list(g["params"]) for g in groups]
-        self.numels: list[list[int]] = [[p.numel() for p in ps] for ps in self.params]
+        # A ZeRO-3 partitioned parameter is empty; ds_numel is its real size.
+        self.numels: list[list[int]] = [[int(getattr(p, "ds_numel", p.numel())) for p in ps]
+                                        for ps in self.params]
         self.offsets: list[list[int]] = []
         self.totals: list[int] = []
         for ns in self.numels:

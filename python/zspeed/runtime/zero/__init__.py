@@ -1,85 +1,298 @@
-"""DeepSpeed's ``deepspeed.zero`` (also ``deepspeed.runtime.zero``) names that scripts use
-with ZeRO stages 0-2, and clear refusals for ZeRO-3's parameter partitioning, which
-zspeed does not have yet.
+"""DeepSpeed's ``deepspeed.zero`` (also ``deepspeed.runtime.zero``): ZeRO-3's construction
+context and parameter access (runtime/zero3.py has the partitioning itself).
 
-- :class:`GatheredParameters`: with stages 0-2 every rank holds every parameter whole,
-  so the context has nothing to gather and only runs its body (DeepSpeed does the
-  same for parameters that are not ZeRO-3 partitioned); ``modifier_rank`` edits then
-  need no broadcast when there is one rank, and with several ranks zspeed broadcasts
-  the modified parameters from ``modifier_rank`` at exit, as DeepSpeed does.
-- :class:`Init` (construct a model partitioned across ranks) raises
-  :class:`ZeRO3NotSupported`.
+- :class:`Init`: modules created inside it get their parameters converted to the
+  training dtype as each module's constructor finishes, and with several ranks
+  partitioned right away (each rank keeps its shard; rank 0's values are broadcast
+  first, as DeepSpeed does, so every rank starts from the same weights). The engine
+  takes the shards as they are. With one rank the parameters stay whole, in host
+  memory in the training dtype: half the memory of building the model in fp32.
+- :class:`GatheredParameters`: the whole values of partitioned parameters inside the
+  context (every rank must enter it); with ``modifier_rank`` the values that rank
+  holds at exit are broadcast and written back into the shards and, once an engine
+  trains the model, into its fp32 master weights. Below stage 3 parameters are whole
+  already: the body just runs, and modifier_rank edits are broadcast at exit.
+- :func:`register_external_parameter`: declares that a module uses a parameter of
+  another module (zspeed also finds such uses itself during the first forward).
 - :mod:`offload_config`: DeepSpeed's enums of offload devices and states.
 """
 from __future__ import annotations
 
+import functools
+import json
+import os
+
+import torch
+import torch.distributed as td
+
 from ..._native import ZSpeedError
+from ..partition import DEFAULT_ALIGN
 from . import offload_config  # noqa: F401
 
-__all__ = ["Init", "GatheredParameters", "ZeRO3NotSupported", "offload_config", "register_external_parameter"]
+__all__ = ["Init", "GatheredParameters", "ZeRO3NotSupported", "offload_config", "register_external_parameter",
+           "unregister_external_parameter"]
 
 
 class ZeRO3NotSupported(ZSpeedError, NotImplementedError):
-    """ZeRO stage 3 (parameters partitioned across ranks) is not part of zspeed yet."""
+    """A ZeRO-3 feature zspeed does not have (kept for scripts that catch it)."""
 
 
-_ZERO3 = ("ZeRO stage 3 (parameters partitioned across ranks, deepspeed.zero.Init) is not supported by zspeed "
-          "yet. Build the model normally and use zero_optimization.stage 2 with offload_optimizer "
-          "(device cpu or nvme): the optimizer state, the largest part of training memory, then lives "
-          "off the GPU.")
+def _world() -> tuple[int, int]:
+    if td.is_available() and td.is_initialized():
+        return td.get_rank(), td.get_world_size()
+    return 0, 1
+
+
+def _comm_device() -> torch.device:
+    if td.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _padded(n: int, ws: int) -> int:
+    q = ws * DEFAULT_ALIGN  # the engine's plan: one unit per parameter (partition.py)
+    return max(q, -(-n // q) * q)
+
+
+def _dtype_from(config, dtype):
+    if dtype is not None:
+        return dtype
+    if config is None:
+        return torch.float16  # DeepSpeed's default without a config
+    if isinstance(config, (str, os.PathLike)):
+        with open(config) as f:
+            config = json.load(f)
+    if not isinstance(config, dict):
+        config = getattr(config, "raw", None) or {}
+    bf16 = (config.get("bf16") or config.get("bfloat16") or {}).get("enabled", False)
+    fp16 = (config.get("fp16") or {}).get("enabled", False)
+    if bf16 and fp16:
+        raise ValueError("the config enables both fp16 and bf16; enable one.")
+    return torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+
+
+def _all_module_classes(root=torch.nn.Module):
+    seen, todo = set(), [root]
+    while todo:
+        c = todo.pop()
+        for sub in c.__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return seen | {root}
 
 
 class Init:
-    """DeepSpeed's ``deepspeed.zero.Init``: raises :class:`ZeRO3NotSupported`."""
+    """DeepSpeed's ``deepspeed.zero.Init`` (see the module docstring). Arguments as DeepSpeed's:
+    ``config_dict_or_path`` (or ``config``) gives the dtype (bf16/fp16 sections) unless
+    ``dtype`` is passed; ``remote_device`` "cpu" or None keeps parameters in host memory
+    (the engine moves them where offload_param says), "nvme" is refused (not supported);
+    ``enabled=False`` constructs normally. Other DeepSpeed arguments are accepted."""
 
-    def __init__(self, *args, enabled: bool = True, **kwargs):
-        # DeepSpeed's Init(enabled=False) constructs models normally; that works here too.
+    _active = 0
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
+                 zero_param_parallel_group=None, zero_quantized_weights=False, zero_quantized_nontrainable_weights=False,
+                 sequence_data_parallel_group=None, param_swapper=None, **kwargs):
+        del mem_efficient_linear, pin_memory, mpu, zero_param_parallel_group, param_swapper, kwargs
+        del zero_quantized_weights, zero_quantized_nontrainable_weights, sequence_data_parallel_group
+        if data_parallel_group is not None:
+            raise ZeRO3NotSupported("zero.Init(data_parallel_group=...): zspeed partitions over the whole "
+                                    "process group; leave data_parallel_group unset.")
+        remote = getattr(remote_device, "value", remote_device)
+        if remote not in (None, "none", "cpu"):
+            raise ZeRO3NotSupported(f"zero.Init(remote_device={remote!r}): zspeed builds partitioned parameters "
+                                    f"in host memory (remote_device 'cpu' or None); parameters on NVMe are not "
+                                    f"supported yet.")
         self.enabled = enabled
-        if enabled:
-            raise ZeRO3NotSupported(_ZERO3)
+        self.dtype = _dtype_from(config_dict_or_path if config_dict_or_path is not None else config, dtype)
+        self._patched: list = []
+        self._module = module
+        self._depth: dict = {}
 
     def __enter__(self):
+        if not self.enabled:
+            return self
+        self.rank, self.ws = _world()
+        for cls in _all_module_classes():
+            init = cls.__dict__.get("__init__")
+            if init is not None and not getattr(init, "_zspeed_wrapped", False):
+                self._patched.append((cls, init))
+                setattr(cls, "__init__", self._wrap(init))
+        self._orig_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+        ctx = self
+
+        def init_subclass(cls, **kw):  # classes defined inside the context
+            init = cls.__dict__.get("__init__")
+            if init is not None and not getattr(init, "_zspeed_wrapped", False):
+                ctx._patched.append((cls, init))
+                cls.__init__ = ctx._wrap(init)
+        torch.nn.Module.__init_subclass__ = classmethod(init_subclass)
+        Init._active += 1
+        if self._module is not None:  # an existing model: convert it now
+            for m in self._module.modules():
+                self._convert(m)
         return self
 
     def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        for cls, init in reversed(self._patched):
+            cls.__init__ = init
+        self._patched.clear()
+        if self._orig_subclass is None:
+            del torch.nn.Module.__init_subclass__
+        else:
+            torch.nn.Module.__init_subclass__ = self._orig_subclass
+        Init._active -= 1
         return False
+
+    def _wrap(self, init):
+        ctx = self
+
+        @functools.wraps(init)
+        def __init__(module, *args, **kwargs):
+            key = id(module)
+            ctx._depth[key] = ctx._depth.get(key, 0) + 1
+            try:
+                init(module, *args, **kwargs)
+            finally:
+                ctx._depth[key] -= 1
+            if ctx._depth[key] == 0:
+                del ctx._depth[key]
+                ctx._convert(module)
+        __init__._zspeed_wrapped = True
+        return __init__
+
+    def _convert(self, module) -> None:
+        """The module's own parameters: to the dtype in host memory and, with several ranks,
+        cut to this rank's shard (``p.ds_tensor``; ``p.data`` emptied)."""
+        with torch.no_grad():
+            for p in module.parameters(recurse=False):
+                if hasattr(p, "ds_shape") or p.device.type == "meta":
+                    continue
+                dt = self.dtype if p.is_floating_point() else p.dtype
+                if self.ws == 1 or p.numel() == 0:
+                    p.data = p.data.to("cpu", dt)
+                    continue
+                n, shape = p.numel(), p.shape
+                dev = _comm_device()
+                full = torch.zeros(_padded(n, self.ws), dtype=dt, device=dev)
+                full[:n].copy_(p.data.reshape(-1))
+                td.broadcast(full, 0)
+                s = full.numel() // self.ws
+                p.ds_tensor = full[self.rank * s:(self.rank + 1) * s].to("cpu", copy=True)
+                p.ds_shape, p.ds_numel = shape, n
+                p.data = torch.empty(0, dtype=dt)
+
+
+def _init_gather(p) -> None:
+    """A parameter zero.Init partitioned (not yet in an engine): its whole value into p.data."""
+    rank, ws = _world()
+    dev = _comm_device()
+    s = p.ds_tensor.numel()
+    full = torch.empty(s * ws, dtype=p.ds_tensor.dtype, device=dev)
+    td.all_gather_into_tensor(full, p.ds_tensor.to(dev))
+    p.data = full[:p.ds_numel].view(p.ds_shape).to(p.ds_tensor.device)
+
+
+def _init_scatter(p) -> None:
+    rank, ws = _world()
+    flat = p.data.reshape(-1)
+    s = p.ds_tensor.numel()
+    full = torch.zeros(s * ws, dtype=flat.dtype)
+    full[:p.ds_numel].copy_(flat)
+    p.ds_tensor.copy_(full[rank * s:(rank + 1) * s])
+    p.data = torch.empty(0, dtype=flat.dtype)
+
+
+def _broadcast(params, src: int) -> None:
+    with torch.no_grad():
+        for p in params:
+            if td.get_backend() == "nccl" or p.device.type == "cpu":
+                buf = p.data if p.data.is_contiguous() else p.data.contiguous()
+                td.broadcast(buf, src=src)
+                if buf is not p.data:
+                    p.data.copy_(buf)
+            else:
+                buf = p.data.cpu()
+                td.broadcast(buf, src=src)
+                p.data.copy_(buf)
 
 
 class GatheredParameters:
-    """DeepSpeed's context for reading or editing ZeRO-3 partitioned parameters. Under zspeed
-    (stages 0-2) parameters are never partitioned: the body runs on the parameters as they are.
-    With several ranks and ``modifier_rank`` set, the parameters are broadcast from that rank
-    when the context exits, so an edit made on one rank reaches all of them."""
+    """DeepSpeed's context for reading or editing partitioned parameters (see the module
+    docstring). ``params``: a parameter or an iterable of them; ``modifier_rank``: the rank
+    whose edits are kept (None: read only, edits are discarded as in DeepSpeed);
+    ``enabled=False`` does nothing."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled: bool = True):
-        import torch
+        del fwd_module
         if torch.is_tensor(params):
             params = [params]
-        self.params = [p for p in (params or []) if p is not None]
+        self.params = []
+        seen = set()
+        for p in (params or []):
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                self.params.append(p)
         self.modifier_rank = modifier_rank
         self.enabled = enabled
+        self._groups: list = []
+        self._init_params: list = []
 
     def __enter__(self):
+        if not self.enabled:
+            return None
+        from ..zero3 import fetcher_of
+        by_fetcher: dict = {}
+        for p in self.params:
+            f = fetcher_of(p)
+            if f is not None:
+                by_fetcher.setdefault(id(f), (f, []))[1].append(p)
+            elif hasattr(p, "ds_tensor"):
+                self._init_params.append(p)
+        with torch.no_grad():
+            for f, ps in by_fetcher.values():
+                self._groups.append((f, f.pin(ps)))
+            for p in self._init_params:
+                _init_gather(p)
         return None
 
     def __exit__(self, typ, exc, tb):
-        if exc is not None or not self.enabled or self.modifier_rank is None:
+        if not self.enabled:
             return False
-        import torch
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            with torch.no_grad():
-                for p in self.params:
-                    if dist.get_backend() == "nccl" or p.device.type == "cpu":
-                        dist.broadcast(p.data, src=self.modifier_rank)
-                    else:
-                        buf = p.data.cpu()
-                        dist.broadcast(buf, src=self.modifier_rank)
-                        p.data.copy_(buf)
+        modified = exc is None and self.modifier_rank is not None
+        _, ws = _world()
+        with torch.no_grad():
+            if modified and ws > 1:
+                _broadcast(self.params, self.modifier_rank)
+            for f, sts in self._groups:
+                f.unpin(sts, modified)
+            for p in self._init_params:
+                if modified:
+                    _init_scatter(p)
+                else:
+                    p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+        self._groups.clear()
+        self._init_params.clear()
         return False
 
 
 def register_external_parameter(module, parameter) -> None:
-    """DeepSpeed's ZeRO-3 hint that ``module`` uses a parameter it does not own; nothing to do
-    without parameter partitioning."""
-    del module, parameter
+    """DeepSpeed's ZeRO-3 declaration that ``module``'s forward uses ``parameter``, which another
+    module owns: the parameter is gathered with the module's own. Below stage 3 (or before
+    the engine exists) there is nothing to do."""
+    from ..zero3 import fetcher_of
+    f = fetcher_of(parameter)
+    if f is not None:
+        f.add_external(module, parameter)
+
+
+def unregister_external_parameter(module, parameter) -> None:
+    """Undoes :func:`register_external_parameter`."""
+    from ..zero3 import fetcher_of
+    f = fetcher_of(parameter)
+    if f is not None:
+        f.remove_external(module, parameter)

@@ -1,0 +1,556 @@
+"""ZeRO stage 3: parameters partitioned across ranks, and offloaded to host memory.
+
+Every trainable parameter is a unit of its own in the partition plan (partition.py):
+it is padded to a multiple of ``world_size * 256`` elements and rank r holds shard r
+of it. A rank's shards of a parameter group lie one after another in one flat tensor
+in the model's dtype, the *local space* of dp.py: on the GPU (offload_param none) or in
+page-locked host memory (offload_param cpu). The optimizer paths step that local space
+exactly as they step a rank's shards at stages 1 and 2, so with offload_optimizer cpu
+the CPU optimizer writes its new bf16/fp16 weights straight into the host shards.
+
+Between uses a parameter holds no data (``p.data`` is an empty tensor; ``p.ds_shape``
+and ``p.ds_numel`` keep its real size). :class:`ParamFetcher` materializes it on the
+device for the modules that use it:
+
+  forward   a pre-hook on each module with parameters gathers them (host-to-device
+            copy, with several ranks an all-gather of the shards) on a side stream,
+            and the module's kernels wait for an event; a post-hook releases them.
+  backward  a hook on the module's outputs gathers them again before the module's
+            backward runs; a parameter is released once its gradient is accumulated
+            (autograd calls that once, after every use), and the gradient goes to the
+            reducer (dp.GradReducer), which reduce-scatters it into the rank's shard of
+            the gradient (host memory with offload_optimizer) during backward.
+  prefetch  the order in which the first forward needed the parameters is recorded;
+            later forwards gather the next ones ahead (up to
+            stage3_prefetch_bucket_size elements and stage3_max_live_parameters
+            elements materialized in all), and backward the previous ones.
+  persistence
+            parameters of at most stage3_param_persistence_threshold elements stay
+            materialized once gathered (they are re-gathered after each optimizer
+            step); their memory is small and their gathers would be latency-bound.
+
+A parameter used outside the forward of a module that owns it (a tied LM head
+written as ``x @ self.embed.weight.t()``) is found by a torch function mode that is
+active during the model's forward: the first touch gathers it, and it is recorded as
+an external parameter of the innermost module running, so later forwards gather it
+with that module (DeepSpeed's register_external_parameter does the same by hand).
+
+Collectives are issued in the order the model runs, which is the same on every
+rank for the same model and inputs; a model whose control flow differs between
+ranks would deadlock, as it would under DeepSpeed.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+
+import torch
+import torch.distributed as td
+from torch.overrides import TorchFunctionMode
+
+from .dp import ShardedModel
+from .layout import FlatLayout
+from .offload import _unpin, alloc_host
+from .partition import PartitionPlan
+
+log = logging.getLogger("zspeed.zero3")
+
+__all__ = ["Stage3Model", "ParamFetcher", "full_numel", "full_shape"]
+
+
+def full_numel(p: torch.Tensor) -> int:
+    """The number of elements of a parameter, partitioned or not."""
+    return int(p.ds_numel) if hasattr(p, "ds_numel") else p.numel()
+
+
+def full_shape(p: torch.Tensor) -> torch.Size:
+    return p.ds_shape if hasattr(p, "ds_shape") else p.shape
+
+
+class _State:
+    """What the fetcher knows about one partitioned parameter."""
+    __slots__ = ("p", "gi", "pi", "ui", "numel", "shape", "padded", "full", "ready", "waited", "hold",
+                 "persistent", "stale", "pins", "__weakref__")
+
+    def __init__(self, p, gi, pi, ui, numel, shape, padded, persistent):
+        self.p, self.gi, self.pi, self.ui = p, gi, pi, ui
+        self.numel, self.shape, self.padded = numel, shape, padded
+        self.full = None        # the gathered padded buffer on the device, or None (released)
+        self.ready = None       # CUDA event: the gather is complete
+        self.waited = True      # the compute stream waits for ``ready`` already
+        self.hold = False       # gathered for backward: kept until its gradient is accumulated
+        self.persistent = persistent
+        self.stale = False      # gathered, but the shards changed since (an optimizer step)
+        self.pins = 0           # GatheredParameters contexts holding it whole
+
+
+class Stage3Model(ShardedModel):
+    """This rank's shards of every trainable parameter (the local space of dp.py), held on
+    ``param_device``; the parameters themselves are emptied. Offers what the optimizer
+    paths and checkpoints use of dp.ShardedModel."""
+
+    def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype, *,
+                 param_device: torch.device, pin: bool, group=None):
+        self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
+        self.group = group
+        self.rank, self.world_size = plan.rank, plan.world_size
+        self.param_device = param_device
+        self.bufs = []
+        self._pinned_ptrs: list[int] = []
+        weakref.finalize(self, _unpin, self._pinned_ptrs)
+        self.flat: list[torch.Tensor] = []
+        with torch.no_grad():
+            for gi, gp in enumerate(plan.groups):
+                if param_device.type == "cpu":
+                    flat, _ = alloc_host(gp.local_len, dtype, pin, self._pinned_ptrs)
+                else:
+                    flat = torch.empty(gp.local_len, dtype=dtype, device=param_device)
+                flat.zero_()
+                self.flat.append(flat)
+                pieces = plan.pieces(gi)
+                last = {pc.param: i for i, pc in enumerate(pieces)}
+                done = set()
+                for i, pc in enumerate(pieces):
+                    p = layout.params[gi][pc.param]
+                    src = _shard_source(p, pc, plan, gp)
+                    flat[pc.at:pc.at + pc.length].copy_(src)
+                    if last[pc.param] == i:  # the whole parameter is not needed any more: free it now,
+                        _empty(p, dtype, device)  # so that memory holds the model about once
+                        done.add(pc.param)
+                for pi, p in enumerate(layout.params[gi]):
+                    if pi not in done:  # no piece on this rank
+                        _empty(p, dtype, device)
+        self._build_local()
+        self.fetcher: ParamFetcher | None = None
+
+    def shard(self, gi: int, ui: int) -> torch.Tensor:
+        u = self.plan.groups[gi].units[ui]
+        start = self.plan.groups[gi].local_start[ui]
+        return self.flat[gi].narrow(0, start, u.shard)
+
+    def all_gather(self, comm_cpu: bool, host_out: list | None = None) -> None:
+        """After an optimizer step wrote the shards: nothing is gathered now; materialized
+        (persistent) parameters are re-gathered before their next use."""
+        del comm_cpu, host_out
+        if self.fetcher is not None:
+            self.fetcher.mark_stale()
+
+    def full(self, gi: int, pi: int, device=None) -> torch.Tensor:
+        """Parameter pi of group gi whole (flat, the model's dtype) on ``device`` (default: the
+        model's). With several ranks every rank must call it (an all-gather)."""
+        device = torch.device(device) if device is not None else self.device
+        gp = self.plan.groups[gi]
+        ui = gp.unit_of[pi]
+        u = gp.units[ui]
+        shard = self.shard(gi, ui)
+        if self.world_size == 1:
+            return shard[:u.length].to(device, copy=True)
+        comm_dev = self.device if td.get_backend(self.group) == "nccl" else torch.device("cpu")
+        out = torch.empty(u.padded, dtype=self.dtype, device=comm_dev)
+        td.all_gather_into_tensor(out, shard.to(comm_dev, copy=True), group=self.group)
+        return out[:u.length].to(device)
+
+    def set_full(self, gi: int, pi: int, value: torch.Tensor) -> None:
+        """Writes this rank's shard of parameter pi from its whole value (any shape of its size)."""
+        gp = self.plan.groups[gi]
+        ui = gp.unit_of[pi]
+        u = gp.units[ui]
+        flat = value.detach().reshape(-1)
+        with torch.no_grad():
+            lo = self.rank * u.shard
+            hi = min(u.length, lo + u.shard)
+            if hi > lo:
+                self.shard(gi, ui)[:hi - lo].copy_(flat[lo:hi].to(self.param_device, self.dtype))
+        if self.fetcher is not None:
+            self.fetcher.mark_stale()
+
+
+def _shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
+    """The elements of piece ``pc`` from the parameter: from its data, or from the shard that
+    zero.Init left in ``p.ds_tensor`` (computed by the same plan: one unit per parameter)."""
+    ds = getattr(p, "ds_tensor", None)
+    if ds is not None:
+        u = gp.units[pc.unit]
+        lo = plan.rank * u.shard
+        return ds.reshape(-1)[pc.offset - lo:pc.offset - lo + pc.length]
+    return p.detach().reshape(-1)[pc.offset:pc.offset + pc.length]
+
+
+def _empty(p: torch.Tensor, dtype, device) -> None:
+    """Releases a parameter's storage, recording its real size (DeepSpeed's ds_shape/ds_numel)."""
+    if not hasattr(p, "ds_shape"):
+        p.ds_shape = p.shape
+        p.ds_numel = p.numel()
+    if hasattr(p, "ds_tensor"):
+        del p.ds_tensor
+    p.data = torch.empty(0, dtype=dtype, device=device)
+
+
+_FETCHERS: "weakref.WeakSet[ParamFetcher]" = weakref.WeakSet()
+
+
+def fetcher_of(p) -> "ParamFetcher | None":
+    """The live fetcher that manages parameter ``p`` (None: not partitioned by an engine)."""
+    for f in list(_FETCHERS):
+        if id(p) in f.states and f.states[id(p)].p is p:
+            return f
+    return None
+
+
+class _ExternalUse(TorchFunctionMode):
+    """During the model's forward: a partitioned parameter touched while released (used
+    outside the modules that own it) is gathered first, and remembered as an external
+    parameter of the innermost module running."""
+
+    def __init__(self, fetcher):
+        super().__init__()
+        self.fetcher = fetcher
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        f = self.fetcher
+        if f._busy:
+            return func(*args, **(kwargs or {}))
+        hits = None
+        for a in (*args, *(kwargs.values() if kwargs else ())):
+            if type(a) is torch.nn.Parameter and id(a) in f.states:
+                hits = _add(hits, f.states[id(a)])
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if type(b) is torch.nn.Parameter and id(b) in f.states:
+                        hits = _add(hits, f.states[id(b)])
+        if hits:
+            f._busy += 1
+            try:
+                f.external_use(hits)
+            finally:
+                f._busy -= 1
+        return func(*args, **(kwargs or {}))
+
+
+def _add(lst, st):
+    if st.full is None or st.stale or not st.waited:
+        lst = lst or []
+        lst.append(st)
+    return lst
+
+
+class ParamFetcher:
+    """Gathers and releases the partitioned parameters around the modules that use them
+    (see the module docstring)."""
+
+    def __init__(self, sm: Stage3Model, module: torch.nn.Module, *, prefetch_elems: int, max_live: int,
+                 persistence: int, comm_cpu: bool):
+        self.sm = sm
+        self.device = sm.device
+        self.cuda = self.device.type == "cuda"
+        self.comm_cpu = comm_cpu and sm.world_size > 1
+        self.prefetch_elems = int(prefetch_elems)
+        self.max_live = max(1, int(max_live))
+        self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.states: dict[int, _State] = {}
+        for gi, ps in enumerate(sm.layout.params):
+            gp = sm.plan.groups[gi]
+            for pi, p in enumerate(ps):
+                ui = gp.unit_of[pi]
+                u = gp.units[ui]
+                self.states[id(p)] = _State(p, gi, pi, ui, u.length, full_shape(p), u.padded,
+                                            u.length <= persistence)
+        self.live = 0  # elements materialized (persistent ones included)
+        self._module_params: dict[int, list] = {}
+        self._external: dict[int, list] = {}
+        self._stack: list = []
+        self._mode = None
+        self._depth = 0
+        # The order of the first forward's gathers (one tuple of states per module call),
+        # and the position in it of the current forward/backward.
+        self._trace: list | None = None
+        self._recording: list | None = []
+        self._cursor = 0
+        self._bw_cursor = None
+        self._handles = []
+        self.module = module
+        for m in module.modules():
+            own = [self.states[id(p)] for p in m.parameters(recurse=False) if id(p) in self.states]
+            if own:
+                self._module_params[id(m)] = own
+            self._handles.append(m.register_forward_pre_hook(self._pre_forward))
+            self._handles.append(m.register_forward_hook(self._post_forward, always_call=True))
+        self._handles.append(module.register_forward_pre_hook(self._root_enter))
+        self._handles.append(module.register_forward_hook(self._root_exit, always_call=True))
+        for st in self.states.values():
+            self._handles.append(st.p.register_post_accumulate_grad_hook(self._grad_done))
+        sm.fetcher = self
+        self.on_modified = None  # weak method: the engine's reaction to edited parameters
+        self._busy = 0
+        _FETCHERS.add(self)
+
+    # -- gathering ------------------------------------------------------------------------------
+    def _gather(self, sts: list) -> None:
+        """Starts gathering each of ``sts`` not materialized (or stale) into a device buffer."""
+        todo = [st for st in sts if st.full is None or st.stale]
+        if not todo:
+            return
+        cur = torch.cuda.current_stream(self.device) if self.cuda else None
+        for st in todo:
+            if st.full is None:
+                st.full = torch.empty(st.padded, dtype=self.sm.dtype, device=self.device)
+                self.live += st.numel
+            st.stale = False
+        if self.cuda:
+            self.side.wait_stream(cur)  # the buffers may reuse memory the compute stream just freed
+            ctx = torch.cuda.stream(self.side)
+        else:
+            ctx = contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            for st in todo:
+                shard = self.sm.shard(st.gi, st.ui)
+                if self.sm.world_size == 1:
+                    st.full[:st.numel].copy_(shard[:st.numel], non_blocking=True)
+                elif self.comm_cpu and self.cuda:  # Gloo: gather on the host, then one copy
+                    host = torch.empty(st.padded, dtype=self.sm.dtype)
+                    td.all_gather_into_tensor(host, shard.to("cpu"), group=self.sm.group)
+                    st.full.copy_(host)
+                elif self.cuda:
+                    td.all_gather_into_tensor(st.full, shard.to(self.device, non_blocking=True),
+                                              group=self.sm.group)
+                else:
+                    td.all_gather_into_tensor(st.full, shard.clone(), group=self.sm.group)
+                st.p.data = st.full[:st.numel].view(st.shape)
+                if self.cuda:
+                    st.ready = torch.cuda.Event()
+                    st.ready.record(self.side)
+                    st.waited = False
+
+    def need(self, sts: list) -> None:
+        """``sts`` materialized, and the compute stream ordered after their gathers."""
+        self._gather(sts)
+        if self.cuda:
+            cur = None
+            for st in sts:
+                if not st.waited:
+                    cur = cur or torch.cuda.current_stream(self.device)
+                    cur.wait_event(st.ready)
+                    st.waited = True
+
+    def release(self, sts, backward_done: bool = False) -> None:
+        for st in sts:
+            if st.full is None or st.persistent or st.pins or (st.hold and not backward_done):
+                continue
+            if not st.waited:  # prefetched, never used: the memory goes back after the gather
+                torch.cuda.current_stream(self.device).wait_event(st.ready)
+                st.waited = True
+            st.p.data = torch.empty(0, dtype=self.sm.dtype, device=self.device)
+            st.full = None
+            st.ready = None
+            st.hold = False
+            self.live -= st.numel
+
+    def release_all(self) -> None:
+        for st in self.states.values():
+            st.hold = False
+            if not st.persistent:
+                self.release([st])
+
+    def mark_stale(self) -> None:
+        for st in self.states.values():
+            if st.full is not None:
+                st.stale = True
+
+    # -- module hooks -----------------------------------------------------------------------------
+    def _of(self, m) -> list:
+        own = self._module_params.get(id(m), ())
+        ext = self._external.get(id(m), ())
+        return list(own) + [s for s in ext if s not in own] if ext else list(own)
+
+    def _root_enter(self, module, args):
+        self._depth += 1
+        if self._depth == 1:
+            self._cursor = 0
+            self._mode = _ExternalUse(self)
+            self._mode.__enter__()
+
+    def _root_exit(self, module, args, out):
+        self._depth -= 1
+        if self._depth == 0 and self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+            self._stack.clear()
+            if self._recording is not None and self._recording:
+                self._trace, self._recording = self._recording, None
+            self._bw_cursor = len(self._trace) if self._trace else None
+        return None
+
+    def _pre_forward(self, m, args):
+        self._stack.append(m)
+        sts = self._of(m)
+        if not sts:
+            return None
+        self._busy += 1
+        try:
+            self.need(sts)
+            if self._mode is not None:  # the model's forward (not a recomputation in backward)
+                self._note_forward(sts)
+        finally:
+            self._busy -= 1
+        return None
+
+    def _post_forward(self, m, args, out):
+        if self._stack and self._stack[-1] is m:
+            self._stack.pop()
+        sts = self._of(m)
+        if not sts:
+            return None
+        self._busy += 1
+        try:
+            if torch.is_grad_enabled():
+                self._hook_outputs(out, m)
+            self.release(sts)
+        finally:
+            self._busy -= 1
+        return None
+
+    def _hook_outputs(self, out, m) -> None:
+        fired = [False]
+        ref = weakref.ref(self)
+
+        def before_module_backward(grad):
+            f = ref()
+            if f is not None and not fired[0]:
+                fired[0] = True
+                f._pre_backward(m)
+            return None
+        for t in _tensors(out):
+            if t.requires_grad and t.grad_fn is not None:
+                t.register_hook(before_module_backward)
+
+    def _pre_backward(self, m) -> None:
+        sts = self._of(m)
+        for st in sts:
+            st.hold = True
+        self.need(sts)
+        self._prefetch_backward(sts)
+
+    def _grad_done(self, p) -> None:
+        st = self.states.get(id(p))
+        if st is not None and not st.persistent:
+            st.hold = False
+            self.release([st], backward_done=True)
+
+    def external_use(self, sts: list) -> None:
+        """A released parameter touched during forward outside its modules' hooks."""
+        self.need(sts)
+        if self._stack:
+            m = self._stack[-1]
+            ext = self._external.setdefault(id(m), [])
+            for st in sts:
+                if st not in ext and st not in self._module_params.get(id(m), ()):
+                    ext.append(st)
+                    log.debug("zspeed zero3: %s uses parameter %s of another module", type(m).__name__,
+                              tuple(st.shape))
+        # else: touched outside any module's forward (the root's own code): it stays
+        # gathered until the end of backward, or the next release_all().
+
+    def add_external(self, module, p) -> None:
+        st = self.states[id(p)]
+        ext = self._external.setdefault(id(module), [])
+        if st not in ext:
+            ext.append(st)
+
+    def remove_external(self, module, p) -> None:
+        st = self.states.get(id(p))
+        ext = self._external.get(id(module), [])
+        if st in ext:
+            ext.remove(st)
+
+    # -- GatheredParameters ------------------------------------------------------------------------
+    def pin(self, params: list) -> list:
+        """Gathers ``params`` whole and keeps them so until :meth:`unpin` (every rank must call it
+        with the same parameters, in the same order)."""
+        sts = [self.states[id(p)] for p in params]
+        self._busy += 1
+        try:
+            self.need(sts)
+            if self.cuda:
+                torch.cuda.current_stream(self.device).synchronize()
+        finally:
+            self._busy -= 1
+        for st in sts:
+            st.pins += 1
+        return sts
+
+    def unpin(self, sts: list, modified: bool) -> None:
+        """Ends a pin; with ``modified`` the whole values (already the same on every rank) are
+        written into the shards, and the engine updates the fp32 masters from them."""
+        if modified:
+            for st in sts:
+                self.sm.set_full(st.gi, st.pi, st.p.data)
+            cb = self.on_modified() if self.on_modified is not None else None
+            if cb is not None:
+                cb(sts)
+        for st in sts:
+            st.pins -= 1
+        self.release(sts)
+
+    # -- prefetch ---------------------------------------------------------------------------------
+    def _note_forward(self, sts: list) -> None:
+        if self._recording is not None:
+            self._recording.append(tuple(sts))
+            return
+        tr = self._trace
+        if tr is None or self._cursor >= len(tr) or list(tr[self._cursor]) != sts:
+            self._trace, self._recording = None, [tuple(sts)]  # the model took another path: learn again
+            return
+        self._cursor += 1
+        self._prefetch(tr, range(self._cursor, len(tr)))
+
+    def _prefetch(self, tr, positions) -> None:
+        budget = self.prefetch_elems
+        if budget <= 0:
+            return
+        todo, seen = [], set()
+        for i in positions:
+            for st in tr[i]:
+                if id(st) in seen:
+                    continue
+                seen.add(id(st))
+                if st.full is None or st.stale:
+                    if self.live + st.numel > self.max_live or budget < st.numel and todo:
+                        self._gather(todo)
+                        return
+                    todo.append(st)
+                    budget -= st.numel
+            if budget <= 0:
+                break
+        self._gather(todo)
+
+    def _prefetch_backward(self, sts: list) -> None:
+        tr = self._trace
+        if not tr or self._bw_cursor is None:
+            return
+        # The module backward runs in about the reverse of the forward order: find it.
+        i = self._bw_cursor - 1
+        while i >= 0 and list(tr[i]) != sts:
+            i -= 1
+        if i < 0:
+            return
+        self._bw_cursor = i
+        self._prefetch(tr, range(i - 1, -1, -1))
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def _tensors(obj, out=None, depth=0):
+    out = [] if out is None else out
+    if torch.is_tensor(obj):
+        out.append(obj)
+    elif depth < 4 and isinstance(obj, (list, tuple)):
+        for o in obj:
+            _tensors(o, out, depth + 1)
+    elif depth < 4 and isinstance(obj, dict):
+        for o in obj.values():
+            _tensors(o, out, depth + 1)
+    return out
