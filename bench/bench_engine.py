@@ -13,6 +13,15 @@ then one machine-readable line starting with RESULT.
                                                         # tokens/s over all ranks, memory per rank
 Flags: --torch-adam (torch AdamW on the CPU instead of zspeed.ops), --state-dtype bf16|int8,
 --no-pin, --offload none, --dtype fp16|bf16, --threads N (CPU optimizer threads).
+
+ZeRO-3 (models larger than the GPU): --stage 3 --offload-param cpu, with --gpu-cap GiB
+(torch.cuda.set_per_process_memory_fraction: a consumer card's memory), --ckpt (activation
+checkpointing per block), --init (build the model under zero.Init in the training dtype),
+--model llama (a Llama-architecture model from transformers, random weights). Peak host
+memory (ru_maxrss) is reported with the result:
+
+  python bench/bench_engine.py --stage 3 --offload-param cpu --gpu-cap 24 --ckpt --init \
+      --d-model 4096 --heads 32 --layers 16 --batch 1          # 3.36B, as DeepSpeed's anchor
 """
 import argparse
 import json
@@ -33,9 +42,11 @@ def ds_config(a):
     opt_params = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
     c = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
          "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": opt_params},
-         "zero_optimization": {"stage": 2, "contiguous_gradients": True, "overlap_comm": True,
+         "zero_optimization": {"stage": a.stage, "contiguous_gradients": True, "overlap_comm": True,
                                "reduce_bucket_size": 50_000_000},
          "steps_per_print": 1000000}
+    if a.stage == 3 and a.offload_param != "none":
+        c["zero_optimization"]["offload_param"] = {"device": a.offload_param, "pin_memory": not a.no_pin}
     c["bf16" if a.dtype == "bf16" else "fp16"] = {"enabled": True}
     if a.offload == "cpu":
         c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": not a.no_pin}
@@ -63,6 +74,13 @@ def main():
     ap.add_argument("--torch-adam", action="store_true")
     ap.add_argument("--state-dtype", choices=["fp32", "bf16", "int8"], default="fp32")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the CPU step")
+    ap.add_argument("--stage", type=int, choices=[2, 3], default=2)
+    ap.add_argument("--offload-param", choices=["cpu", "none"], default="none")
+    ap.add_argument("--gpu-cap", type=float, default=None, help="GiB of GPU memory this process may use")
+    ap.add_argument("--ckpt", action="store_true", help="activation checkpointing per block")
+    ap.add_argument("--init", action="store_true", help="build the model under zero.Init")
+    ap.add_argument("--model", choices=["gpt", "llama"], default="gpt")
+    ap.add_argument("--ffn", type=int, default=None, help="llama: intermediate size (default 8/3 d, rounded)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_engine.py needs a CUDA GPU")
@@ -77,12 +95,33 @@ def main():
     # needs one GPU per rank), as on a one-GPU machine.
     dev = torch.device(os.environ.get("ZSPEED_DEVICE") or f"cuda:{local}")
     torch.cuda.set_device(dev)
+    if a.gpu_cap:
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.gpu_cap * 2**30 / total), dev)
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=a.vocab, max_len=a.seq, d_model=a.d_model, n_layer=a.layers, n_head=a.heads)
-    model = GPT(cfg)
-    nparams = model.num_params()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     t_init = time.perf_counter()
+    if a.impl != "torch":
+        import zspeed
+        ds = zspeed if a.impl == "zspeed" else __import__("deepspeed")
+    if a.init and a.impl != "torch":
+        with ds.zero.Init(config_dict_or_path=ds_config(a)):
+            model = build_model(a)
+    else:
+        model = build_model(a)
+    nparams = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    print(f"model built in {time.perf_counter() - t_init:.1f}s", flush=True)
+    if a.model == "llama":
+        inner = model
+
+        class LM(torch.nn.Module):  # (ids, targets) -> loss, like the repo's GPT
+            def __init__(self):
+                super().__init__()
+                self.m = inner
+
+            def forward(self, ids, targets):
+                return self.m(input_ids=ids, labels=targets).loss
+        model = LM()
     if a.impl == "torch":
         model = model.to(dev, dtype)
         masters = [p.detach().float() for p in model.parameters()]
@@ -102,10 +141,6 @@ def main():
             with torch.no_grad():
                 torch._foreach_copy_(list(model.parameters()), masters)
     else:
-        if a.impl == "zspeed":
-            import zspeed as ds
-        else:
-            import deepspeed as ds
         engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(), config=ds_config(a))
 
         def fwd_bwd(x, y):
@@ -117,6 +152,7 @@ def main():
             engine.step()
     torch.cuda.synchronize()
     t_init = time.perf_counter() - t_init
+    print(f"initialized in {t_init:.1f}s", flush=True)
     rank = int(os.environ.get("RANK", "0"))
     g = torch.Generator(device=dev).manual_seed(rank)
     times, fb, st = [], [], []
@@ -137,8 +173,11 @@ def main():
             times.append(t2 - t0)
             fb.append(t1 - t0)
             st.append(t2 - t1)
-        print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  loss {loss.item():.4f}",
-              flush=True)
+        extra = ""
+        if a.impl != "torch":
+            extra = f"  grad norm {engine.get_global_grad_norm()}  skipped {getattr(engine, 'skipped_steps', '?')}"
+        print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  loss {loss.item():.4f}"
+              f"{extra}", flush=True)
     med = statistics.median(times)
     mine = {"peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
@@ -151,7 +190,10 @@ def main():
         if rank != 0:
             return
     res = {
-        "impl": a.impl, "offload": a.offload, "params": nparams, "layers": a.layers, "d_model": a.d_model,
+        "impl": a.impl, "offload": a.offload, "stage": a.stage, "offload_param": a.offload_param,
+        "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "init": a.init, "model": a.model,
+        "host_peak_rss_gib": round(_peak_rss() / 2**30, 2),
+        "params": nparams, "layers": a.layers, "d_model": a.d_model,
         "batch": a.batch, "seq": a.seq, "dtype": a.dtype, "torch_adam": a.torch_adam,
         "state_dtype": a.state_dtype, "pin": not a.no_pin, "world_size": world,
         "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
@@ -168,6 +210,35 @@ def main():
           f"{res['tokens_per_s']:,.0f} tokens/s over {world} rank(s), peak GPU {res['peak_alloc_gib']:.2f} GiB "
           f"allocated per rank")
     print("RESULT " + json.dumps(res))
+
+
+def build_model(a):
+    if a.model == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        ffn = a.ffn or 256 * round(8 * a.d_model / 3 / 256)
+        cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.d_model, intermediate_size=ffn,
+                          num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.heads,
+                          max_position_embeddings=a.seq, tie_word_embeddings=False, attn_implementation="sdpa")
+        m = LlamaForCausalLM(cfg)
+        if a.ckpt:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return m
+    cfg = GPTConfig(vocab_size=a.vocab, max_len=a.seq, d_model=a.d_model, n_layer=a.layers, n_head=a.heads)
+    m = GPT(cfg)
+    if a.ckpt:
+        from torch.utils.checkpoint import checkpoint
+        for blk in m.blocks:
+            blk.forward = (lambda f: (lambda x: checkpoint(f, x, use_reentrant=False)))(blk.forward)
+    return m
+
+
+def _peak_rss() -> int:
+    """Peak resident memory of this process (bytes); 0 where resource is missing (Windows)."""
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return 0
 
 
 def _rss() -> int:

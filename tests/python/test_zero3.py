@@ -143,7 +143,7 @@ def test_stage3_matches_stage2(tmp_path, opt, param, precision, gas, ckpt):
     e3, l3 = _train(_cfg(3, opt=opt, param=param, precision=precision, gas=gas, tmp=tmp_path), ckpt=ckpt)
     assert _released(e3) == []  # every trained parameter is back to its shard between steps
     _close(_whole(e3), ref, precision)
-    assert l3 == pytest.approx(l2, rel=1e-4 if precision == "fp32" else 2e-2)
+    assert l3 == pytest.approx(l2, rel=1e-4 if precision == "fp32" else 2e-2, abs=1e-6 if precision == "fp32" else 1e-3)
     assert e3.get_global_grad_norm() == pytest.approx(e2.get_global_grad_norm(), rel=1e-4 if precision == "fp32"
                                                       else 5e-2)
     e2.close()
@@ -244,7 +244,7 @@ def test_checkpoints_move_between_stages(tmp_path):
     e2.save_checkpoint(tmp_path, tag="s2")
     e, _ = _train(_cfg(3, opt="cpu", param="cpu"), steps=1)
     e.load_checkpoint(tmp_path, tag="s2")
-    _close(_whole(e), {k: v.float() for k, v in e2.module.state_dict().items()}, "fp32")
+    _close(_whole(e), {k: v.float().cpu() for k, v in e2.module.state_dict().items()}, "fp32")
     # Weights only.
     e, _ = _train(_cfg(3, opt="cpu", param="cpu"), steps=1)
     e.load_checkpoint(tmp_path, tag="s3", load_optimizer_states=False)

@@ -294,8 +294,9 @@ class GradReducer:
                     self._finish_all()
             return
         out, work = self._reduce(buf, n, self.device)
+        producer = torch.cuda.current_stream(self.device)  # where the unit's gradients were copied
         with torch.cuda.stream(self.side):
-            self.side.wait_stream(torch.cuda.current_stream(self.device))
+            self.side.wait_stream(producer)
             if work is not None:
                 work.wait()
             if dest.device.type == "cuda":
