@@ -8,6 +8,9 @@
 #   bench/gpu_host.sh engine    GPU correctness check of the offload path
 #   bench/gpu_host.sh examples  the two DeepSpeed-guide example scripts
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
+#   bench/gpu_host.sh zero3     GPU check of ZeRO-3 (tests/gpu/check_zero3_cuda.py)
+#   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
+#                   zspeed vs DeepSpeed at 3.36B (ZS_Z3_LAYERS: more zspeed sizes, e.g. "24 48")
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
 #   bench/gpu_host.sh ds-nvme   zspeed vs DeepSpeed ZeRO-3, optimizer state on NVMe
@@ -84,6 +87,19 @@ engine-bench)
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29512
   for impl in zspeed deepspeed torch; do
     python3 bench/bench_engine.py --impl $impl 2>&1 | tee "$OUT/bench_engine_$impl.log" | tail -6
+  done
+  ;;
+zero3)
+  python3 tests/gpu/check_zero3_cuda.py 2>&1 | tee "$OUT/check_zero3_cuda.log" | tail -12
+  ;;
+zero3-bench)
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29514
+  Z3="--stage 3 --offload-param cpu --gpu-cap 24 --ckpt --d-model 4096 --heads 32 --batch 1 --steps 5 --warmup 2"
+  for impl in zspeed deepspeed; do
+    python3 bench/bench_engine.py $Z3 --layers 16 --impl $impl 2>&1 | tee "$OUT/bench_z3_16_$impl.log" | tail -2
+  done
+  for L in ${ZS_Z3_LAYERS:-}; do
+    python3 bench/bench_engine.py $Z3 --layers $L --state-dtype int8 2>&1 | tee "$OUT/bench_z3_${L}_int8.log" | tail -2
   done
   ;;
 io)

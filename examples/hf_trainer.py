@@ -1,10 +1,13 @@
-"""Hugging Face Trainer with zspeed's ZeRO-2 + CPU offload: a small Llama built from a
-config (random weights, no download) trained on synthetic tokens, checkpointed, and
-resumed. The one change to an ordinary Trainer script is the two zspeed lines at the top.
+"""Hugging Face Trainer with zspeed's ZeRO-2 + CPU offload (or, with --stage 3, ZeRO-3 with
+parameters and optimizer state in CPU memory): a small Llama built from a config (random
+weights, no download) trained on synthetic tokens, checkpointed, and resumed. The one
+change to an ordinary Trainer script is the two zspeed lines at the top.
 
     python examples/hf_trainer.py --out /tmp/hf_run --max_steps 6 --save_steps 3
     python examples/hf_trainer.py --out /tmp/hf_run --max_steps 6 --resume /tmp/hf_run/checkpoint-3
+    python examples/hf_trainer.py --out /tmp/hf_z3 --stage 3
 """
+import copy
 import argparse
 import json
 import os
@@ -55,17 +58,29 @@ def main():
     ap.add_argument("--max_steps", type=int, default=6)
     ap.add_argument("--save_steps", type=int, default=3)
     ap.add_argument("--resume", default=None)
+    ap.add_argument("--stage", type=int, choices=[2, 3], default=2)
     args = ap.parse_args()
+    ds_config = copy.deepcopy(DS_CONFIG)
+    if args.stage == 3:  # the ZeRO-3 offload config of the transformers documentation
+        ds_config["zero_optimization"] = {
+            "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+            "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+            "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+            "stage3_gather_16bit_weights_on_model_save": True}
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = LlamaForCausalLM(cfg)
     targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=4, gradient_accumulation_steps=2,
                               max_steps=args.max_steps, save_steps=args.save_steps, learning_rate=1e-3,
-                              warmup_steps=2, logging_steps=1, report_to=[], deepspeed=DS_CONFIG, use_cpu=True,
+                              warmup_steps=2, logging_steps=1, report_to=[], deepspeed=ds_config, use_cpu=True,
                               seed=0, data_seed=0, dataloader_num_workers=0)
     trainer = Trainer(model=model, args=targs, train_dataset=Tokens())
     out = trainer.train(resume_from_checkpoint=args.resume)
+    if args.stage == 3:
+        trainer.save_model(os.path.join(args.out, "final"))  # the whole 16-bit model (gathered)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     summary = {"global_step": trainer.state.global_step, "train_loss": out.training_loss, "losses": losses,
                "engine": type(trainer.model_wrapped).__module__}

@@ -15,7 +15,7 @@ from ._version import __version__
 from ._native import NativeError, ZSpeedError
 
 __all__ = ["__version__", "ZSpeedError", "NativeError", "initialize", "add_config_arguments",
-           "init_distributed", "ConfigError", "ZSpeedEngine", "DeepSpeedEngine", "get_accelerator"]
+           "init_distributed", "init_inference", "ConfigError", "ZSpeedEngine", "DeepSpeedEngine", "get_accelerator"]
 
 version = __version__
 __version_major__, __version_minor__, __version_patch__ = (int(x) for x in __version__.split(".")[:3])
@@ -39,6 +39,15 @@ def initialize(*args, **kwargs):
     _require_torch()
     from .runtime.engine import initialize as _initialize
     return _initialize(*args, **kwargs)
+
+
+def init_inference(model, config=None, **kwargs):
+    """DeepSpeed's init_inference(): the model ready for inference, its weights streamed from
+    host memory with ``"zero": {"stage": 3, "offload_param": {"device": "cpu"}}`` (see
+    zspeed.inference)."""
+    _require_torch()
+    from .inference import init_inference as _init
+    return _init(model, config, **kwargs)
 
 
 def add_config_arguments(parser):

@@ -99,3 +99,23 @@ def test_trainer_zero2_offload_checkpoint_and_resume(tmp_path, with_real):
     # The resumed run repeats steps 4-6 of the uninterrupted one exactly (zspeed's checkpoints
     # resume bit-exactly; the Trainer restores the data order and the RNG).
     assert resumed["losses"][3:] == full["losses"][3:] and resumed["global_step"] == 6
+
+
+def test_trainer_zero3_offload_checkpoint_resume_and_16bit_save(tmp_path):
+    """The transformers documentation's ZeRO-3 offload config (parameters and optimizer state
+    in CPU memory, stage3_gather_16bit_weights_on_model_save): trains, saves the whole 16-bit
+    model through accelerate's get_state_dict, and resumes exactly."""
+    _needs_hf()
+    env = _env()
+    out = tmp_path / "run"
+    args = [str(EXAMPLE), "--out", str(out), "--max_steps", "6", "--save_steps", "3", "--stage", "3"]
+    _run(args, env)
+    full = json.loads((out / "summary.json").read_text())
+    assert full["global_step"] == 6 and full["engine"] == "zspeed.runtime.engine"
+    assert full["losses"][-1] < full["losses"][0]
+    from safetensors.torch import load_file
+    saved = load_file(str(out / "final" / "model.safetensors"))
+    assert saved["model.embed_tokens.weight"].shape == (97, 32)  # whole, not a shard
+    _run(args + ["--resume", str(out / "checkpoint-3")], env)
+    resumed = json.loads((out / "summary_resumed.json").read_text())
+    assert resumed["losses"][3:] == full["losses"][3:] and resumed["global_step"] == 6

@@ -74,11 +74,15 @@ def test_offload_enums_have_deepspeeds_values():
                                                       "contiguous_grad_buffer"}
 
 
-def test_zero3_init_is_refused_by_name():
-    with pytest.raises(zspeed.zero.ZeRO3NotSupported, match="stage 3.*stage 2"):
-        zspeed.zero.Init(config_dict_or_path={})
+def test_zero_init_converts_to_the_configs_dtype_and_restores_constructors():
+    with zspeed.zero.Init(config_dict_or_path={"bf16": {"enabled": True}}):
+        lin = torch.nn.Linear(2, 2)
+    assert lin.weight.dtype == torch.bfloat16
+    assert torch.nn.Linear(2, 2).weight.dtype == torch.float32  # constructors are unpatched at exit
     with zspeed.zero.Init(enabled=False):
-        torch.nn.Linear(2, 2)
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.float32
+    with zspeed.zero.Init():  # no config: DeepSpeed's default dtype, fp16
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.float16
 
 
 def test_gathered_parameters_runs_its_body_on_whole_parameters():

@@ -140,13 +140,15 @@ def test_optimizer_and_scheduler_types():
 
 
 def test_zero_and_offload_rules():
-    err({"train_batch_size": 4, "zero_optimization": {"stage": 3}}, "stage 3", "not yet")
+    assert ok({"train_batch_size": 4, "zero_optimization": {"stage": 3}}).zero_stage == 3
+    err({"train_batch_size": 4, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
+        "offload_param.device 'nvme'", "not supported")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
         "nvme_path is required", "directory")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
         "not one of")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
-        "stage 1 or 2")
+        "stage 1, 2 or 3")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer":
                                                       {"device": "cpu", "ratio": 0.5}}}, "ratio")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
@@ -328,7 +330,7 @@ def test_bad_world_size_env_is_a_config_error(monkeypatch):
 def test_any_offload_needs_a_zero_stage(tmp_path):
     err({"train_batch_size": 4, "zero_optimization": {"stage": 0, "offload_optimizer":
                                                       {"device": "nvme", "nvme_path": str(tmp_path)}}},
-        "'nvme' needs", "stage 1 or 2")
+        "'nvme' needs", "stage 1, 2 or 3")
 
 
 def test_stage3_keys_in_a_stage2_config_warn():

@@ -57,6 +57,8 @@ class Model(torch.nn.Module):
         for b in self.blocks:
             if self.ckpt is None:
                 x = b(x)
+            elif self.ckpt == "zspeed":
+                x = zspeed.checkpointing.checkpoint(b, x)
             else:
                 x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=self.ckpt == "reentrant")
         x = self.twice(self.twice(x))
@@ -133,6 +135,7 @@ CASES = [  # (optimizer offload, param offload, precision, gas, checkpointing)
     ("cpu", "none", "fp32", 1, "non-reentrant"),
     ("cpu", "cpu", "bf16", 1, "reentrant"),
     ("nvme", "cpu", "fp32", 1, None),
+    ("cpu", "cpu", "fp32", 2, "zspeed"),
 ]
 
 
@@ -309,7 +312,12 @@ torch.save({"state": T._whole(e), "norm": e.get_global_grad_norm(), "released": 
 def _ranks(n, cfg, tmp, tag, steps=3, init=False, ckpt=None, **kw):
     out = str(tmp / tag)
     args = dict(cfg=cfg, steps=steps, out=out, init=init, ckpt=ckpt, **kw)
-    res = run_ranks(n, WORKER, env={"ZS_Z3_ARGS": json.dumps(args)}, timeout=300)
+    env = {"ZS_Z3_ARGS": json.dumps(args)}
+    # tests/gpu/check_zero3_cuda.py runs these on CUDA by setting these two; the CPU suite does not.
+    env.update({k: os.environ[k] for k in ("ZS_RANK_DEVICE", "ZSPEED_DIST_BACKEND") if k in os.environ})
+    if "ZS_RANK_DEVICE" in env:
+        env["ZSPEED_DEVICE"] = env.pop("ZS_RANK_DEVICE")
+    res = run_ranks(n, WORKER, env=env, timeout=300)
     for r in res:
         assert r.returncode == 0, r
     return [torch.load(f"{out}.{r}.pt") for r in range(n)]
@@ -368,3 +376,46 @@ def test_checkpoint_across_world_sizes(tmp_path):
     e, _ = _train(_cfg(3, opt="cpu", param="cpu"), steps=1)  # and into one process
     e.load_checkpoint(tmp_path / "ck", tag="t")
     _close(_whole(e), saved[0]["state"], "fp32")
+
+
+def test_a_configuration_that_cannot_fit_in_host_memory_is_refused_before_allocating(monkeypatch):
+    from zspeed.runtime import memory
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 10_000)
+    with pytest.raises(ConfigError, match=r"needs .* GiB of host memory .*state_dtype \"int8\""):
+        zspeed.initialize(model=Model(), config=_cfg(3, opt="cpu", param="cpu"))
+    monkeypatch.setenv("ZSPEED_SKIP_MEMORY_CHECK", "1")
+    zspeed.initialize(model=Model(), config=_cfg(3, opt="cpu", param="cpu"))
+    monkeypatch.delenv("ZSPEED_SKIP_MEMORY_CHECK")
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 1 << 40)
+    zspeed.initialize(model=Model(), config=_cfg(3, opt="cpu", param="cpu"))
+    # The estimate itself: 8-bit moments take a quarter of fp32's.
+    cfg = zspeed.runtime.config.parse_config(_cfg(3, opt="cpu", param="cpu"))
+    e32 = memory.estimate(cfg, 1000, torch.bfloat16)
+    assert e32 == {"parameters": 2000, "gradients": 2000, "fp32 masters": 4000, "optimizer state (fp32)": 8000}
+
+
+def test_save_16bit_model(tmp_path):
+    e, _ = _train(_cfg(3, opt="cpu", param="cpu", precision="bf16"), steps=1)
+    assert e.save_16bit_model(tmp_path) is False  # stage 3 needs the gather key, as in DeepSpeed
+    cfg = _cfg(3, opt="cpu", param="cpu", precision="bf16")
+    cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    e, _ = _train(cfg, steps=1)
+    whole = _whole(e)
+    assert e.save_16bit_model(tmp_path, "model.safetensors")
+    assert e.save_16bit_model(tmp_path)
+    from safetensors.torch import load_file
+    st = load_file(str(tmp_path / "model.safetensors"))
+    pt = torch.load(tmp_path / "pytorch_model.bin")
+    for k in whole:
+        assert pt[k].dtype in (torch.bfloat16, torch.float32) and torch.equal(pt[k].float(), whole[k])
+        if k in st:
+            assert torch.equal(st[k].float(), whole[k])
+
+
+def test_too_little_disk_for_nvme_offload_is_refused_before_writing(tmp_path, monkeypatch):
+    import shutil
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    with pytest.raises(ConfigError, match=r"needs .* GiB of free space in nvme_path .*state_dtype \"int8\""):
+        zspeed.initialize(model=Model(), config=_cfg(3, opt="nvme", param="cpu", tmp=tmp_path))
+    assert list(tmp_path.iterdir()) == []

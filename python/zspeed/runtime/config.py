@@ -258,14 +258,14 @@ SCHEMA: dict[str, S] = {
     }, "bf16"),
     "zero_optimization": S({
         "stage": K(0, (int,), "ZeRO stage: 0 (data parallel), 1 (optimizer state partitioned), 2 (and "
-                    "gradients); 3 not yet", choices=(0, 1, 2, 3)),
+                    "gradients), 3 (and parameters)", choices=(0, 1, 2, 3)),
         "offload_optimizer": K(None, (dict, type(None)), "optimizer state offload (section)"),
         "offload_param": K(None, (dict, type(None)), "parameter offload (stage 3 only)"),
         "cpu_offload": K(False, (bool,), "deprecated spelling of offload_optimizer.device=cpu"),
         "contiguous_gradients": K(True, (bool,), "always on: each bucket's gradients are copied into one buffer"),
         "overlap_comm": K(False, (bool,), "stage 2: reduce buckets asynchronously while backward goes on"),
-        "reduce_scatter": K(True, (bool,), "accepted: stages 1-2 always reduce-scatter"),
-        "reduce_bucket_size": K(500000000, NUM, "elements per reduction bucket (capped at 2^24)", auto=AUTO_DEFAULT,
+        "reduce_scatter": K(True, (bool,), "accepted: stages 1-3 always reduce-scatter"),
+        "reduce_bucket_size": K(500000000, NUM, "elements per reduction bucket (capped at 2^24; stage 3 reduces each parameter on its own)", auto=AUTO_DEFAULT,
                                 check=_count),
         "allgather_partitions": K(True, (bool,), "accepted: updated weights are always all-gathered"),
         "allgather_bucket_size": K(500000000, NUM, "accepted: all-gathers follow the reduction buckets",
@@ -275,14 +275,20 @@ SCHEMA: dict[str, S] = {
         "elastic_checkpoint": K(False, (bool,), "accepted (no effect)"),
         "ignore_unused_parameters": K(True, (bool,), "tolerate parameters without gradients"),
         "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group (cpu: step chunk, capped at 2^26; nvme: swapper partition, capped at 2^23)", auto=AUTO_DEFAULT, check=_count),
-        "stage3_max_live_parameters": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
-        "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3 only", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
-        "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3 only", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
-        "stage3_param_persistence_threshold": K(100000, NUM, "stage 3 only", auto=AUTO_DEFAULT,
+        "stage3_max_live_parameters": K(1000000000, NUM, "stage 3: elements gathered on the device at most "
+                                        "before prefetching stops (a module's own parameters are always gathered)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3: accepted (no effect: a parameter is "
+                                       "released after each use and gathered again at the next)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3: elements gathered ahead of their use, in "
+                                         "the order the first step used them (0: no prefetch)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_param_persistence_threshold": K(100000, NUM, "stage 3: parameters of at most this many "
+                                                "elements stay gathered between uses", auto=AUTO_DEFAULT,
                                                 check=_between(0, 2 ** 62)),
-        "stage3_gather_16bit_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
-        "stage3_gather_fp16_weights_on_model_save": K(False, (bool,), "stage 3 only", auto=AUTO_DEFAULT),
-        "memory_efficient_linear": K(True, (bool,), "stage 3 only"),
+        "stage3_gather_16bit_weights_on_model_save": K(False, (bool,), "stage 3: lets save_16bit_model "
+                                                       "gather the whole model", auto=AUTO_DEFAULT),
+        "stage3_gather_fp16_weights_on_model_save": K(False, (bool,), "older name of "
+                                                      "stage3_gather_16bit_weights_on_model_save", auto=AUTO_DEFAULT),
+        "memory_efficient_linear": K(True, (bool,), "stage 3: accepted (no effect)"),
         "zenflow": K(None, (dict, type(None)), "DeepSpeed's ZenFlow (section; accepted, not implemented: "
                      "training runs as ordinary ZeRO-Offload)"),
     }, "zero_optimization"),
@@ -331,12 +337,13 @@ SCHEMA: dict[str, S] = {
                                 check=_between(0, 1)),
     }, "zero_optimization.offload_optimizer"),
     "zero_optimization.offload_param": S({
-        "device": K("none", (str,), "where parameters live (stage 3 only)", choices=("none", "cpu", "nvme")),
-        "nvme_path": K(None, (str, type(None)), "directory for nvme offload"),
-        "pin_memory": K(False, (bool,), "page-lock host buffers"),
-        "buffer_count": K(5, (int,), "staging buffers", check=_pos),
-        "buffer_size": K(100000000, NUM, "elements per staging buffer", auto=AUTO_DEFAULT, check=_count),
-        "max_in_cpu": K(1000000000, NUM, "parameters kept in CPU memory", auto=AUTO_DEFAULT,
+        "device": K("none", (str,), "where parameter shards live (stage 3): none (the GPU) or cpu (host "
+                    "memory); nvme is refused (not supported yet)", choices=("none", "cpu", "nvme")),
+        "nvme_path": K(None, (str, type(None)), "nvme only (not supported)"),
+        "pin_memory": K(False, (bool,), "page-lock the host shards (asynchronous copies to the GPU)"),
+        "buffer_count": K(5, (int,), "nvme only (not supported)", check=_pos),
+        "buffer_size": K(100000000, NUM, "nvme only (not supported)", auto=AUTO_DEFAULT, check=_count),
+        "max_in_cpu": K(1000000000, NUM, "nvme only (not supported)", auto=AUTO_DEFAULT,
                         check=_between(0, 2 ** 62)),
     }, "zero_optimization.offload_param"),
     "aio": S({
@@ -758,7 +765,7 @@ class ZSpeedConfig:
             self._validate_nvme_path()
         if dev != "none" and stage == 0:
             raise ConfigError(f"zero_optimization.offload_optimizer.device '{dev}' needs "
-                              "zero_optimization.stage 1 or 2 (DeepSpeed offloads only under ZeRO); "
+                              "zero_optimization.stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO); "
                               "set \"stage\": 2.")
         if float(self.offload["ratio"]) != 1.0:
             raise ConfigError(f"zero_optimization.offload_optimizer.ratio = {self.offload['ratio']} is "

@@ -169,6 +169,7 @@ class ZSpeedEngine(torch.nn.Module):
             for p in ps:
                 p.register_hook(hook)
         self._check_ranks_agree()
+        self._check_memory(config)
         self.optimizer_path = _build_path(config, self._layout, self.device, self.dtype, optimizer,
                                           self.global_rank, self.world_size)
         self._fetcher = None
@@ -218,6 +219,19 @@ class ZSpeedEngine(torch.nn.Module):
                     raise ConfigError(f"rank {r} differs from rank 0 in its {key}: "
                                       f"{_first_difference(every[0][key], other[key])}. Every rank must run "
                                       f"the same script with the same config and model.")
+
+    def _check_memory(self, config: ZSpeedConfig) -> None:
+        """Refuses, before allocating, a configuration whose host memory cannot fit (memory.py)."""
+        from .memory import check_host_memory, check_nvme_space
+        total = sum(self._layout.totals)
+        sharded = config.zero_stage == 3 or (self.world_size > 1 and config.zero_stage >= 1)
+        local = -(-total // self.world_size) if sharded else total
+        freeable = 0
+        if self._stage3 or self.device.type != "cpu":
+            freeable = sum(p.numel() * p.element_size() for ps in self._model_params for p in ps
+                           if p.device.type == "cpu")
+        check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size())
+        check_nvme_space(config, local, comm.get_local_world_size())
 
     def _check_client_optimizer(self, client: torch.optim.Optimizer, config: ZSpeedConfig) -> None:
         """DeepSpeed's rules for an optimizer the script passes: it takes precedence over the
@@ -540,6 +554,53 @@ class ZSpeedEngine(torch.nn.Module):
         return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states and not load_module_only,
                                load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only)
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """DeepSpeed's: the whole model's state_dict in the training dtype, written by rank 0 into
+        ``save_dir/save_filename`` (every rank must call it). A name ending in .safetensors is
+        written as safetensors (tied weights once), any other name with torch.save, as DeepSpeed
+        does. At ZeRO-3 it needs zero_optimization.stage3_gather_16bit_weights_on_model_save
+        (DeepSpeed's rule: the gather costs memory); without it nothing is written and False is
+        returned, with a warning."""
+        if self._stage3 and not self.zero_gather_16bit_weights_on_model_save():
+            log.warning("zspeed: save_16bit_model did not save: at ZeRO stage 3 it needs "
+                        "zero_optimization.stage3_gather_16bit_weights_on_model_save true (or use "
+                        "save_checkpoint and `zspeed to-fp32`).")
+            return False
+        sd = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        if self.global_rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            tmp = path + ".tmp"
+            if save_filename.endswith(".safetensors"):
+                from safetensors.torch import save_file
+                seen, out = {}, {}
+                for k, v in sd.items():  # safetensors refuses shared storage: tied weights once
+                    key = (v.data_ptr(), v.dtype, tuple(v.shape))
+                    if key not in seen:
+                        seen[key] = k
+                        out[k] = v.contiguous().cpu()
+                save_file(out, tmp, metadata={"format": "pt", "aliases": str(
+                    {k: seen[(v.data_ptr(), v.dtype, tuple(v.shape))] for k, v in sd.items() if k not in out})})
+            else:
+                torch.save({k: v.cpu() for k, v in sd.items()}, tmp)
+            os.replace(tmp, path)
+        if self.world_size > 1:
+            torch.distributed.barrier()
+        return True
+
+    save_fp16_model = save_16bit_model  # DeepSpeed's older name
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """DeepSpeed's query of zero_optimization.stage3_gather_16bit_weights_on_model_save (or its
+        older fp16 name); accelerate asks it before saving a ZeRO-3 model."""
+        z = self._config.zero
+        return bool(z["stage3_gather_16bit_weights_on_model_save"] or z["stage3_gather_fp16_weights_on_model_save"])
+
+    def zero_optimization_partition_weights(self) -> bool:
+        """DeepSpeed's: whether the weights are partitioned (ZeRO stage 3)."""
+        return self._stage3
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:

@@ -279,7 +279,8 @@ class ParamFetcher:
         self._handles.append(module.register_forward_pre_hook(self._root_enter))
         self._handles.append(module.register_forward_hook(self._root_exit, always_call=True))
         for st in self.states.values():
-            self._handles.append(st.p.register_post_accumulate_grad_hook(self._grad_done))
+            if st.p.requires_grad:
+                self._handles.append(st.p.register_post_accumulate_grad_hook(self._grad_done))
         sm.fetcher = self
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
         self._busy = 0

@@ -1,0 +1,146 @@
+"""``zspeed.init_inference``: run a model whose weights do not fit on the GPU (ZeRO-Inference).
+
+With ``"zero": {"stage": 3, "offload_param": {"device": "cpu"}}`` every parameter's
+weights live in page-locked host memory in the inference dtype, and each module's
+weights are copied to the GPU just before it runs (prefetched in the order the first
+forward used them) and dropped after: the machinery of ZeRO-3 training
+(runtime/zero3.py) without an optimizer. Without it the model is moved to the device in
+the inference dtype, as DeepSpeed's init_inference does.
+
+DeepSpeed's inference config keys are read where they mean something here: ``dtype``
+(default fp16, DeepSpeed's), ``zero`` (``zero_optimization`` is taken as a synonym, as
+guides write it), and the stage-3 knobs of docs/ZERO3.md. Kernel injection, tensor
+parallelism, CUDA graphs, quantization and checkpoint loading are refused by name with
+what to use instead.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import comm
+from .runtime.config import ConfigError
+
+log = logging.getLogger("zspeed.inference")
+
+__all__ = ["init_inference", "InferenceEngine"]
+
+_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16,
+           "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+_ZERO_KEYS = {"stage", "offload_param", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+              "stage3_max_live_parameters", "stage3_max_reuse_distance"}
+_IGNORED = {"max_out_tokens", "max_tokens", "min_out_tokens", "min_tokens", "return_tuple", "triangular_masking",
+            "tm", "replace_method", "training_mp_size", "keep_module_on_host", "set_empty_params",
+            "transposed_mode", "use_triton", "triton_autotune", "moe", "base_dir"}
+
+
+def _dtype(v) -> torch.dtype:
+    if isinstance(v, torch.dtype):
+        return v
+    if isinstance(v, str) and v.lower().replace("torch.", "") in _DTYPES:
+        return _DTYPES[v.lower().replace("torch.", "")]
+    raise ConfigError(f"init_inference: dtype {v!r} is not one of torch.float16, torch.bfloat16, torch.float32 "
+                      f"(or 'fp16', 'bf16', 'fp32').")
+
+
+def _refuse(cfg: dict) -> None:
+    if cfg.get("replace_with_kernel_inject") or cfg.get("kernel_inject"):
+        raise ConfigError("init_inference: kernel injection (replace_with_kernel_inject / kernel_inject) is not "
+                          "supported by zspeed, which runs the model's own modules; remove the key (torch's "
+                          "scaled_dot_product_attention already gives fused attention kernels).")
+    tp = cfg.get("tensor_parallel", cfg.get("tp")) or {}
+    tp_size = tp.get("tp_size", 1) if isinstance(tp, dict) else 1
+    if (tp.get("enabled", True) if isinstance(tp, dict) else True) and (tp_size or 1) > 1 or cfg.get("mp_size", 1) > 1:
+        raise ConfigError("init_inference: tensor parallelism (tensor_parallel.tp_size / mp_size > 1) is not "
+                          "supported by zspeed; to run a model larger than one GPU use "
+                          "\"zero\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\"}}.")
+    if cfg.get("enable_cuda_graph"):
+        raise ConfigError("init_inference: enable_cuda_graph is not supported by zspeed; remove it.")
+    q = cfg.get("quant") or {}
+    if isinstance(q, dict) and q.get("enabled", False) and q:
+        raise ConfigError("init_inference: quantization (quant) is not supported by zspeed; load the model in "
+                          "fp16 or bf16.")
+    if cfg.get("checkpoint") is not None:
+        raise ConfigError("init_inference: checkpoint= (DeepSpeed's sharded inference checkpoints) is not "
+                          "supported; load the weights into the model (model.load_state_dict, or "
+                          "from_pretrained) before init_inference.")
+
+
+class InferenceEngine(torch.nn.Module):
+    """The model, ready for inference: ``engine(...)`` is the module's forward, ``engine.module``
+    the model, ``engine.generate`` the model's own (Hugging Face models)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: dict):
+        super().__init__()
+        _refuse(cfg)
+        unknown = sorted(k for k in cfg if k not in _IGNORED | {
+            "dtype", "zero", "zero_optimization", "replace_with_kernel_inject", "kernel_inject",
+            "tensor_parallel", "tp", "mp_size", "enable_cuda_graph", "quant", "checkpoint"})
+        if unknown:
+            raise ConfigError(f"init_inference: unknown config key(s) {unknown}; zspeed reads dtype and zero "
+                              f"(stage 3 with offload_param).")
+        from .runtime.engine import _pick_device
+        self.device = _pick_device()
+        self.dtype = _dtype(cfg.get("dtype", torch.float16))
+        zero = cfg.get("zero", cfg.get("zero_optimization")) or {}
+        bad = sorted(set(zero) - _ZERO_KEYS)
+        if bad:
+            raise ConfigError(f"init_inference: zero keys {bad} do not apply to inference; zspeed reads "
+                              f"{sorted(_ZERO_KEYS)}.")
+        stage = int(zero.get("stage", 0))
+        off = zero.get("offload_param") or {}
+        dev = off.get("device", "none")
+        if dev not in ("none", "cpu"):
+            raise ConfigError(f"init_inference: offload_param.device {dev!r}: zspeed streams weights from host "
+                              f"memory ('cpu'); NVMe is not supported yet.")
+        if dev == "cpu" and stage != 3:
+            raise ConfigError("init_inference: offload_param needs \"stage\": 3 (the weights are partitioned and "
+                              "streamed only at stage 3).")
+        self._fetcher = None
+        model.eval()
+        if stage == 3:
+            self._partition(model, zero, dev, bool(off.get("pin_memory", True)))
+        else:
+            model.to(self.device, self.dtype)
+        self.module = model
+
+    def _partition(self, model, zero: dict, dev: str, pin: bool) -> None:
+        from .runtime.layout import FlatLayout
+        from .runtime.partition import PartitionPlan
+        from .runtime.zero3 import ParamFetcher, Stage3Model
+        params = list(model.parameters())
+        keep = {id(p) for p in params if p.is_floating_point()}
+        layout = FlatLayout([{"params": [p for p in params if id(p) in keep]}])
+        from .runtime.engine import _move_except
+        _move_except(model, self.device, self.dtype, layout.index)
+        ws, rank = comm.get_world_size(), comm.get_rank()
+        plan = PartitionPlan(layout.numels, ws, rank, unit_elems=1)
+        on_host = dev == "cpu"
+        self._sm = Stage3Model(layout, plan, self.device, self.dtype,
+                               param_device=torch.device("cpu") if on_host else self.device,
+                               pin=on_host and pin and self.device.type == "cuda")
+        self._fetcher = ParamFetcher(
+            self._sm, model, prefetch_elems=int(zero.get("stage3_prefetch_bucket_size", 50_000_000)),
+            max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),
+            persistence=int(zero.get("stage3_param_persistence_threshold", 100_000)),
+            comm_cpu=comm.get_backend() != "nccl")
+
+    def forward(self, *args, **kwargs):
+        with torch.no_grad():
+            return self.module(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        with torch.no_grad():
+            return self.module.generate(*args, **kwargs)
+
+
+def init_inference(model: torch.nn.Module, config: dict | None = None, **kwargs) -> InferenceEngine:
+    """DeepSpeed's ``deepspeed.init_inference``: returns an engine around ``model`` (see the
+    module docstring). ``config`` and keyword arguments are merged (keywords win)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"init_inference needs a torch.nn.Module, got {type(model).__name__}.")
+    cfg = dict(config or {})
+    cfg.update(kwargs)
+    comm.init_distributed(verbose=False)
+    return InferenceEngine(model, cfg)

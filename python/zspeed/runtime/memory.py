@@ -1,0 +1,143 @@
+"""Host memory a configuration needs, checked before anything is allocated.
+
+An offloaded run that does not fit in host memory would otherwise end minutes into its
+start-up, killed by the kernel's OOM killer with no message. The engine estimates what
+this rank will allocate in host memory (bytes per element of its local space):
+
+  parameters   ZeRO-3 with offload_param cpu: the shards, in the training dtype
+  gradients    offload_optimizer cpu or nvme: the reduced gradients, training dtype
+  masters      offload_optimizer cpu: fp32 master weights (nvme: on disk)
+  state        offload_optimizer cpu: the optimizer's state (Adam's two moments in
+               optimizer.params.state_dtype: fp32 8 bytes, bf16 4, int8 about 2)
+
+times the ranks on this host, and compares it with the memory the system can give
+(MemAvailable on Linux, ullAvailPhys on Windows) plus the host memory the model's
+own parameters hold now (freed as they move into shards or onto the GPU). Only a
+configuration that cannot fit is refused, with the numbers and what to change;
+ZSPEED_SKIP_MEMORY_CHECK=1 turns the check off.
+
+With offload_optimizer nvme the swap files hold the fp32 masters and the optimizer state
+(4 + 8, 4 + 4 or about 4 + 2 bytes per element): the free space of nvme_path is checked
+the same way before the files are created.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from .config import ConfigError
+
+__all__ = ["available_host_bytes", "check_host_memory", "check_nvme_space"]
+
+GiB = float(1 << 30)
+
+
+def available_host_bytes() -> int | None:
+    """Memory the system can give new allocations (None where unknown)."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            return None
+        return None
+    if sys.platform == "win32":
+        import ctypes
+
+        class MemoryStatus(ctypes.Structure):
+            _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
+                        ("ullTotalPhys", ctypes.c_ulonglong), ("ullAvailPhys", ctypes.c_ulonglong),
+                        ("ullTotalPageFile", ctypes.c_ulonglong), ("ullAvailPageFile", ctypes.c_ulonglong),
+                        ("ullTotalVirtual", ctypes.c_ulonglong), ("ullAvailVirtual", ctypes.c_ulonglong),
+                        ("ullAvailExtendedVirtual", ctypes.c_ulonglong)]
+        st = MemoryStatus()
+        st.dwLength = ctypes.sizeof(MemoryStatus)
+        if ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(st)):
+            return int(st.ullAvailPhys)
+    return None
+
+
+_STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 256}  # per moment and element (int8: + scales)
+_MOMENTS = {"adam": 2, "adamw": 2, "lamb": 2, "lion": 1, "adagrad": 1, "sgd": 1}
+
+
+def estimate(config, local_elems: int, dtype: torch.dtype) -> dict:
+    """Host bytes this rank allocates, per kind (see the module docstring)."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    out = {}
+    if config.zero_stage == 3 and config.offload_param["device"] == "cpu":
+        out["parameters"] = esize * local_elems
+    dev = config.offload_device
+    if dev in ("cpu", "nvme"):
+        out["gradients"] = esize * local_elems
+    if dev == "cpu":
+        out["fp32 masters"] = 4 * local_elems
+        sd, per = _state_bytes(config)
+        out[f"optimizer state ({sd})"] = int(per * local_elems)
+    return out
+
+
+def _state_bytes(config) -> tuple[str, float]:
+    name = (config.optimizer_name or "adamw").lower()
+    moments = _MOMENTS.get(name.replace("deepspeedcpu", "").replace("cpu", ""), 2)
+    sd = str((config.optimizer_params or {}).get("state_dtype", "fp32")).lower()
+    return sd, moments * _STATE_BYTES.get(sd, 4.0)
+
+
+def check_nvme_space(config, local_elems: int, ranks_here: int) -> None:
+    """ConfigError when nvme_path has too little free space for the swap files of the ranks on
+    this host (offload_optimizer nvme only)."""
+    if config.offload_device != "nvme" or os.environ.get("ZSPEED_SKIP_MEMORY_CHECK") == "1":
+        return
+    import shutil
+    path = config.offload["nvme_path"]
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return  # the path's own validation reports a missing folder
+    sd, per = _state_bytes(config)
+    need = int((4 + per) * local_elems) * max(1, ranks_here)
+    if need <= free:
+        return
+    fix = " optimizer.params.state_dtype \"int8\" (about 6 bytes per element instead of 12);" if sd != "int8" else ""
+    raise ConfigError(
+        f"offload_optimizer nvme needs {need / GiB:.1f} GiB of free space in nvme_path '{path}' for the swap files "
+        f"({ranks_here} rank(s) x {local_elems:,} elements x {4 + per:.1f} bytes: fp32 masters and {sd} optimizer "
+        f"state), but it has {free / GiB:.1f} GiB free. Nothing was written. To fit:{fix} a larger disk, or more "
+        f"hosts. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
+
+
+def check_host_memory(config, local_elems: int, dtype: torch.dtype, freeable: int, ranks_here: int) -> None:
+    """ConfigError when this host cannot hold what ``ranks_here`` ranks of this configuration
+    allocate; ``freeable``: host bytes the model holds now that the engine frees."""
+    if os.environ.get("ZSPEED_SKIP_MEMORY_CHECK") == "1":
+        return
+    need = estimate(config, local_elems, dtype)
+    if not need:
+        return
+    avail = available_host_bytes()
+    if avail is None:
+        return
+    per_rank = sum(need.values())
+    total = per_rank * max(1, ranks_here)
+    room = avail + freeable * max(1, ranks_here)
+    if total <= room:
+        return
+    parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in need.items())
+    fixes = []
+    sd = str((config.optimizer_params or {}).get("state_dtype", "fp32")).lower()
+    if config.offload_device == "cpu" and sd != "int8":
+        fixes.append("optimizer.params.state_dtype \"int8\" (Adam's moments in 2 bytes instead of 8)")
+    if config.offload_device == "cpu":
+        fixes.append("offload_optimizer.device \"nvme\" (masters and optimizer state on disk)")
+    fixes.append("more hosts (each rank holds 1/world_size of the model at ZeRO-3)" if config.zero_stage == 3
+                 else "ZeRO stage 3, or more hosts")
+    raise ConfigError(
+        f"this configuration needs {total / GiB:.1f} GiB of host memory on this host ({ranks_here} rank(s) x "
+        f"{per_rank / GiB:.1f} GiB: {parts} GiB), but the system has {avail / GiB:.1f} GiB available"
+        f"{f' (+ {freeable * ranks_here / GiB:.1f} GiB the model holds now)' if freeable else ''}. Nothing was "
+        f"allocated. To fit: " + "; or ".join(fixes) + ". (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")

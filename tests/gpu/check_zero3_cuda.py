@@ -1,0 +1,60 @@
+"""GPU check of ZeRO-3 (run on a CUDA machine): the single-process cases of
+tests/python/test_zero3.py and tests/python/test_inference.py on the GPU, then the
+multi-rank cases with CUDA models: 2 ranks sharing GPU 0 through Gloo (Windows' backend),
+and with two or more GPUs 2 ranks on NCCL, one GPU each.
+
+  python tests/gpu/check_zero3_cuda.py [gloo] [nccl]   # default: every backend the machine allows
+
+Same comparisons and tolerances as the CPU suite; prints PASS/FAIL per case and exits
+non-zero on any failure."""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "python"
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(HERE.parent.parent / "python"))
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("check_zero3_cuda: no CUDA device")
+        return 2
+    bad = 0
+    env = dict(os.environ, ZSPEED_DEVICE="cuda:0")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(TESTS / "test_zero3.py"), str(TESTS / "test_inference.py")], env=env,
+                       capture_output=True, text=True)
+    print(("PASS" if r.returncode == 0 else "FAIL") + " single-process cases on cuda:0: " +
+          r.stdout.strip().splitlines()[-1], flush=True)
+    bad += r.returncode != 0
+    import test_zero3 as T  # noqa: E402
+    backends = [("gloo", "cuda:0")]
+    if torch.cuda.device_count() >= 2:
+        backends.append(("nccl", ""))
+    wanted = set(sys.argv[1:])
+    if wanted:
+        backends = [b for b in backends if b[0] in wanted]
+    for backend, device in backends:
+        os.environ.update(ZSPEED_DIST_BACKEND=backend, ZS_RANK_DEVICE=device)
+        for case in T.RANK_CASES:
+            if case[0] != 2:
+                continue
+            with tempfile.TemporaryDirectory() as d:
+                try:
+                    os.environ["ZSPEED_DEVICE"] = "cpu"  # the one-process reference
+                    T.test_ranks_match_stage2_and_one_process(Path(d), *case)
+                    print(f"PASS {backend} {case}", flush=True)
+                except Exception as e:  # noqa: BLE001 - report every case
+                    bad += 1
+                    print(f"FAIL {backend} {case}: {str(e)[-1500:]}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""zspeed.init_inference: the model's outputs and generations with weights streamed from host
+memory equal the plain model's (fp32 on the CPU: the same kernels on the same weights, so
+equal bit for bit; bf16: equal to the plain model cast to bf16). ZSPEED_DEVICE=cuda runs it
+on a GPU (tests/gpu)."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+from gpt import GPT, GPTConfig  # noqa: E402
+
+import zspeed  # noqa: E402
+from zspeed.runtime.config import ConfigError  # noqa: E402
+
+DEV = torch.device(os.environ.get("ZSPEED_DEVICE", "cpu"))
+OFFLOAD = {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True},
+           "stage3_param_persistence_threshold": 0}
+
+
+def _gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=61, max_len=32, d_model=48, n_layer=3, n_head=4))
+
+
+@pytest.mark.parametrize("zero", [OFFLOAD, {"stage": 3}, {}], ids=["offload_param-cpu", "stage3-gpu", "plain"])
+def test_outputs_and_generation_equal_the_plain_model(zero):
+    ref = _gpt().to(DEV).eval()
+    engine = zspeed.init_inference(_gpt(), config={"dtype": torch.float32, "zero": zero})
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEV)
+    with torch.no_grad():
+        want = ref(ids)
+    got = engine(ids)
+    assert torch.equal(got, want)
+    g1, g2 = torch.Generator(device=DEV).manual_seed(5), torch.Generator(device=DEV).manual_seed(5)
+    assert torch.equal(engine.module.generate(ids, 6, generator=g1), ref.generate(ids, 6, generator=g2))
+    if zero is OFFLOAD:  # between forwards no weight is on the device
+        assert all(p.numel() == 0 for p in engine.module.parameters())
+
+
+def test_bf16_and_the_guides_zero_optimization_spelling():
+    ref = copy.deepcopy(_gpt()).to(DEV, torch.bfloat16).eval()
+    engine = zspeed.init_inference(_gpt(), config={"dtype": "bf16", "zero_optimization": dict(
+        OFFLOAD, stage3_param_persistence_threshold=1e5, stage3_max_live_parameters=1e7)})
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4)).to(DEV)
+    with torch.no_grad():
+        assert torch.equal(engine(ids), ref(ids))
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"replace_with_kernel_inject": True}, "kernel injection"),
+    ({"kernel_inject": True}, "kernel injection"),
+    ({"tensor_parallel": {"tp_size": 2}}, "tensor parallelism"),
+    ({"mp_size": 2}, "tensor parallelism"),
+    ({"enable_cuda_graph": True}, "enable_cuda_graph"),
+    ({"dtype": "int4"}, "dtype"),
+    ({"zero": {"stage": 2, "offload_param": {"device": "cpu"}}}, "stage"),
+    ({"zero": {"stage": 3, "offload_param": {"device": "nvme"}}}, "NVMe"),
+    ({"windows_optimization": True}, "unknown config key"),
+])
+def test_unsupported_keys_are_refused_with_what_to_use(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        zspeed.init_inference(_gpt(), config=cfg)
