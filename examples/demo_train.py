@@ -57,6 +57,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join("runs", "demo"))
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--sample-chars", type=int, default=400)
+    ap.add_argument("--delayed-update", action="store_true",
+                    help="offload_optimizer.delayed_update: the CPU step overlaps the next step (one step stale)")
     args = ap.parse_args(argv)
 
     text = open(CORPUS, encoding="utf-8").read()
@@ -77,7 +79,8 @@ def main(argv=None):
                                                            "warmup_num_steps": max(2, args.steps // 20),
                                                            "warmup_type": "linear", "cos_min_ratio": 0.1}},
         "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True,
+                                                               "delayed_update": args.delayed_update}},
         "bf16": {"enabled": bool(cuda and torch.cuda.is_bf16_supported())},
         "steps_per_print": 0,
     }

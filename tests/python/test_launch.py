@@ -20,18 +20,22 @@ def _env():
 
 def test_two_ranks_get_local_rank_and_threads(tmp_path):
     script = tmp_path / "show.py"
+    # Each rank writes its own file: the ranks share the launcher's stdout, where their lines can
+    # interleave.
     script.write_text(textwrap.dedent("""
         import os, sys, zspeed
         zspeed.init_distributed()
-        print("ARGS", sys.argv[1:], "RANK", zspeed.comm.get_rank(), "WS", zspeed.comm.get_world_size(),
-              "OMP", os.environ["OMP_NUM_THREADS"], flush=True)
+        line = " ".join(map(str, ["ARGS", sys.argv[1:], "RANK", zspeed.comm.get_rank(), "WS",
+                                  zspeed.comm.get_world_size(), "OMP", os.environ["OMP_NUM_THREADS"]]))
+        with open(os.path.join(os.path.dirname(__file__), f"rank{zspeed.comm.get_rank()}.txt"), "w") as f:
+            f.write(line)
     """))
     from distrun import free_port
     r = subprocess.run([sys.executable, "-m", "zspeed", "launch", "--num_gpus", "2", "--master_port",
                         str(free_port()), str(script), "--lr", "3"], env=_env(), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("ARGS"))
+    lines = [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     for rank, line in enumerate(lines):
         assert f"['--local_rank={rank}', '--lr', '3'] RANK {rank} WS 2 OMP {max(1, cores // 2)}" in line, line

@@ -335,6 +335,10 @@ SCHEMA: dict[str, S] = {
                            "implemented: ordinary offload)"),
         "cpuadam_cores_perc": K(0.8, NUM, "with super_offload: share of the cores the CPU optimizer uses",
                                 check=_between(0, 1)),
+        "delayed_update": K(False, (bool,), "zspeed extension (device cpu): the CPU step of each boundary runs "
+                            "during the next forward and backward, which use the weights of one step "
+                            "earlier (the ZeRO-Offload paper's delayed parameter update: faster, one step "
+                            "stale; off gives exact updates)"),
     }, "zero_optimization.offload_optimizer"),
     "zero_optimization.offload_param": S({
         "device": K("none", (str,), "where parameter shards live (stage 3): none (the GPU) or cpu (host "
@@ -767,6 +771,10 @@ class ZSpeedConfig:
             raise ConfigError(f"zero_optimization.offload_optimizer.device '{dev}' needs "
                               "zero_optimization.stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO); "
                               "set \"stage\": 2.")
+        if self.offload["delayed_update"] and dev != "cpu":
+            raise ConfigError(f"zero_optimization.offload_optimizer.delayed_update needs offload_optimizer.device "
+                              f"\"cpu\" (the step it delays is the CPU optimizer's); this config has {dev!r}. Remove "
+                              f"the key or offload to cpu.")
         if float(self.offload["ratio"]) != 1.0:
             raise ConfigError(f"zero_optimization.offload_optimizer.ratio = {self.offload['ratio']} is "
                               f"not supported: zspeed runs the whole optimizer step on the CPU (ratio 1.0).")

@@ -16,8 +16,24 @@ The step runs in chunks of about zero_optimization.sub_group_size elements
 (capped, whole parameters), each followed by the copy of its weights back into
 the model, so that on CUDA the H2D copy of one chunk overlaps the CPU work of
 the next. Every parameter's update is independent, so the chunking changes no bit.
+
+Delayed update (offload_optimizer.delayed_update, off by default; the ZeRO-Offload
+paper's one-step delayed parameter update): apply() starts the CPU step in a
+background thread and returns, so the step of boundary t runs while the GPU does
+forward and backward of boundary t+1 on the weights it has (those of t-1). At the
+next gather() the thread is joined and its weights are written into the model; the
+gradients of t+1 (computed on the older weights) are then applied to the newer
+masters: every update is one step stale. The optimizer's hyperparameters are
+captured when the step starts (a scheduler step afterwards does not change it), the
+gradients of the next backward go into a second host buffer, and the step writes
+its weights into its own buffers, never into the model's. Anything that reads or
+replaces the masters or the optimizer state (checkpoints, GatheredParameters edits)
+first finishes the step in flight and writes its weights back (:meth:`flush`).
 """
 from __future__ import annotations
+
+import copy
+import threading
 
 import torch
 
@@ -36,12 +52,17 @@ class HostPath(OffloadedPath):
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
                  client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, delayed: bool = False):
         super().__init__(layout, buffers)
         lowp = buffers.model_dtype != torch.float32
+        self.delayed = delayed
+        self._thread: threading.Thread | None = None
+        self._thread_error: BaseException | None = None
+        self._unwritten = False  # a finished delayed step whose weights are not in the model yet
         # Host parameters (a CPU model, or ZeRO-3 shards offloaded to host memory) can be the
-        # buffers the optimizer writes.
-        shared = all(p.device.type == "cpu" and p.is_contiguous() for ps in layout.params for p in ps)
+        # buffers the optimizer writes (not with the delayed update: the model trains meanwhile).
+        shared = not delayed and all(p.device.type == "cpu" and p.is_contiguous()
+                                     for ps in layout.params for p in ps)
         own = [[p.data.view(-1) for p in ps] for ps in layout.params] if shared else None
         if own is not None and not lowp:
             self.host_masters = own
@@ -67,7 +88,15 @@ class HostPath(OffloadedPath):
     def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
         return self.host.grad_stats(tensors, scale)
 
+    def gather(self) -> None:
+        if self.delayed:
+            self.flush()
+        super().gather()
+
     def apply(self, factor: float) -> None:
+        if self.delayed:
+            self._start_delayed(factor)
+            return
         with self.trace.span("wait for last step's copies"):
             self.buffers.wait_host_buffers()
         for i, chunk in enumerate(self.chunks):
@@ -76,6 +105,62 @@ class HostPath(OffloadedPath):
             with self.trace.span("copy back (queue)", chunk=i):
                 self.buffers.write_back(self._out, chunk)
         self.buffers.end_write_back()
+
+    # -- delayed update ------------------------------------------------------------------------
+    def _start_delayed(self, factor: float) -> None:
+        self.flush()
+        host = copy.copy(self.host)
+        # The optimizer with the hyperparameters as they are now: a shallow twin (torch's
+        # Optimizer pickles only some attributes, so copy.copy would lose the others) sharing
+        # the state, with its own param_groups dicts.
+        src = self.host.optimizer
+        opt = object.__new__(type(src))
+        opt.__dict__.update(src.__dict__)
+        opt.param_groups = [dict(g) for g in src.param_groups]
+        host.optimizer = opt
+        chunks = [self._select(c) for c in self.chunks]
+        self.buffers.swap_grads()  # the next backward must not overwrite what the step reads
+        self._thread_error = None
+
+        def run():
+            try:
+                self.buffers.wait_host_buffers()
+                for i, g in enumerate(chunks):
+                    with self.trace.span("cpu step (delayed)", chunk=i):
+                        host.step(g, factor, self._lowp_out)
+            except BaseException as e:  # raised in the training thread by flush()
+                self._thread_error = e
+        self._thread = threading.Thread(target=run, name="zspeed-delayed-step", daemon=True)
+        self._unwritten = True
+        self._thread.start()
+
+    def flush(self) -> None:
+        """Finishes a delayed step in flight and puts its weights into the model (no-op
+        otherwise)."""
+        t, self._thread = self._thread, None
+        if t is not None:
+            with self.trace.span("wait for delayed step"):
+                t.join()
+        if self._thread_error is not None:
+            err, self._thread_error = self._thread_error, None
+            self._unwritten = False
+            raise err
+        if self._unwritten:
+            self._unwritten = False
+            keys = [k for c in self.chunks for k in c]
+            with self.trace.span("copy back (queue)"):
+                self.buffers.write_back(self._out, keys)
+            self.buffers.end_write_back()
+
+    def param_states(self) -> list:
+        self.flush()
+        return super().param_states()
+
+    def close(self) -> None:
+        t, self._thread = self._thread, None
+        if t is not None:
+            t.join()
+        super().close()
 
     def _select(self, chunk: list) -> list:
         """The gradients restricted to one chunk: None (skipped by the optimizer) elsewhere."""
@@ -87,9 +172,11 @@ class HostPath(OffloadedPath):
         return out
 
     def masters(self) -> list:
+        self.flush()
         return self.host_masters
 
     def load_masters(self, masters: list) -> None:
+        self.flush()
         copy_masters(self.host_masters, masters)
         self.buffers.refresh(self.host_masters, self._lowp_out)
 

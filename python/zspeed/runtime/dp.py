@@ -465,6 +465,10 @@ class ShardedBuffers(HostBuffers):
         return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
 
     # -- gradients (the source's calls are HostBuffers') -------------------------------------------
+    def _retarget(self, flat: list, views: list) -> None:
+        self.reducer.dests = flat
+        self._source.grads = views
+
     def release(self) -> None:
         for ps in self.sm.layout.params:
             for p in ps:

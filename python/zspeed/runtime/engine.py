@@ -380,6 +380,8 @@ class ZSpeedEngine(torch.nn.Module):
         engine.backward(loss): see _OutputHooks."""
         if self._config.fp16["auto_cast"]:
             inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
+        if not torch.is_grad_enabled():  # evaluation sees the newest weights (delayed update: cpu.py)
+            self.optimizer_path.flush()
         if self.dtype == torch.float32:
             with self._trace.span("forward"):
                 out = self.module(*inputs, **kwargs)
@@ -544,6 +546,7 @@ class ZSpeedEngine(torch.nn.Module):
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> bool:
         from .checkpoint import save_checkpoint
+        self.optimizer_path.flush()  # a delayed update in flight completes first (cpu.py)
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
                                save_latest=save_latest)
 
@@ -551,6 +554,7 @@ class ZSpeedEngine(torch.nn.Module):
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False):
         from .checkpoint import load_checkpoint
+        self.optimizer_path.flush()
         return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states and not load_module_only,
                                load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only)
@@ -607,6 +611,7 @@ class ZSpeedEngine(torch.nn.Module):
         """Releases what the engine holds outside Python's memory: with nvme offload the swap
         files under nvme_path are deleted (also done when the engine is garbage-collected).
         The engine cannot train afterwards. Idempotent."""
+        self.optimizer_path.flush()
         self.optimizer_path.close()
         self._trace.flush()
 
@@ -715,6 +720,7 @@ class ZSpeedEngine(torch.nn.Module):
         """Parameters edited whole under GatheredParameters(modifier_rank=...): their shards were
         written; the fp32 masters (and through them the optimizer's weights) follow."""
         path, sm = self.optimizer_path, self.optimizer_path.sharded
+        path.flush()
         new = {(st.gi, st.pi): st.p.detach().reshape(-1) for st in states}
         rows = []
         for gi, (entries, ms) in enumerate(zip(sm.pieces, path.masters())):
@@ -819,7 +825,7 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
         return DevicePath(layout, device, dtype, name, params, client)
     else:
         buffers = HostBuffers(layout, device, dtype, config.offload["pin_memory"], bucket,
-                              flat_grads=config.offload_device == "nvme")
+                              flat_grads=config.offload_device == "nvme" or bool(config.offload["delayed_update"]))
     nvme = config.offload_device == "nvme"
     threads = _host_threads(world_size, float(config.offload["cpuadam_cores_perc"])
                             if config.offload["super_offload"] else None)
@@ -831,7 +837,8 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
                         aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
     return HostPath(layout, buffers, name, params, client=client,
                     force_native=bool(config.top["zero_force_ds_cpu_optimizer"]),
-                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads)
+                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads,
+                    delayed=bool(config.offload["delayed_update"]))
 
 
 # The optimizer classes DeepSpeed's ZeRO accepts from a script without

@@ -185,6 +185,19 @@ class HostBuffers:
         return t
 
     # -- gradients: model -> host ---------------------------------------------------------
+    def swap_grads(self) -> None:
+        """Delayed update (cpu.py): the step in flight keeps reading the gradient buffers just
+        gathered, so the next backward writes into a second set (allocated on first use)."""
+        spare = getattr(self, "_spare_grads", None)
+        if spare is None:
+            spare = self.alloc(self.model_dtype)
+        self._spare_grads = (self.flat_grads, self.grads)
+        self.flat_grads, self.grads = spare
+        self._retarget(self.flat_grads, self.grads)
+
+    def _retarget(self, flat: list, views: list) -> None:
+        self._source.dests = views
+
     def before_backward(self, boundary: bool) -> None:
         """Gradients are taken only from the backward of the boundary micro-batch."""
         self._source.before_backward(boundary)

@@ -146,6 +146,10 @@ class OptimizerPath(abc.ABC):
         if buffers is not None:
             buffers.trace = tracer
 
+    def flush(self) -> None:
+        """Completes any optimizer work still in flight (the delayed update of cpu.py), so that
+        the masters, the optimizer state and the model agree."""
+
     def close(self) -> None:
         """Releases what the path holds outside Python's memory (idempotent)."""
 
