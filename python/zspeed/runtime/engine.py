@@ -162,8 +162,16 @@ class ZSpeedEngine(torch.nn.Module):
 
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
+        self._frozen_sm = None
+        frozen_layout = None
         if self._stage3:
-            _move_except(model, self.device, self.dtype, self._layout.index)
+            trained = self._layout.index
+            frozen = [p for p in dict.fromkeys(model.parameters()) if id(p) not in trained and p.is_floating_point()]
+            keep = dict(trained)
+            if frozen:
+                frozen_layout = FlatLayout([{"params": frozen}])
+                keep.update(frozen_layout.index)
+            _move_except(model, self.device, self.dtype, keep)
         hook = _ParamGradHook(self)
         for ps in self._model_params:
             for p in ps:
@@ -174,13 +182,19 @@ class ZSpeedEngine(torch.nn.Module):
                                           self.global_rank, self.world_size)
         self._fetcher = None
         if self._stage3:
-            from .zero3 import ParamFetcher
+            from .zero3 import ParamFetcher, Stage3Model
             z = config.zero
+            if frozen_layout is not None:  # parameters nothing trains: partitioned the same way
+                on_host = config.offload_param["device"] == "cpu"
+                self._frozen_sm = Stage3Model(
+                    frozen_layout, PartitionPlan(frozen_layout.numels, self.world_size, self.global_rank, unit_elems=1),
+                    self.device, self.dtype, param_device=torch.device("cpu") if on_host else self.device,
+                    pin=on_host and self.device.type == "cuda" and bool(config.offload_param["pin_memory"]))
             self._fetcher = ParamFetcher(
                 self.optimizer_path.sharded, self.module, prefetch_elems=int(z["stage3_prefetch_bucket_size"]),
                 max_live=int(z["stage3_max_live_parameters"]),
                 persistence=int(z["stage3_param_persistence_threshold"]),
-                comm_cpu=comm.get_backend() != "nccl")
+                comm_cpu=comm.get_backend() != "nccl", frozen=self._frozen_sm)
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
@@ -643,8 +657,15 @@ class ZSpeedEngine(torch.nn.Module):
 
     # -- whole weights (ZeRO-3 keeps only shards; see zero3.py) --------------------------------------
     def _partitioned(self) -> dict:
-        """id(parameter) -> (group, index) of the ZeRO-3 partitioned parameters ({} otherwise)."""
-        return self._layout.index if self._stage3 else {}
+        """id(parameter) -> (its Stage3Model, group, index) for the ZeRO-3 partitioned parameters,
+        trained and frozen ({} below stage 3)."""
+        if not self._stage3:
+            return {}
+        out = {}
+        for sm in (self.optimizer_path.sharded, self._frozen_sm):
+            if sm is not None:
+                out.update({k: (sm, gi, pi) for k, (gi, pi) in sm.layout.index.items()})
+        return out
 
     def _module_shapes(self) -> dict:
         """module.state_dict()'s names -> meta tensors of the whole shapes."""
@@ -658,7 +679,7 @@ class ZSpeedEngine(torch.nn.Module):
     def _module_state_for_save(self) -> dict:
         """module.state_dict() with every ZeRO-3 parameter gathered whole to host memory (every
         rank must call it; tied parameters stay one tensor under each of their names)."""
-        part, sm = self._partitioned(), self.optimizer_path.sharded
+        part = self._partitioned()
         done: dict = {}
         out = {}
         for k, v in self.module.state_dict(keep_vars=True).items():
@@ -666,7 +687,7 @@ class ZSpeedEngine(torch.nn.Module):
                 continue
             if id(v) in part:
                 if id(v) not in done:
-                    gi, pi = part[id(v)]
+                    sm, gi, pi = part[id(v)]
                     done[id(v)] = sm.full(gi, pi, "cpu").view(full_shape(v))
                 out[k] = done[id(v)]
             else:
@@ -689,13 +710,12 @@ class ZSpeedEngine(torch.nn.Module):
         if not part:
             self.module.load_state_dict(sd, strict=False)
             return
-        sm = self.optimizer_path.sharded
         mine = self.module.state_dict(keep_vars=True)
         rest = {}
         for k, v in sd.items():
             t = mine.get(k)
             if t is not None and id(t) in part:
-                gi, pi = part[id(t)]
+                sm, gi, pi = part[id(t)]
                 sm.set_full(gi, pi, v)
             else:
                 rest[k] = v
@@ -704,14 +724,15 @@ class ZSpeedEngine(torch.nn.Module):
     def _whole_weights(self, loaded: dict) -> dict:
         """name -> the whole weight of every trained parameter: from ``loaded`` where it has it,
         else the model's (gathered under ZeRO-3)."""
-        part, sm = self._partitioned(), self.optimizer_path.sharded
+        part = self._partitioned()
         out = {}
         for names, ps in zip(self._names, self._model_params):
             for n, p in zip(names, ps):
                 if n in loaded:
                     out[n] = loaded[n].detach()
                 elif id(p) in part:
-                    out[n] = sm.full(*part[id(p)], "cpu").view(full_shape(p))
+                    sm, gi, pi = part[id(p)]
+                    out[n] = sm.full(gi, pi, "cpu").view(full_shape(p))
                 else:
                     out[n] = p.detach()
         return out

@@ -70,11 +70,11 @@ def full_shape(p: torch.Tensor) -> torch.Size:
 
 class _State:
     """What the fetcher knows about one partitioned parameter."""
-    __slots__ = ("p", "gi", "pi", "ui", "numel", "shape", "padded", "full", "ready", "waited", "hold",
+    __slots__ = ("p", "sm", "gi", "pi", "ui", "numel", "shape", "padded", "full", "ready", "waited", "hold",
                  "persistent", "stale", "pins", "__weakref__")
 
-    def __init__(self, p, gi, pi, ui, numel, shape, padded, persistent):
-        self.p, self.gi, self.pi, self.ui = p, gi, pi, ui
+    def __init__(self, p, sm, gi, pi, ui, numel, shape, padded, persistent):
+        self.p, self.sm, self.gi, self.pi, self.ui = p, sm, gi, pi, ui
         self.numel, self.shape, self.padded = numel, shape, padded
         self.full = None        # the gathered padded buffer on the device, or None (released)
         self.ready = None       # CUDA event: the gather is complete
@@ -134,7 +134,7 @@ class Stage3Model(ShardedModel):
         (persistent) parameters are re-gathered before their next use."""
         del comm_cpu, host_out
         if self.fetcher is not None:
-            self.fetcher.mark_stale()
+            self.fetcher.mark_stale(self)
 
     def full(self, gi: int, pi: int, device=None) -> torch.Tensor:
         """Parameter pi of group gi whole (flat, the model's dtype) on ``device`` (default: the
@@ -163,7 +163,7 @@ class Stage3Model(ShardedModel):
             if hi > lo:
                 self.shard(gi, ui)[:hi - lo].copy_(flat[lo:hi].to(self.param_device, self.dtype))
         if self.fetcher is not None:
-            self.fetcher.mark_stale()
+            self.fetcher.mark_stale(self)
 
 
 def _shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
@@ -240,8 +240,9 @@ class ParamFetcher:
     (see the module docstring)."""
 
     def __init__(self, sm: Stage3Model, module: torch.nn.Module, *, prefetch_elems: int, max_live: int,
-                 persistence: int, comm_cpu: bool):
+                 persistence: int, comm_cpu: bool, frozen: Stage3Model | None = None):
         self.sm = sm
+        self.frozen = frozen  # the parameters nothing trains (no gradient, no optimizer), or None
         self.device = sm.device
         self.cuda = self.device.type == "cuda"
         self.comm_cpu = comm_cpu and sm.world_size > 1
@@ -249,13 +250,14 @@ class ParamFetcher:
         self.max_live = max(1, int(max_live))
         self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
         self.states: dict[int, _State] = {}
-        for gi, ps in enumerate(sm.layout.params):
-            gp = sm.plan.groups[gi]
-            for pi, p in enumerate(ps):
-                ui = gp.unit_of[pi]
-                u = gp.units[ui]
-                self.states[id(p)] = _State(p, gi, pi, ui, u.length, full_shape(p), u.padded,
-                                            u.length <= persistence)
+        for store in (sm, frozen) if frozen is not None else (sm,):
+            for gi, ps in enumerate(store.layout.params):
+                gp = store.plan.groups[gi]
+                for pi, p in enumerate(ps):
+                    ui = gp.unit_of[pi]
+                    u = gp.units[ui]
+                    self.states[id(p)] = _State(p, store, gi, pi, ui, u.length, full_shape(p), u.padded,
+                                                u.length <= persistence)
         self.live = 0  # elements materialized (persistent ones included)
         self._module_params: dict[int, list] = {}
         self._external: dict[int, list] = {}
@@ -282,6 +284,8 @@ class ParamFetcher:
             if st.p.requires_grad:
                 self._handles.append(st.p.register_post_accumulate_grad_hook(self._grad_done))
         sm.fetcher = self
+        if frozen is not None:
+            frozen.fetcher = self
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
         self._busy = 0
         _FETCHERS.add(self)
@@ -295,7 +299,7 @@ class ParamFetcher:
         cur = torch.cuda.current_stream(self.device) if self.cuda else None
         for st in todo:
             if st.full is None:
-                st.full = torch.empty(st.padded, dtype=self.sm.dtype, device=self.device)
+                st.full = torch.empty(st.padded, dtype=st.sm.dtype, device=self.device)
                 self.live += st.numel
             st.stale = False
         if self.cuda:
@@ -305,18 +309,19 @@ class ParamFetcher:
             ctx = contextlib.nullcontext()
         with ctx, torch.no_grad():
             for st in todo:
-                shard = self.sm.shard(st.gi, st.ui)
-                if self.sm.world_size == 1:
+                sm = st.sm
+                shard = sm.shard(st.gi, st.ui)
+                if sm.world_size == 1:
                     st.full[:st.numel].copy_(shard[:st.numel], non_blocking=True)
                 elif self.comm_cpu and self.cuda:  # Gloo: gather on the host, then one copy
-                    host = torch.empty(st.padded, dtype=self.sm.dtype)
-                    td.all_gather_into_tensor(host, shard.to("cpu"), group=self.sm.group)
+                    host = torch.empty(st.padded, dtype=sm.dtype)
+                    td.all_gather_into_tensor(host, shard.to("cpu"), group=sm.group)
                     st.full.copy_(host)
                 elif self.cuda:
                     td.all_gather_into_tensor(st.full, shard.to(self.device, non_blocking=True),
-                                              group=self.sm.group)
+                                              group=sm.group)
                 else:
-                    td.all_gather_into_tensor(st.full, shard.clone(), group=self.sm.group)
+                    td.all_gather_into_tensor(st.full, shard.clone(), group=sm.group)
                 st.p.data = st.full[:st.numel].view(st.shape)
                 if self.cuda:
                     st.ready = torch.cuda.Event()
@@ -341,7 +346,7 @@ class ParamFetcher:
             if not st.waited:  # prefetched, never used: the memory goes back after the gather
                 torch.cuda.current_stream(self.device).wait_event(st.ready)
                 st.waited = True
-            st.p.data = torch.empty(0, dtype=self.sm.dtype, device=self.device)
+            st.p.data = torch.empty(0, dtype=st.sm.dtype, device=self.device)
             st.full = None
             st.ready = None
             st.hold = False
@@ -353,9 +358,9 @@ class ParamFetcher:
             if not st.persistent:
                 self.release([st])
 
-    def mark_stale(self) -> None:
+    def mark_stale(self, sm=None) -> None:
         for st in self.states.values():
-            if st.full is not None:
+            if st.full is not None and (sm is None or st.sm is sm):
                 st.stale = True
 
     # -- module hooks -----------------------------------------------------------------------------
@@ -392,9 +397,33 @@ class ParamFetcher:
             self.need(sts)
             if self._mode is not None:  # the model's forward (not a recomputation in backward)
                 self._note_forward(sts)
+            if self.frozen is not None and torch.is_grad_enabled():
+                self._hook_inputs(args, m)
         finally:
             self._busy -= 1
         return None
+
+    def _hook_inputs(self, args, m) -> None:
+        """Frozen parameters get no gradient, so no accumulation tells when backward is done
+        with them: they are released once the gradients of all of the module's inputs that
+        need one are computed (the module's backward has then used its weights)."""
+        frozen = [st for st in self._of(m) if st.sm is self.frozen and not st.persistent]
+        ins = [t for t in _tensors(args) if t.requires_grad]
+        if not frozen or not ins:
+            return  # released at the end of backward (release_all)
+        left = [len(ins)]
+        ref = weakref.ref(self)
+
+        def input_grad_done(grad):
+            left[0] -= 1
+            f = ref()
+            if left[0] == 0 and f is not None:
+                for st in frozen:
+                    st.hold = False
+                f.release(frozen, backward_done=True)
+            return None
+        for t in ins:
+            t.register_hook(input_grad_done)
 
     def _post_forward(self, m, args, out):
         if self._stack and self._stack[-1] is m:
@@ -485,10 +514,11 @@ class ParamFetcher:
         written into the shards, and the engine updates the fp32 masters from them."""
         if modified:
             for st in sts:
-                self.sm.set_full(st.gi, st.pi, st.p.data)
+                st.sm.set_full(st.gi, st.pi, st.p.data)
+            trained = [st for st in sts if st.sm is self.sm]
             cb = self.on_modified() if self.on_modified is not None else None
-            if cb is not None:
-                cb(sts)
+            if cb is not None and trained:
+                cb(trained)
         for st in sts:
             st.pins -= 1
         self.release(sts)
