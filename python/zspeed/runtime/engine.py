@@ -240,11 +240,16 @@ class ZSpeedEngine(torch.nn.Module):
         total = sum(self._layout.totals)
         sharded = config.zero_stage == 3 or (self.world_size > 1 and config.zero_stage >= 1)
         local = -(-total // self.world_size) if sharded else total
-        freeable = 0
+        freeable = frozen = 0
         if self._stage3 or self.device.type != "cpu":
             freeable = sum(p.numel() * p.element_size() for ps in self._model_params for p in ps
                            if p.device.type == "cpu")
-        check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size())
+        if self._stage3:  # parameters nothing trains are partitioned (and freed) too
+            trained = self._layout.index
+            rest = [p for p in dict.fromkeys(self.module.parameters()) if id(p) not in trained]
+            frozen = -(-sum(int(getattr(p, "ds_numel", p.numel())) for p in rest) // self.world_size)
+            freeable += sum(p.numel() * p.element_size() for p in rest if p.device.type == "cpu")
+        check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size(), frozen)
         check_nvme_space(config, local, comm.get_local_world_size())
 
     def _check_client_optimizer(self, client: torch.optim.Optimizer, config: ZSpeedConfig) -> None:

@@ -65,12 +65,15 @@ _STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 256}  # per moment
 _MOMENTS = {"adam": 2, "adamw": 2, "lamb": 2, "lion": 1, "adagrad": 1, "sgd": 1}
 
 
-def estimate(config, local_elems: int, dtype: torch.dtype) -> dict:
-    """Host bytes this rank allocates, per kind (see the module docstring)."""
+def estimate(config, local_elems: int, dtype: torch.dtype, frozen_elems: int = 0) -> dict:
+    """Host bytes this rank allocates, per kind (see the module docstring); ``frozen_elems``:
+    this rank's share of the parameters nothing trains (partitioned too at stage 3)."""
     esize = torch.empty((), dtype=dtype).element_size()
     out = {}
     if config.zero_stage == 3 and config.offload_param["device"] == "cpu":
         out["parameters"] = esize * local_elems
+        if frozen_elems:
+            out["frozen parameters"] = esize * frozen_elems
     dev = config.offload_device
     if dev in ("cpu", "nvme"):
         out["gradients"] = esize * local_elems
@@ -111,12 +114,13 @@ def check_nvme_space(config, local_elems: int, ranks_here: int) -> None:
         f"hosts. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
 
 
-def check_host_memory(config, local_elems: int, dtype: torch.dtype, freeable: int, ranks_here: int) -> None:
+def check_host_memory(config, local_elems: int, dtype: torch.dtype, freeable: int, ranks_here: int,
+                      frozen_elems: int = 0) -> None:
     """ConfigError when this host cannot hold what ``ranks_here`` ranks of this configuration
     allocate; ``freeable``: host bytes the model holds now that the engine frees."""
     if os.environ.get("ZSPEED_SKIP_MEMORY_CHECK") == "1":
         return
-    need = estimate(config, local_elems, dtype)
+    need = estimate(config, local_elems, dtype, frozen_elems)
     if not need:
         return
     avail = available_host_bytes()
