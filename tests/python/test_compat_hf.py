@@ -119,3 +119,36 @@ def test_trainer_zero3_offload_checkpoint_resume_and_16bit_save(tmp_path):
     _run(args + ["--resume", str(out / "checkpoint-3")], env)
     resumed = json.loads((out / "summary_resumed.json").read_text())
     assert resumed["losses"][3:] == full["losses"][3:] and resumed["global_step"] == 6
+
+
+def test_from_pretrained_under_zero3_builds_with_zero_init_and_loads_the_weights(tmp_path):
+    """With a ZeRO-3 config in TrainingArguments, from_pretrained builds the model under
+    zspeed.zero.Init (transformers patches partition_parameters around it) and loads the
+    saved weights through GatheredParameters; the Trainer then trains it."""
+    _needs_hf()
+    code = f"""
+import json, sys, torch
+sys.path.insert(0, {str(EXAMPLE.parent)!r})
+import zspeed.hf
+zspeed.hf.install()
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers.integrations import is_deepspeed_zero3_enabled
+import hf_trainer as H
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+ref = LlamaForCausalLM(cfg)
+ref.save_pretrained({str(tmp_path / 'tiny')!r})
+ds = json.loads(json.dumps(H.DS_CONFIG))
+ds["zero_optimization"] = {{"stage": 3, "offload_param": {{"device": "cpu"}}, "offload_optimizer": {{"device": "cpu"}}}}
+args = TrainingArguments(output_dir={str(tmp_path / 'out')!r}, per_device_train_batch_size=4, max_steps=2,
+                         report_to=[], deepspeed=ds, use_cpu=True, save_strategy="no")
+assert is_deepspeed_zero3_enabled()
+m = LlamaForCausalLM.from_pretrained({str(tmp_path / 'tiny')!r}, torch_dtype=torch.float32)
+for (n, a), b in zip(m.named_parameters(), ref.parameters()):
+    assert torch.equal(a.detach(), b.detach()), n
+Trainer(model=m, args=args, train_dataset=H.Tokens()).train()
+print("OK")
+"""
+    res = _run(["-c", code], _env())
+    assert "OK" in res.stdout

@@ -114,6 +114,10 @@ class Init:
     def __enter__(self):
         if not self.enabled:
             return self
+        # As DeepSpeed's Init: the process group exists afterwards (a one-process group without
+        # a launcher), so code inside may ask torch.distributed for its rank.
+        from ... import comm
+        comm.init_distributed(verbose=False)
         self.rank, self.ws = _world()
         for cls in _all_module_classes():
             init = cls.__dict__.get("__init__")
