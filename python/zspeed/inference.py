@@ -124,7 +124,7 @@ class InferenceEngine(torch.nn.Module):
             self._sm, model, prefetch_elems=int(zero.get("stage3_prefetch_bucket_size", 50_000_000)),
             max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),
             persistence=int(zero.get("stage3_param_persistence_threshold", 100_000)),
-            comm_cpu=comm.get_backend() != "nccl")
+            comm_cpu=comm.get_backend() != "nccl", reuse=int(zero.get("stage3_max_reuse_distance", 1_000_000_000)))
 
     def forward(self, *args, **kwargs):
         with torch.no_grad():

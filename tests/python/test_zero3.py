@@ -482,3 +482,28 @@ def test_frozen_parameters_with_ranks_and_zero_init(tmp_path):
         outs = _ranks(2, cfg3, tmp_path, f"l3{init}", lora=True, init=init)
         for o in outs:
             _close(o["state"], ref, "fp32")
+
+
+def test_max_reuse_distance_keeps_a_parameter_used_again_soon():
+    """The twice-called module is gathered once per forward when the reuse distance covers the
+    gathers between its two calls, twice when it is 0; the results are equal."""
+    def gathers(reuse):
+        e, _ = _train(_cfg(3, opt="cpu", param="cpu", stage3_prefetch_bucket_size=0,
+                           stage3_max_reuse_distance=reuse), steps=1)  # the first step records the order
+        f = e._fetcher
+        n = [0]
+        gather = f._gather
+
+        def count(sts):
+            n[0] += sum(1 for st in sts if st.full is None)
+            gather(sts)
+        f._gather = count
+        with torch.no_grad():
+            out = e(_data(1, seed=7)[0])
+        assert _released(e) == []  # kept parameters are released when the forward ends
+        return n[0], out
+    far, a = gathers(10 ** 9)
+    none, b = gathers(0)
+    assert torch.equal(a, b)
+    twice = 6  # the twice-called block's parameters (ln, fc, out: weight and bias)
+    assert none - far == twice

@@ -277,8 +277,8 @@ SCHEMA: dict[str, S] = {
         "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group (cpu: step chunk, capped at 2^26; nvme: swapper partition, capped at 2^23)", auto=AUTO_DEFAULT, check=_count),
         "stage3_max_live_parameters": K(1000000000, NUM, "stage 3: elements gathered on the device at most "
                                         "before prefetching stops (a module's own parameters are always gathered)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
-        "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3: accepted (no effect: a parameter is "
-                                       "released after each use and gathered again at the next)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3: a parameter used again within this "
+                                       "many gathered elements stays gathered in between (forward)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
         "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3: elements gathered ahead of their use, in "
                                          "the order the first step used them (0: no prefetch)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
         "stage3_param_persistence_threshold": K(100000, NUM, "stage 3: parameters of at most this many "

@@ -194,7 +194,8 @@ class ZSpeedEngine(torch.nn.Module):
                 self.optimizer_path.sharded, self.module, prefetch_elems=int(z["stage3_prefetch_bucket_size"]),
                 max_live=int(z["stage3_max_live_parameters"]),
                 persistence=int(z["stage3_param_persistence_threshold"]),
-                comm_cpu=comm.get_backend() != "nccl", frozen=self._frozen_sm)
+                comm_cpu=comm.get_backend() != "nccl", frozen=self._frozen_sm,
+                reuse=int(z["stage3_max_reuse_distance"]))
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.

@@ -240,7 +240,7 @@ class ParamFetcher:
     (see the module docstring)."""
 
     def __init__(self, sm: Stage3Model, module: torch.nn.Module, *, prefetch_elems: int, max_live: int,
-                 persistence: int, comm_cpu: bool, frozen: Stage3Model | None = None):
+                 persistence: int, comm_cpu: bool, frozen: Stage3Model | None = None, reuse: int = 0):
         self.sm = sm
         self.frozen = frozen  # the parameters nothing trains (no gradient, no optimizer), or None
         self.device = sm.device
@@ -248,6 +248,7 @@ class ParamFetcher:
         self.comm_cpu = comm_cpu and sm.world_size > 1
         self.prefetch_elems = int(prefetch_elems)
         self.max_live = max(1, int(max_live))
+        self.reuse = int(reuse)
         self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
         self.states: dict[int, _State] = {}
         for store in (sm, frozen) if frozen is not None else (sm,):
@@ -262,6 +263,9 @@ class ParamFetcher:
         self._module_params: dict[int, list] = {}
         self._external: dict[int, list] = {}
         self._stack: list = []
+        self._pos_stack: list = []   # per running module: its position in the trace, or None
+        self._keep_at: list | None = None  # per trace position: ids of states to keep gathered
+        self._kept: set = set()
         self._mode = None
         self._depth = 0
         # The order of the first forward's gathers (one tuple of states per module call),
@@ -382,21 +386,45 @@ class ParamFetcher:
             mode, self._mode = self._mode, None
             mode.__exit__(None, None, None)
             self._stack.clear()
+            self._pos_stack.clear()
             if self._recording is not None and self._recording:
                 self._trace, self._recording = self._recording, None
+                self._keep_at = self._plan_reuse(self._trace)
             self._bw_cursor = len(self._trace) if self._trace else None
+            kept, self._kept = self._kept, set()
+            self.release([st for st in self.states.values() if id(st) in kept])
         return None
+
+    def _plan_reuse(self, tr: list) -> list:
+        """Per trace position, the states used again within stage3_max_reuse_distance elements
+        of gathers: kept gathered after the module instead of released (DeepSpeed's rule)."""
+        cum = [0]
+        for e in tr:
+            cum.append(cum[-1] + sum(st.numel for st in e))
+        keep: list = [set() for _ in tr]
+        nxt: dict = {}
+        for i in range(len(tr) - 1, -1, -1):
+            for st in tr[i]:
+                j = nxt.get(id(st))
+                if j is not None and cum[j] - cum[i + 1] <= self.reuse:
+                    keep[i].add(id(st))
+            for st in tr[i]:
+                nxt[id(st)] = i
+        return keep
 
     def _pre_forward(self, m, args):
         self._stack.append(m)
         sts = self._of(m)
         if not sts:
+            self._pos_stack.append(None)
             return None
         self._busy += 1
         try:
             self.need(sts)
+            pos = None
             if self._mode is not None:  # the model's forward (not a recomputation in backward)
-                self._note_forward(sts)
+                pos = self._note_forward(sts)
+            self._pos_stack.append(pos)
             if self.frozen is not None and torch.is_grad_enabled():
                 self._hook_inputs(args, m)
         finally:
@@ -426,8 +454,10 @@ class ParamFetcher:
             t.register_hook(input_grad_done)
 
     def _post_forward(self, m, args, out):
+        pos = None
         if self._stack and self._stack[-1] is m:
             self._stack.pop()
+            pos = self._pos_stack.pop() if self._pos_stack else None
         sts = self._of(m)
         if not sts:
             return None
@@ -435,7 +465,12 @@ class ParamFetcher:
         try:
             if torch.is_grad_enabled():
                 self._hook_outputs(out, m)
-            self.release(sts)
+            keep = self._keep_at[pos] if pos is not None and self._keep_at and pos < len(self._keep_at) else ()
+            if keep:
+                self._kept.update(k for k in keep)
+                self.release([st for st in sts if id(st) not in keep])
+            else:
+                self.release(sts)
         finally:
             self._busy -= 1
         return None
@@ -524,16 +559,20 @@ class ParamFetcher:
         self.release(sts)
 
     # -- prefetch ---------------------------------------------------------------------------------
-    def _note_forward(self, sts: list) -> None:
+    def _note_forward(self, sts: list):
+        """Follows the recorded order; returns this call's position in it (None while learning)."""
         if self._recording is not None:
             self._recording.append(tuple(sts))
-            return
+            return None
         tr = self._trace
         if tr is None or self._cursor >= len(tr) or list(tr[self._cursor]) != sts:
-            self._trace, self._recording = None, [tuple(sts)]  # the model took another path: learn again
-            return
+            # The model took another path: learn again (kept states are released at the end).
+            self._trace, self._recording, self._keep_at = None, [tuple(sts)], None
+            return None
+        pos = self._cursor
         self._cursor += 1
         self._prefetch(tr, range(self._cursor, len(tr)))
+        return pos
 
     def _prefetch(self, tr, positions) -> None:
         budget = self.prefetch_elems
