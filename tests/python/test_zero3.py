@@ -187,8 +187,9 @@ def test_gathered_parameters_reads_and_edits_reach_the_masters():
         assert tuple(w.shape) == (V, D)
         before = w.detach().clone()
     assert w.numel() == 0
-    with zspeed.zero.GatheredParameters([w], modifier_rank=None), torch.no_grad():
-        w.zero_()  # discarded: no modifier rank
+    with pytest.raises(RuntimeError, match="modifier_rank=None"):
+        with zspeed.zero.GatheredParameters([w], modifier_rank=None), torch.no_grad():
+            w.zero_()  # refused and discarded: no modifier rank (DeepSpeed's rule)
     assert torch.equal(_whole(e)["emb.weight"], before.float().cpu())
     with zspeed.zero.GatheredParameters([w], modifier_rank=0), torch.no_grad():
         w.fill_(0.25)

@@ -10,8 +10,10 @@ context and parameter access (runtime/zero3.py has the partitioning itself).
 - :class:`GatheredParameters`: the whole values of partitioned parameters inside the
   context (every rank must enter it); with ``modifier_rank`` the values that rank
   holds at exit are broadcast and written back into the shards and, once an engine
-  trains the model, into its fp32 master weights. Below stage 3 parameters are whole
-  already: the body just runs, and modifier_rank edits are broadcast at exit.
+  trains the model, into its fp32 master weights. Without ``modifier_rank`` the values are
+  read-only: an in-place edit is discarded and raises RuntimeError at exit, as in
+  DeepSpeed. Below stage 3 parameters are whole already: the body just runs, and
+  modifier_rank edits are broadcast at exit.
 - :func:`register_external_parameter`: declares that a module uses a parameter of
   another module (zspeed also finds such uses itself during the first forward).
 - :mod:`offload_config`: DeepSpeed's enums of offload devices and states.
@@ -233,6 +235,7 @@ class GatheredParameters:
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled: bool = True):
         del fwd_module
+        self._versions: list = []
         if torch.is_tensor(params):
             params = [params]
         self.params = []
@@ -262,13 +265,22 @@ class GatheredParameters:
                 self._groups.append((f, f.pin(ps)))
             for p in self._init_params:
                 _init_gather(p)
+        # What an in-place edit changes, to refuse edits without a modifier rank (DeepSpeed's rule).
+        self._versions = [(st.p, st.p.data_ptr(), st.p._version) for _, sts in self._groups for st in sts] + \
+            [(p, p.data_ptr(), p._version) for p in self._init_params]
         return None
 
     def __exit__(self, typ, exc, tb):
         if not self.enabled:
             return False
         modified = exc is None and self.modifier_rank is not None
+        edited = exc is None and self.modifier_rank is None and any(
+            p.data_ptr() != ptr or p._version != v for p, ptr, v in self._versions)
         _, ws = _world()
+        if exc is None and self.modifier_rank is None and ws > 1:  # any rank's edit counts
+            flag = torch.tensor([1.0 if edited else 0.0], device=_comm_device())
+            td.all_reduce(flag, op=td.ReduceOp.MAX)
+            edited = bool(flag.item())
         with torch.no_grad():
             if modified and ws > 1:
                 _broadcast(self.params, self.modifier_rank)
@@ -281,6 +293,11 @@ class GatheredParameters:
                     p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
         self._groups.clear()
         self._init_params.clear()
+        self._versions = []
+        if edited:
+            raise RuntimeError("partitioned (ZeRO-3) parameters were modified in place inside GatheredParameters "
+                               "with modifier_rank=None; the edits were discarded. Pass modifier_rank=<rank> (the "
+                               "rank whose values are kept and broadcast) to keep them.")
         return False
 
 
