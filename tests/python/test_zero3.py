@@ -508,3 +508,23 @@ def test_max_reuse_distance_keeps_a_parameter_used_again_soon():
     assert torch.equal(a, b)
     twice = 6  # the twice-called block's parameters (ln, fc, out: weight and bias)
     assert none - far == twice
+
+
+def test_zero_size_parameters():
+    """A parameter with no elements (it shares a partition unit with the next one) trains,
+    gathers and saves like the rest."""
+    class WithEmpty(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.empty = torch.nn.Parameter(torch.zeros(0, 3))
+            self.inner = Model()
+
+        def forward(self, idx):
+            return self.inner(idx) + self.empty.sum()
+    outs = []
+    for stage, kw in ((2, {}), (3, dict(param="cpu"))):
+        torch.manual_seed(0)
+        e, _ = _train(_cfg(stage, opt="cpu", **kw), model=WithEmpty())
+        assert tuple(e.module.empty.shape) == (0, 3)
+        outs.append(_whole(e))
+    _close(outs[1], outs[0], "fp32")

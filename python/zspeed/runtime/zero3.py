@@ -143,13 +143,14 @@ class Stage3Model(ShardedModel):
         gp = self.plan.groups[gi]
         ui = gp.unit_of[pi]
         u = gp.units[ui]
+        off, n = gp.offsets[pi] - u.start, gp.numels[pi]  # the parameter's place in its unit
         shard = self.shard(gi, ui)
         if self.world_size == 1:
-            return shard[:u.length].to(device, copy=True)
+            return shard[off:off + n].to(device, copy=True)
         comm_dev = self.device if td.get_backend(self.group) == "nccl" else torch.device("cpu")
         out = torch.empty(u.padded, dtype=self.dtype, device=comm_dev)
         td.all_gather_into_tensor(out, shard.to(comm_dev, copy=True), group=self.group)
-        return out[:u.length].to(device)
+        return out[off:off + n].to(device)
 
     def set_full(self, gi: int, pi: int, value: torch.Tensor) -> None:
         """Writes this rank's shard of parameter pi from its whole value (any shape of its size)."""
@@ -157,11 +158,13 @@ class Stage3Model(ShardedModel):
         ui = gp.unit_of[pi]
         u = gp.units[ui]
         flat = value.detach().reshape(-1)
+        off, n = gp.offsets[pi] - u.start, gp.numels[pi]
         with torch.no_grad():
-            lo = self.rank * u.shard
-            hi = min(u.length, lo + u.shard)
+            lo = max(off, self.rank * u.shard)  # in the unit: this rank's part of the parameter
+            hi = min(off + n, (self.rank + 1) * u.shard)
             if hi > lo:
-                self.shard(gi, ui)[:hi - lo].copy_(flat[lo:hi].to(self.param_device, self.dtype))
+                at = lo - self.rank * u.shard
+                self.shard(gi, ui)[at:at + hi - lo].copy_(flat[lo - off:hi - off].to(self.param_device, self.dtype))
         if self.fetcher is not None:
             self.fetcher.mark_stale(self)
 
@@ -255,6 +258,9 @@ class ParamFetcher:
             for gi, ps in enumerate(store.layout.params):
                 gp = store.plan.groups[gi]
                 for pi, p in enumerate(ps):
+                    if gp.numels[pi] == 0:  # nothing to gather: an empty tensor of its shape, always
+                        p.data = torch.empty(full_shape(p), dtype=store.dtype, device=self.device)
+                        continue
                     ui = gp.unit_of[pi]
                     u = gp.units[ui]
                     self.states[id(p)] = _State(p, store, gi, pi, ui, u.length, full_shape(p), u.padded,
