@@ -106,25 +106,14 @@ class InferenceEngine(torch.nn.Module):
         self.module = model
 
     def _partition(self, model, zero: dict, dev: str, pin: bool) -> None:
-        from .runtime.layout import FlatLayout
-        from .runtime.partition import PartitionPlan
-        from .runtime.zero3 import ParamFetcher, Stage3Model
-        params = list(model.parameters())
-        keep = {id(p) for p in params if p.is_floating_point()}
-        layout = FlatLayout([{"params": [p for p in params if id(p) in keep]}])
         from .runtime.engine import _move_except
+        from .runtime.layout import FlatLayout
+        from .runtime.zero3 import ParamFetcher, build_store
+        layout = FlatLayout([{"params": [p for p in model.parameters() if p.is_floating_point()]}])
         _move_except(model, self.device, self.dtype, layout.index)
-        ws, rank = comm.get_world_size(), comm.get_rank()
-        plan = PartitionPlan(layout.numels, ws, rank, unit_elems=1)
-        on_host = dev == "cpu"
-        self._sm = Stage3Model(layout, plan, self.device, self.dtype,
-                               param_device=torch.device("cpu") if on_host else self.device,
-                               pin=on_host and pin and self.device.type == "cuda")
-        self._fetcher = ParamFetcher(
-            self._sm, model, prefetch_elems=int(zero.get("stage3_prefetch_bucket_size", 50_000_000)),
-            max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),
-            persistence=int(zero.get("stage3_param_persistence_threshold", 100_000)),
-            comm_cpu=comm.get_backend() != "nccl", reuse=int(zero.get("stage3_max_reuse_distance", 1_000_000_000)))
+        self._sm = build_store(layout, comm.get_world_size(), comm.get_rank(), self.device, self.dtype,
+                               {"device": dev, "pin_memory": pin})
+        self._fetcher = ParamFetcher.from_zero(self._sm, model, zero, comm_cpu=comm.get_backend() != "nccl")
 
     def forward(self, *args, **kwargs):
         with torch.no_grad():

@@ -316,8 +316,9 @@ class GradReducer:
             buf.record_stream(self.side)
 
     def _flush(self) -> None:
-        """Stage 3, end of a micro-batch's backward: every unit not issued yet (parameters that
-        got no gradient count as zeros) is reduced now, in the fixed order."""
+        """Every unit not issued yet is reduced now, in the fixed order (stage 3: at the end of
+        each micro-batch's backward; stages 1-2: at the step). A parameter whose hook did not
+        fire contributes the gradient it has (accumulated in earlier micro-batches) or zeros."""
         for gi, ui in self._order[self._next:]:
             u = self.sm.plan.groups[gi].units[ui]
             for pi in range(u.first, u.first + u.count):
@@ -342,34 +343,20 @@ class GradReducer:
 
     # -- the step --------------------------------------------------------------------------------------
     def gather(self) -> None:
-        """Reduces what is left (every unit with stage 1) in the fixed order, and waits. A
-        parameter whose hook did not fire on the boundary contributes the gradient it has
-        (accumulated in earlier micro-batches) or zeros. Stage 3 reduced everything during
-        backward: units that got nothing since the last step read as zeros."""
+        """Reduces what is left (every unit with stage 1) and waits. Stage 3 reduced everything
+        during backward: units that got nothing since the last step read as zeros."""
+        if not self.accumulate:
+            self._flush()
+        self._finish_all()
+        if self.cuda:
+            self.side.synchronize()
         if self.accumulate:
-            self._finish_all()
-            if self.cuda:
-                self.side.synchronize()
             for gi, gp in enumerate(self.sm.plan.groups):
                 for ui in range(len(gp.units)):
                     if (gi, ui) not in self._fresh:
                         start, n = self.sm.local_range(gi, ui)
                         self.dests[gi][start:start + n].zero_()
                         self._fresh.add((gi, ui))
-            return
-        for gi, ui in self._order[self._next:]:
-            u = self.sm.plan.groups[gi].units[ui]
-            for pi in range(u.first, u.first + u.count):
-                if (gi, pi) not in self._taken:
-                    p = self.layout.params[gi][pi]
-                    self._take(gi, pi, p.grad)
-                    p.grad = None
-        while self._next < len(self._order):
-            self._issue(*self._order[self._next])
-            self._next += 1
-        self._finish_all()
-        if self.cuda:
-            self.side.synchronize()
 
     def local_norms(self) -> list:
         return self._norms

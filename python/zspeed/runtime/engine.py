@@ -163,13 +163,13 @@ class ZSpeedEngine(torch.nn.Module):
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
         self._frozen_sm = None
-        frozen_layout = None
+        self._frozen_layout = frozen_layout = None  # ZeRO-3: the parameters nothing trains
         if self._stage3:
             trained = self._layout.index
             frozen = [p for p in dict.fromkeys(model.parameters()) if id(p) not in trained and p.is_floating_point()]
             keep = dict(trained)
             if frozen:
-                frozen_layout = FlatLayout([{"params": frozen}])
+                self._frozen_layout = frozen_layout = FlatLayout([{"params": frozen}])
                 keep.update(frozen_layout.index)
             _move_except(model, self.device, self.dtype, keep)
         hook = _ParamGradHook(self)
@@ -182,20 +182,12 @@ class ZSpeedEngine(torch.nn.Module):
                                           self.global_rank, self.world_size)
         self._fetcher = None
         if self._stage3:
-            from .zero3 import ParamFetcher, Stage3Model
-            z = config.zero
+            from .zero3 import ParamFetcher, build_store
             if frozen_layout is not None:  # parameters nothing trains: partitioned the same way
-                on_host = config.offload_param["device"] == "cpu"
-                self._frozen_sm = Stage3Model(
-                    frozen_layout, PartitionPlan(frozen_layout.numels, self.world_size, self.global_rank, unit_elems=1),
-                    self.device, self.dtype, param_device=torch.device("cpu") if on_host else self.device,
-                    pin=on_host and self.device.type == "cuda" and bool(config.offload_param["pin_memory"]))
-            self._fetcher = ParamFetcher(
-                self.optimizer_path.sharded, self.module, prefetch_elems=int(z["stage3_prefetch_bucket_size"]),
-                max_live=int(z["stage3_max_live_parameters"]),
-                persistence=int(z["stage3_param_persistence_threshold"]),
-                comm_cpu=comm.get_backend() != "nccl", frozen=self._frozen_sm,
-                reuse=int(z["stage3_max_reuse_distance"]))
+                self._frozen_sm = build_store(frozen_layout, self.world_size, self.global_rank, self.device,
+                                              self.dtype, config.offload_param)
+            self._fetcher = ParamFetcher.from_zero(self.optimizer_path.sharded, self.module, config.zero,
+                                                   comm_cpu=comm.get_backend() != "nccl", frozen=self._frozen_sm)
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
@@ -245,11 +237,10 @@ class ZSpeedEngine(torch.nn.Module):
         if self._stage3 or self.device.type != "cpu":
             freeable = sum(p.numel() * p.element_size() for ps in self._model_params for p in ps
                            if p.device.type == "cpu")
-        if self._stage3:  # parameters nothing trains are partitioned (and freed) too
-            trained = self._layout.index
-            rest = [p for p in dict.fromkeys(self.module.parameters()) if id(p) not in trained]
-            frozen = -(-sum(int(getattr(p, "ds_numel", p.numel())) for p in rest) // self.world_size)
-            freeable += sum(p.numel() * p.element_size() for p in rest if p.device.type == "cpu")
+        if self._frozen_layout is not None:  # parameters nothing trains are partitioned (and freed) too
+            frozen = -(-sum(self._frozen_layout.totals) // self.world_size)
+            freeable += sum(p.numel() * p.element_size() for ps in self._frozen_layout.params for p in ps
+                            if p.device.type == "cpu")
         check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size(), frozen)
         check_nvme_space(config, local, comm.get_local_world_size())
 
@@ -833,11 +824,8 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
     bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
     if config.zero_stage == 3:
         # One unit per parameter (unit_elems 1): each is gathered and reduced on its own.
-        from .zero3 import Stage3Model
-        plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
-        on_host = config.offload_param["device"] == "cpu"
-        sm = Stage3Model(layout, plan, device, dtype, param_device=torch.device("cpu") if on_host else device,
-                         pin=on_host and device.type == "cuda" and bool(config.offload_param["pin_memory"]))
+        from .zero3 import build_store
+        sm = build_store(layout, world_size, rank, device, dtype, config.offload_param)
     elif world_size > 1 and config.zero_stage >= 1:
         plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=bucket)
         sm = ShardedModel(layout, plan, device, dtype)

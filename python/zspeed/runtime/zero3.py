@@ -169,6 +169,16 @@ class Stage3Model(ShardedModel):
             self.fetcher.mark_stale(self)
 
 
+def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
+                offload_param: dict) -> Stage3Model:
+    """The Stage3Model of ``layout`` (one unit per parameter) with its shards where the
+    offload_param section says: host memory (page-locked on CUDA with pin_memory) or the device."""
+    plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
+    on_host = offload_param.get("device", "none") == "cpu"
+    return Stage3Model(layout, plan, device, dtype, param_device=torch.device("cpu") if on_host else device,
+                       pin=on_host and device.type == "cuda" and bool(offload_param.get("pin_memory", False)))
+
+
 def _shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
     """The elements of piece ``pc`` from the parameter: from its data, or from the shard that
     zero.Init left in ``p.ds_tensor`` (computed by the same plan: one unit per parameter)."""
@@ -299,6 +309,17 @@ class ParamFetcher:
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
         self._busy = 0
         _FETCHERS.add(self)
+
+    @classmethod
+    def from_zero(cls, sm: Stage3Model, module: torch.nn.Module, zero: dict, *, comm_cpu: bool,
+                  frozen: Stage3Model | None = None) -> "ParamFetcher":
+        """A fetcher with the stage3_* knobs of a zero_optimization section (DeepSpeed's defaults
+        for the ones it lacks)."""
+        return cls(sm, module, prefetch_elems=int(zero.get("stage3_prefetch_bucket_size", 50_000_000)),
+                   max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),
+                   persistence=int(zero.get("stage3_param_persistence_threshold", 100_000)),
+                   reuse=int(zero.get("stage3_max_reuse_distance", 1_000_000_000)),
+                   comm_cpu=comm_cpu, frozen=frozen)
 
     # -- gathering ------------------------------------------------------------------------------
     def _gather(self, sts: list) -> None:
