@@ -589,15 +589,12 @@ class ZSpeedEngine(torch.nn.Module):
             path = os.path.join(save_dir, save_filename)
             tmp = path + ".tmp"
             if save_filename.endswith(".safetensors"):
+                import json
                 from safetensors.torch import save_file
-                seen, out = {}, {}
-                for k, v in sd.items():  # safetensors refuses shared storage: tied weights once
-                    key = (v.data_ptr(), v.dtype, tuple(v.shape))
-                    if key not in seen:
-                        seen[key] = k
-                        out[k] = v.contiguous().cpu()
-                save_file(out, tmp, metadata={"format": "pt", "aliases": str(
-                    {k: seen[(v.data_ptr(), v.dtype, tuple(v.shape))] for k, v in sd.items() if k not in out})})
+                from .checkpoint import _dedupe
+                out, aliases = _dedupe(sd)  # safetensors refuses shared storage: tied weights once
+                save_file({k: v.contiguous().cpu() for k, v in out.items()}, tmp,
+                          metadata={"format": "pt", "aliases": json.dumps(aliases)})
             else:
                 torch.save({k: v.cpu() for k, v in sd.items()}, tmp)
             os.replace(tmp, path)
