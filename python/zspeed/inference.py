@@ -4,7 +4,10 @@ With ``"zero": {"stage": 3, "offload_param": {"device": "cpu"}}`` every paramete
 weights live in page-locked host memory in the inference dtype, and each module's
 weights are copied to the GPU just before it runs (prefetched in the order the first
 forward used them) and dropped after: the machinery of ZeRO-3 training
-(runtime/zero3.py) without an optimizer. Without it the model is moved to the device in
+(runtime/zero3.py) without an optimizer. With ``"device": "nvme"`` (and ``nvme_path``)
+they live in a file there instead and are read ahead through the aio engine into
+``buffer_count`` page-locked buffers (runtime/zero3_nvme.py); host memory then holds only
+those buffers and the first ``max_in_cpu`` elements. Without it the model is moved to the device in
 the inference dtype, as DeepSpeed's init_inference does.
 
 DeepSpeed's inference config keys are read where they mean something here: ``dtype``
@@ -67,6 +70,24 @@ def _refuse(cfg: dict) -> None:
                           "from_pretrained) before init_inference.")
 
 
+_NVME_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu"}
+
+
+def _check_nvme_section(off: dict) -> None:
+    """offload_param with device nvme: DeepSpeed's keys, and an existing writable nvme_path."""
+    import os
+    bad = sorted(set(off) - _NVME_KEYS)
+    if bad:
+        raise ConfigError(f"init_inference: offload_param keys {bad} are not known; zspeed reads {sorted(_NVME_KEYS)}.")
+    path = off.get("nvme_path")
+    if not path:
+        raise ConfigError("init_inference: offload_param.nvme_path is required with device 'nvme': a directory on "
+                          "a fast local disk where zspeed may write the weights' file.")
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"init_inference: offload_param.nvme_path = {path!r} is not an existing writable "
+                          f"directory; create it or choose another.")
+
+
 class InferenceEngine(torch.nn.Module):
     """The model, ready for inference: ``engine(...)`` is the module's forward, ``engine.module``
     the model, ``engine.generate`` the model's own (Hugging Face models)."""
@@ -91,28 +112,29 @@ class InferenceEngine(torch.nn.Module):
         stage = int(zero.get("stage", 0))
         off = zero.get("offload_param") or {}
         dev = off.get("device", "none")
-        if dev not in ("none", "cpu"):
-            raise ConfigError(f"init_inference: offload_param.device {dev!r}: zspeed streams weights from host "
-                              f"memory ('cpu'); NVMe is not supported yet.")
-        if dev == "cpu" and stage != 3:
+        if dev not in ("none", "cpu", "nvme"):
+            raise ConfigError(f"init_inference: offload_param.device {dev!r} is not one of 'none', 'cpu', 'nvme'.")
+        if dev == "nvme":
+            _check_nvme_section(off)
+        if dev != "none" and stage != 3:
             raise ConfigError("init_inference: offload_param needs \"stage\": 3 (the weights are partitioned and "
                               "streamed only at stage 3).")
         self._fetcher = None
         model.eval()
         if stage == 3:
-            self._partition(model, zero, dev, bool(off.get("pin_memory", True)))
+            self._partition(model, zero, {**off, "device": dev, "pin_memory": bool(off.get("pin_memory", True))})
         else:
             model.to(self.device, self.dtype)
         self.module = model
 
-    def _partition(self, model, zero: dict, dev: str, pin: bool) -> None:
+    def _partition(self, model, zero: dict, off: dict) -> None:
         from .runtime.engine import _move_except
         from .runtime.layout import FlatLayout
         from .runtime.zero3 import ParamFetcher, build_store
         layout = FlatLayout([{"params": [p for p in model.parameters() if p.is_floating_point()]}])
         _move_except(model, self.device, self.dtype, layout.index)
-        self._sm = build_store(layout, comm.get_world_size(), comm.get_rank(), self.device, self.dtype,
-                               {"device": dev, "pin_memory": pin})
+        self._sm = build_store(layout, comm.get_world_size(), comm.get_rank(), self.device, self.dtype, off,
+                               trained=False)
         self._fetcher = ParamFetcher.from_zero(self._sm, model, zero, comm_cpu=comm.get_backend() != "nccl")
 
     def forward(self, *args, **kwargs):
@@ -122,6 +144,15 @@ class InferenceEngine(torch.nn.Module):
     def generate(self, *args, **kwargs):
         with torch.no_grad():
             return self.module.generate(*args, **kwargs)
+
+    def close(self) -> None:
+        """With offload_param nvme: deletes the weights' file (also done when the engine is
+        garbage-collected); the model cannot run afterwards. Idempotent."""
+        sm = getattr(self, "_sm", None)
+        if sm is not None and hasattr(sm, "close"):
+            sm.close()
+
+    destroy = close
 
 
 def init_inference(model: torch.nn.Module, config: dict | None = None, **kwargs) -> InferenceEngine:

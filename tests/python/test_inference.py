@@ -60,9 +60,60 @@ def test_bf16_and_the_guides_zero_optimization_spelling():
     ({"enable_cuda_graph": True}, "enable_cuda_graph"),
     ({"dtype": "int4"}, "dtype"),
     ({"zero": {"stage": 2, "offload_param": {"device": "cpu"}}}, "stage"),
-    ({"zero": {"stage": 3, "offload_param": {"device": "nvme"}}}, "NVMe"),
+    ({"zero": {"stage": 3, "offload_param": {"device": "nvme"}}}, "nvme_path is required"),
+    ({"zero": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/no/such/dir"}}},
+     "not an existing writable directory"),
+    ({"zero": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_cnt": 2}}},
+     r"offload_param keys \['buffer_cnt'\]"),
     ({"windows_optimization": True}, "unknown config key"),
 ])
 def test_unsupported_keys_are_refused_with_what_to_use(cfg, match):
     with pytest.raises(ConfigError, match=match):
         zspeed.init_inference(_gpt(), config=cfg)
+
+
+def _nvme(tmp, **kw):
+    return {"stage": 3, "stage3_param_persistence_threshold": 0,
+            "offload_param": {"device": "nvme", "nvme_path": str(tmp), "pin_memory": True, "max_in_cpu": 0,
+                              "buffer_count": 2, **kw}}
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_in_cpu": 3000}, {"buffer_count": 1}], ids=["all-on-nvme", "some-in-cpu",
+                                                                                    "one-buffer"])
+def test_weights_on_nvme_give_the_plain_models_outputs(tmp_path, kw):
+    ref = _gpt().to(DEV).eval()
+    engine = zspeed.init_inference(_gpt(), config={"dtype": torch.float32, "zero": _nvme(tmp_path, **kw)})
+    files = [n for n in os.listdir(tmp_path) if n.endswith("_param.swap")]
+    assert len(files) == 1 and engine._sm.on_disk_elems > 0
+    if "max_in_cpu" in kw:
+        assert 0 < engine._sm.resident_elems <= kw["max_in_cpu"]
+    else:
+        assert engine._sm.resident_elems == 0
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEV)
+    with torch.no_grad():
+        want = ref(ids)
+    for _ in range(2):  # the second forward prefetches along the recorded order
+        assert torch.equal(engine(ids), want)
+        assert all(p.numel() == 0 for p in engine.module.parameters())
+    g1, g2 = torch.Generator(device=DEV).manual_seed(5), torch.Generator(device=DEV).manual_seed(5)
+    assert torch.equal(engine.module.generate(ids, 6, generator=g1), ref.generate(ids, 6, generator=g2))
+    engine.close()
+    assert not [n for n in os.listdir(tmp_path) if n.endswith("_param.swap")]
+
+
+def test_a_failed_nvme_read_raises_and_the_next_forward_is_right(tmp_path):
+    from zspeed import NativeError
+    from zspeed._native import errcode, lib
+    ref = _gpt().to(DEV).eval()
+    engine = zspeed.init_inference(_gpt(), config={"dtype": torch.float32, "zero": _nvme(tmp_path)})
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEV)
+    assert torch.equal(engine(ids), ref(ids).detach())
+    lib.zs_fault_set(b"aio.io", 4, 1, errcode("ZS_EIO"))
+    try:
+        with pytest.raises(NativeError, match="reading the shard of a parameter"):
+            engine(ids)
+    finally:
+        lib.zs_fault_clear()
+    with torch.no_grad():
+        assert torch.equal(engine(ids), ref(ids))
+    engine.close()

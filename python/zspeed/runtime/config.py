@@ -341,13 +341,19 @@ SCHEMA: dict[str, S] = {
                             "stale; off gives exact updates)"),
     }, "zero_optimization.offload_optimizer"),
     "zero_optimization.offload_param": S({
-        "device": K("none", (str,), "where parameter shards live (stage 3): none (the GPU) or cpu (host "
-                    "memory); nvme is refused (not supported yet)", choices=("none", "cpu", "nvme")),
-        "nvme_path": K(None, (str, type(None)), "nvme only (not supported)"),
-        "pin_memory": K(False, (bool,), "page-lock the host shards (asynchronous copies to the GPU)"),
-        "buffer_count": K(5, (int,), "nvme only (not supported)", check=_pos),
-        "buffer_size": K(100000000, NUM, "nvme only (not supported)", auto=AUTO_DEFAULT, check=_count),
-        "max_in_cpu": K(1000000000, NUM, "nvme only (not supported)", auto=AUTO_DEFAULT,
+        "device": K("none", (str,), "where parameter shards live (stage 3): none (the GPU), cpu (host "
+                    "memory) or nvme (parameters nothing trains in a file under nvme_path, read through the "
+                    "aio engine; trained ones stay in host memory: docs/ZERO3.md)", choices=("none", "cpu", "nvme")),
+        "nvme_path": K(None, (str, type(None)), "nvme: existing writable directory for the parameter file "
+                       "(required; deleted by engine.close())"),
+        "pin_memory": K(False, (bool,), "page-lock the host shards and NVMe read buffers (asynchronous copies "
+                        "to the GPU)"),
+        "buffer_count": K(5, (int,), "nvme: host buffers that NVMe reads of prefetched parameters land in",
+                          check=_pos),
+        "buffer_size": K(100000000, NUM, "nvme: elements per read buffer at most (each is sized to the largest "
+                         "shard on NVMe; a larger shard is an error)", auto=AUTO_DEFAULT, check=_count),
+        "max_in_cpu": K(1000000000, NUM, "nvme: elements of (frozen) parameter shards kept in host memory "
+                        "instead, the first ones in parameter order", auto=AUTO_DEFAULT,
                         check=_between(0, 2 ** 62)),
     }, "zero_optimization.offload_param"),
     "aio": S({
@@ -760,13 +766,10 @@ class ZSpeedConfig:
                               f"(only stage 3 partitions and offloads parameters; this config runs stage "
                               f"{stage}): set \"stage\": 3, or remove offload_param.")
         if pdev == "nvme":
-            raise ConfigError("zero_optimization.offload_param.device 'nvme' (parameters on NVMe) is not "
-                              "supported by zspeed yet; use \"device\": \"cpu\" for the parameters (host memory) "
-                              "and offload_optimizer.device \"nvme\" for the optimizer state, which is most of "
-                              "the memory.")
+            self._validate_nvme_path(self.offload_param, "zero_optimization.offload_param", "parameter")
         dev = self.offload["device"]
         if dev == "nvme":
-            self._validate_nvme_path()
+            self._validate_nvme_path(self.offload, "zero_optimization.offload_optimizer", "swap")
         if dev != "none" and stage == 0:
             raise ConfigError(f"zero_optimization.offload_optimizer.device '{dev}' needs "
                               "zero_optimization.stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO); "
@@ -805,13 +808,13 @@ class ZSpeedConfig:
                           f"gradient_accumulation_steps {self.gradient_accumulation_steps} set it to "
                           f"{model!r} or remove it (with one micro-batch per step it has no effect).")
 
-    def _validate_nvme_path(self):
-        """offload_optimizer.device 'nvme' needs an existing, writable directory for the swap files."""
-        path = self.offload["nvme_path"]
-        key = "zero_optimization.offload_optimizer.nvme_path"
+    def _validate_nvme_path(self, section: dict, name: str, what: str):
+        """device 'nvme' needs an existing, writable directory for the swap files."""
+        path = section["nvme_path"]
+        key = f"{name}.nvme_path"
         if not path:
-            raise ConfigError(f"{key} is required with offload_optimizer.device 'nvme': set it to a directory "
-                              f"on a fast local disk (e.g. \"/local_nvme\") where zspeed may write its swap files.")
+            raise ConfigError(f"{key} is required with {name.split('.')[-1]}.device 'nvme': set it to a directory "
+                              f"on a fast local disk (e.g. \"/local_nvme\") where zspeed may write its {what} files.")
         if not os.path.isdir(path):
             raise ConfigError(f"{key} = {path!r} is not an existing directory; create it (mkdir -p) or point "
                               f"it at a directory on a local NVMe disk.")

@@ -185,7 +185,7 @@ class ZSpeedEngine(torch.nn.Module):
             from .zero3 import ParamFetcher, build_store
             if frozen_layout is not None:  # parameters nothing trains: partitioned the same way
                 self._frozen_sm = build_store(frozen_layout, self.world_size, self.global_rank, self.device,
-                                              self.dtype, config.offload_param)
+                                              self.dtype, config.offload_param, trained=False, aio=config.aio)
             self._fetcher = ParamFetcher.from_zero(self.optimizer_path.sharded, self.module, config.zero,
                                                    comm_cpu=comm.get_backend() != "nccl", frozen=self._frozen_sm)
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
@@ -242,7 +242,7 @@ class ZSpeedEngine(torch.nn.Module):
             freeable += sum(p.numel() * p.element_size() for ps in self._frozen_layout.params for p in ps
                             if p.device.type == "cpu")
         check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size(), frozen)
-        check_nvme_space(config, local, comm.get_local_world_size())
+        check_nvme_space(config, local, comm.get_local_world_size(), frozen, self.dtype)
 
     def _check_client_optimizer(self, client: torch.optim.Optimizer, config: ZSpeedConfig) -> None:
         """DeepSpeed's rules for an optimizer the script passes: it takes precedence over the
@@ -621,6 +621,8 @@ class ZSpeedEngine(torch.nn.Module):
         The engine cannot train afterwards. Idempotent."""
         self.optimizer_path.flush()
         self.optimizer_path.close()
+        if self._frozen_sm is not None and hasattr(self._frozen_sm, "close"):
+            self._frozen_sm.close()
         self._trace.flush()
 
     destroy = close  # DeepSpeed's name

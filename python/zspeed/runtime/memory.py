@@ -70,10 +70,16 @@ def estimate(config, local_elems: int, dtype: torch.dtype, frozen_elems: int = 0
     this rank's share of the parameters nothing trains (partitioned too at stage 3)."""
     esize = torch.empty((), dtype=dtype).element_size()
     out = {}
-    if config.zero_stage == 3 and config.offload_param["device"] == "cpu":
-        out["parameters"] = esize * local_elems
-        if frozen_elems:
+    pdev = config.offload_param["device"]
+    if config.zero_stage == 3 and pdev in ("cpu", "nvme"):
+        out["parameters"] = esize * local_elems  # with nvme too (zero3_nvme.py: only frozen ones go to disk)
+        if frozen_elems and pdev == "cpu":
             out["frozen parameters"] = esize * frozen_elems
+        elif frozen_elems:  # nvme: the part max_in_cpu keeps, and the read buffers
+            kept = min(frozen_elems, int(config.offload_param["max_in_cpu"]))
+            pool = int(config.offload_param["buffer_count"]) * min(int(config.offload_param["buffer_size"]),
+                                                                  frozen_elems)
+            out["frozen parameters (max_in_cpu, NVMe read buffers)"] = esize * (kept + pool)
     dev = config.offload_device
     if dev in ("cpu", "nvme"):
         out["gradients"] = esize * local_elems
@@ -91,27 +97,42 @@ def _state_bytes(config) -> tuple[str, float]:
     return sd, moments * _STATE_BYTES.get(sd, 4.0)
 
 
-def check_nvme_space(config, local_elems: int, ranks_here: int) -> None:
-    """ConfigError when nvme_path has too little free space for the swap files of the ranks on
-    this host (offload_optimizer nvme only)."""
-    if config.offload_device != "nvme" or os.environ.get("ZSPEED_SKIP_MEMORY_CHECK") == "1":
+def check_nvme_space(config, local_elems: int, ranks_here: int, frozen_elems: int = 0,
+                     dtype: torch.dtype = torch.float16) -> None:
+    """ConfigError when an nvme_path has too little free space for the swap files of the ranks on
+    this host: offload_optimizer nvme (fp32 masters and optimizer state) and offload_param nvme
+    (the shards of the parameters nothing trains, beyond max_in_cpu)."""
+    if os.environ.get("ZSPEED_SKIP_MEMORY_CHECK") == "1":
         return
     import shutil
-    path = config.offload["nvme_path"]
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:
-        return  # the path's own validation reports a missing folder
+    needs: dict = {}  # folder -> [(bytes, what)]
     sd, per = _state_bytes(config)
-    need = int((4 + per) * local_elems) * max(1, ranks_here)
-    if need <= free:
-        return
-    fix = " optimizer.params.state_dtype \"int8\" (about 6 bytes per element instead of 12);" if sd != "int8" else ""
-    raise ConfigError(
-        f"offload_optimizer nvme needs {need / GiB:.1f} GiB of free space in nvme_path '{path}' for the swap files "
-        f"({ranks_here} rank(s) x {local_elems:,} elements x {4 + per:.1f} bytes: fp32 masters and {sd} optimizer "
-        f"state), but it has {free / GiB:.1f} GiB free. Nothing was written. To fit:{fix} a larger disk, or more "
-        f"hosts. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
+    ranks = max(1, ranks_here)
+    if config.offload_device == "nvme":
+        needs.setdefault(config.offload["nvme_path"], []).append(
+            (int((4 + per) * local_elems) * ranks, f"offload_optimizer: {ranks} rank(s) x {local_elems:,} elements x "
+             f"{4 + per:.1f} bytes of fp32 masters and {sd} optimizer state"))
+    op = config.offload_param
+    if config.zero_stage == 3 and op["device"] == "nvme" and frozen_elems > int(op["max_in_cpu"]):
+        esize = torch.empty((), dtype=dtype).element_size()
+        n = frozen_elems - int(op["max_in_cpu"])
+        needs.setdefault(op["nvme_path"], []).append(
+            (esize * n * ranks, f"offload_param: {ranks} rank(s) x {n:,} elements x {esize} bytes of frozen "
+             f"parameter shards"))
+    for path, items in needs.items():
+        try:
+            free = shutil.disk_usage(path).free
+        except OSError:
+            continue  # the path's own validation reports a missing folder
+        need = sum(b for b, _ in items)
+        if need <= free:
+            continue
+        fix = " optimizer.params.state_dtype \"int8\" (about 6 bytes per element instead of 12);" \
+            if sd != "int8" and config.offload_device == "nvme" else ""
+        raise ConfigError(
+            f"nvme offload needs {need / GiB:.1f} GiB of free space in nvme_path '{path}' for the swap files ("
+            + "; ".join(w for _, w in items) + f"), but it has {free / GiB:.1f} GiB free. Nothing was written. "
+            f"To fit:{fix} a larger disk, or more hosts. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
 
 
 def check_host_memory(config, local_elems: int, dtype: torch.dtype, freeable: int, ranks_here: int,

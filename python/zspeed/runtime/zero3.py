@@ -71,7 +71,7 @@ def full_shape(p: torch.Tensor) -> torch.Size:
 class _State:
     """What the fetcher knows about one partitioned parameter."""
     __slots__ = ("p", "sm", "gi", "pi", "ui", "numel", "shape", "padded", "full", "ready", "waited", "hold",
-                 "persistent", "stale", "pins", "__weakref__")
+                 "persistent", "stale", "pins", "io", "__weakref__")
 
     def __init__(self, p, sm, gi, pi, ui, numel, shape, padded, persistent):
         self.p, self.sm, self.gi, self.pi, self.ui = p, sm, gi, pi, ui
@@ -83,6 +83,7 @@ class _State:
         self.persistent = persistent
         self.stale = False      # gathered, but the shards changed since (an optimizer step)
         self.pins = 0           # GatheredParameters contexts holding it whole
+        self.io = None          # NVMe store: (pool buffer, read request) while its shard is read
 
 
 class Stage3Model(ShardedModel):
@@ -170,13 +171,25 @@ class Stage3Model(ShardedModel):
 
 
 def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
-                offload_param: dict) -> Stage3Model:
+                offload_param: dict, *, trained: bool = True, aio: dict | None = None) -> Stage3Model:
     """The Stage3Model of ``layout`` (one unit per parameter) with its shards where the
-    offload_param section says: host memory (page-locked on CUDA with pin_memory) or the device."""
+    offload_param section says: host memory (page-locked on CUDA with pin_memory), the device,
+    or, for parameters nothing trains (``trained`` False), a file under nvme_path
+    (zero3_nvme.py; trained parameters stay in host memory with nvme, as that module says)."""
     plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
-    on_host = offload_param.get("device", "none") == "cpu"
-    return Stage3Model(layout, plan, device, dtype, param_device=torch.device("cpu") if on_host else device,
-                       pin=on_host and device.type == "cuda" and bool(offload_param.get("pin_memory", False)))
+    where = offload_param.get("device", "none")
+    pin = where in ("cpu", "nvme") and device.type == "cuda" and bool(offload_param.get("pin_memory", False))
+    if where == "nvme" and not trained:
+        from .zero3_nvme import NVMeParamStore
+        return NVMeParamStore(layout, plan, device, dtype, nvme_path=offload_param["nvme_path"],
+                              buffer_count=int(offload_param.get("buffer_count", 5)),
+                              buffer_size=int(offload_param.get("buffer_size", 100_000_000)),
+                              max_in_cpu=int(offload_param.get("max_in_cpu", 1_000_000_000)), pin=pin, aio=aio)
+    on_host = where in ("cpu", "nvme")
+    if where == "nvme":
+        log.info("zspeed zero3: offload_param nvme keeps the trained parameters' shards in host memory (the "
+                 "optimizer writes their new weights there every step); parameters nothing trains go to NVMe")
+    return Stage3Model(layout, plan, device, dtype, param_device=torch.device("cpu") if on_host else device, pin=pin)
 
 
 def _shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
@@ -276,6 +289,7 @@ class ParamFetcher:
                     self.states[id(p)] = _State(p, store, gi, pi, ui, u.length, full_shape(p), u.padded,
                                                 u.length <= persistence)
         self.live = 0  # elements materialized (persistent ones included)
+        self._reading: dict = {}  # id(state) -> state whose NVMe read is in flight, oldest first
         self._module_params: dict[int, list] = {}
         self._external: dict[int, list] = {}
         self._stack: list = []
@@ -322,11 +336,71 @@ class ParamFetcher:
                    comm_cpu=comm_cpu, frozen=frozen)
 
     # -- gathering ------------------------------------------------------------------------------
-    def _gather(self, sts: list) -> None:
-        """Starts gathering each of ``sts`` not materialized (or stale) into a device buffer."""
+    def _gather(self, sts: list, prefetch: bool = False) -> None:
+        """Starts gathering each of ``sts`` not materialized (or stale) into a device buffer. A
+        shard on NVMe is read first (zero3_nvme.py): with ``prefetch`` the read is only started
+        (if a pool buffer is free) and lands later; otherwise it is waited for here."""
         todo = [st for st in sts if st.full is None or st.stale]
         if not todo:
             return
+        now, reads = [], []
+        for st in todo:
+            if getattr(st.sm, "nvme", False) and st.sm.on_disk(st.gi, st.ui):
+                if st.io is None and not self._start_read(st, block=not prefetch):
+                    break  # prefetching: no free buffer now
+                reads.append(st)
+            else:
+                now.append(st)
+        if now:
+            self._copy_in(now, [st.sm.shard(st.gi, st.ui) for st in now])
+        if not prefetch:
+            for st in reads:
+                if st.io is not None:
+                    self._land(st)
+
+    def _start_read(self, st: _State, block: bool) -> bool:
+        """Starts reading ``st``'s shard into a pool buffer; without ``block`` only if one is free."""
+        sm = st.sm
+        b = sm.acquire()
+        while b is None:
+            if not block:
+                return False
+            if not sm.wait_held():  # every buffer holds a read not landed yet: land the oldest
+                self._land(next(s for s in self._reading.values() if s.sm is sm))
+            b = sm.acquire()
+        st.io = (b, sm.start(b, st.gi, st.ui))
+        self._reading[id(st)] = st
+        return True
+
+    def _land(self, st: _State) -> None:
+        """Waits for ``st``'s read and gathers it from the pool buffer, which returns to the pool
+        once the copy is done."""
+        b, rid = st.io
+        st.io = None
+        del self._reading[id(st)]
+        shard = st.sm.finish(b, rid, st.gi, st.ui)
+        try:
+            self._copy_in([st], [shard])
+        except BaseException:
+            st.sm.hold(b, None)
+            raise
+        st.sm.hold(b, st.ready if self.cuda else None)
+
+    def _land_ready(self) -> None:
+        """Lands the reads that are complete (in the order they were started)."""
+        for st in list(self._reading.values()):
+            if not st.sm.done(st.io[1]):
+                break
+            self._land(st)
+
+    def settle(self, sm=None) -> None:
+        """Lands every read in flight (of store ``sm``, or of all)."""
+        for st in list(self._reading.values()):
+            if sm is None or st.sm is sm:
+                self._land(st)
+
+    def _copy_in(self, todo: list, shards: list) -> None:
+        """Gathers ``todo`` from their shards ``shards`` (host or device tensors) into device buffers."""
         cur = torch.cuda.current_stream(self.device) if self.cuda else None
         for st in todo:
             if st.full is None:
@@ -339,9 +413,8 @@ class ParamFetcher:
         else:
             ctx = contextlib.nullcontext()
         with ctx, torch.no_grad():
-            for st in todo:
+            for st, shard in zip(todo, shards):
                 sm = st.sm
-                shard = sm.shard(st.gi, st.ui)
                 if sm.world_size == 1:
                     st.full[:st.numel].copy_(shard[:st.numel], non_blocking=True)
                 elif self.comm_cpu and self.cuda:  # Gloo: gather on the host, then one copy
@@ -573,17 +646,21 @@ class ParamFetcher:
 
     def unpin(self, sts: list, modified: bool) -> None:
         """Ends a pin; with ``modified`` the whole values (already the same on every rank) are
-        written into the shards, and the engine updates the fp32 masters from them."""
-        if modified:
+        written into the shards, and the engine updates the fp32 masters from them. If a write
+        fails (NVMe), the pin still ends: the parameters are released and read their shards'
+        previous values again."""
+        try:
+            if modified:
+                for st in sts:
+                    st.sm.set_full(st.gi, st.pi, st.p.data)
+                trained = [st for st in sts if st.sm is self.sm]
+                cb = self.on_modified() if self.on_modified is not None else None
+                if cb is not None and trained:
+                    cb(trained)
+        finally:
             for st in sts:
-                st.sm.set_full(st.gi, st.pi, st.p.data)
-            trained = [st for st in sts if st.sm is self.sm]
-            cb = self.on_modified() if self.on_modified is not None else None
-            if cb is not None and trained:
-                cb(trained)
-        for st in sts:
-            st.pins -= 1
-        self.release(sts)
+                st.pins -= 1
+            self.release(sts)
 
     # -- prefetch ---------------------------------------------------------------------------------
     def _note_forward(self, sts: list):
@@ -602,6 +679,8 @@ class ParamFetcher:
         return pos
 
     def _prefetch(self, tr, positions) -> None:
+        if self._reading:
+            self._land_ready()
         budget = self.prefetch_elems
         if budget <= 0:
             return
@@ -613,13 +692,13 @@ class ParamFetcher:
                 seen.add(id(st))
                 if st.full is None or st.stale:
                     if self.live + st.numel > self.max_live or budget < st.numel and todo:
-                        self._gather(todo)
+                        self._gather(todo, prefetch=True)
                         return
                     todo.append(st)
                     budget -= st.numel
             if budget <= 0:
                 break
-        self._gather(todo)
+        self._gather(todo, prefetch=True)
 
     def _prefetch_backward(self, sts: list) -> None:
         tr = self._trace
@@ -635,6 +714,7 @@ class ParamFetcher:
         self._prefetch(tr, range(i - 1, -1, -1))
 
     def close(self) -> None:
+        self.settle()
         for h in self._handles:
             h.remove()
         self._handles = []

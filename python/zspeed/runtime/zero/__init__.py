@@ -87,8 +87,9 @@ def _all_module_classes(root=torch.nn.Module):
 class Init:
     """DeepSpeed's ``deepspeed.zero.Init`` (see the module docstring). Arguments as DeepSpeed's:
     ``config_dict_or_path`` (or ``config``) gives the dtype (bf16/fp16 sections) unless
-    ``dtype`` is passed; ``remote_device`` "cpu" or None keeps parameters in host memory
-    (the engine moves them where offload_param says), "nvme" is refused (not supported);
+    ``dtype`` is passed; ``remote_device`` "cpu", "nvme" or None builds the shards in host
+    memory (the engine then moves them where offload_param says: with nvme, the parameters
+    nothing trains go to NVMe, docs/ZERO3.md);
     ``enabled=False`` constructs normally. Other DeepSpeed arguments are accepted."""
 
     _active = 0
@@ -103,10 +104,9 @@ class Init:
             raise ZeRO3NotSupported("zero.Init(data_parallel_group=...): zspeed partitions over the whole "
                                     "process group; leave data_parallel_group unset.")
         remote = getattr(remote_device, "value", remote_device)
-        if remote not in (None, "none", "cpu"):
-            raise ZeRO3NotSupported(f"zero.Init(remote_device={remote!r}): zspeed builds partitioned parameters "
-                                    f"in host memory (remote_device 'cpu' or None); parameters on NVMe are not "
-                                    f"supported yet.")
+        if remote not in (None, "none", "cpu", "nvme"):
+            raise ZeRO3NotSupported(f"zero.Init(remote_device={remote!r}): remote_device is one of None, 'cpu' "
+                                    f"and 'nvme'.")
         self.enabled = enabled
         self.dtype = _dtype_from(config_dict_or_path if config_dict_or_path is not None else config, dtype)
         self._patched: list = []
