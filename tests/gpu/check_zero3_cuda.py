@@ -27,11 +27,13 @@ def main() -> int:
         return 2
     bad = 0
     env = dict(os.environ, ZSPEED_DEVICE="cuda:0")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
                         str(TESTS / "test_zero3.py"), str(TESTS / "test_inference.py")], env=env,
                        capture_output=True, text=True)
     print(("PASS" if r.returncode == 0 else "FAIL") + " single-process cases on cuda:0: " +
           r.stdout.strip().splitlines()[-1], flush=True)
+    if r.returncode:
+        print(r.stdout[-6000:], flush=True)
     bad += r.returncode != 0
     import test_zero3 as T  # noqa: E402
     backends = [("gloo", "cuda:0")]
@@ -52,7 +54,7 @@ def main() -> int:
                     print(f"PASS {backend} {case}", flush=True)
                 except Exception as e:  # noqa: BLE001 - report every case
                     bad += 1
-                    print(f"FAIL {backend} {case}: {str(e)[-1500:]}", flush=True)
+                    print(f"FAIL {backend} {case}: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
     return 1 if bad else 0
 
 

@@ -119,7 +119,7 @@ def _close(a, b, precision):
         precision, dict(rtol=2e-2, atol=2e-2))
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], msg=k, **tol)
+        torch.testing.assert_close(a[k], b[k], msg=lambda m, k=k: f"{k}: {m}", **tol)
 
 
 def _released(engine) -> list:

@@ -46,8 +46,12 @@ def _world() -> tuple[int, int]:
 
 
 def _comm_device() -> torch.device:
+    """Where collectives run: with NCCL the GPU the engine will use (LOCAL_RANK's, or
+    ZSPEED_DEVICE's), not torch's current device, which a script may not have set."""
     if td.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        from ..engine import _pick_device
+        dev = _pick_device()
+        return dev if dev.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
