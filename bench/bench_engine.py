@@ -22,8 +22,22 @@ memory (ru_maxrss) is reported with the result:
 
   python bench/bench_engine.py --stage 3 --offload-param cpu --gpu-cap 24 --ckpt --init \
       --d-model 4096 --heads 32 --layers 16 --batch 1          # 3.36B, as DeepSpeed's anchor
+
+Activation checkpointing through DeepSpeed's API (GPT model only): --ckpt-impl zspeed
+(zspeed.checkpointing.checkpoint per block) or --ckpt-impl deepspeed (with --impl deepspeed:
+deepspeed.checkpointing.checkpoint), configured from the config's activation_checkpointing
+section; --cpu-ckpt sets its cpu_checkpointing (the saved block inputs wait in pinned host
+memory). Either option implies --ckpt. Running out of GPU memory in the training loop prints
+the single line "OOM at seq N" and exits with code 3, so that a shell loop over --seq finds
+the longest sequence that trains:
+
+  for s in 2048 4096 8192 16384; do
+    python bench/bench_engine.py --stage 3 --offload-param cpu --gpu-cap 24 --d-model 4096 --heads 32 \
+        --layers 16 --batch 1 --steps 3 --warmup 1 --ckpt-impl zspeed --cpu-ckpt --seq $s || break
+  done
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -50,11 +64,85 @@ def ds_config(a):
     c["bf16" if a.dtype == "bf16" else "fp16"] = {"enabled": True}
     if a.offload == "cpu":
         c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": not a.no_pin}
+    if a.ckpt and a.ckpt_impl != "torch":
+        c["activation_checkpointing"] = checkpoint_section(a)
     if a.impl == "zspeed":
         opt_params["torch_adam"] = a.torch_adam
         if a.state_dtype != "fp32":
             opt_params["state_dtype"] = a.state_dtype
     return c
+
+
+def checkpoint_args(a):
+    """Resolves --ckpt-impl / --cpu-ckpt (either implies --ckpt); returns why the combination
+    cannot run, or None."""
+    if a.cpu_ckpt or a.ckpt_impl != "torch":
+        a.ckpt = True
+    if a.cpu_ckpt and a.ckpt_impl == "torch":
+        return "--cpu-ckpt needs --ckpt-impl zspeed or deepspeed (torch.utils.checkpoint keeps the inputs on the GPU)"
+    if a.ckpt_impl == "deepspeed" and a.impl != "deepspeed":
+        return "--ckpt-impl deepspeed runs with --impl deepspeed only (DeepSpeed's checkpointing needs its engine)"
+    if a.ckpt_impl == "zspeed" and a.impl == "deepspeed":
+        return "--ckpt-impl zspeed runs with --impl zspeed or torch; use --ckpt-impl deepspeed with --impl deepspeed"
+    if a.model == "llama" and a.ckpt_impl != "torch":
+        return ("--model llama checkpoints through transformers' gradient checkpointing (torch); "
+                "--ckpt-impl zspeed/deepspeed and --cpu-ckpt wrap the GPT model's blocks (--model gpt)")
+    return None
+
+
+def checkpoint_section(a) -> dict:
+    """The config's activation_checkpointing section for --ckpt-impl zspeed/deepspeed."""
+    return {"partition_activations": False, "cpu_checkpointing": a.cpu_ckpt, "contiguous_memory_optimization": False}
+
+
+def checkpoint_function(impl: str):
+    """``checkpoint(function, x)`` of the chosen implementation: torch.utils.checkpoint (non-
+    reentrant), or the ``checkpointing.checkpoint`` of zspeed or DeepSpeed."""
+    if impl == "torch":
+        from torch.utils.checkpoint import checkpoint
+        return lambda f, x: checkpoint(f, x, use_reentrant=False)
+    if impl == "zspeed":
+        from zspeed import checkpointing as ckpt
+    else:
+        from deepspeed import checkpointing as ckpt
+    return ckpt.checkpoint
+
+
+def checkpoint_blocks(blocks, checkpoint) -> None:
+    """Makes each block's forward run through ``checkpoint(forward, x)``."""
+    for blk in blocks:
+        blk.forward = (lambda f: (lambda x: checkpoint(f, x)))(blk.forward)
+
+
+def configure_checkpointing(a, config: dict) -> None:
+    """zspeed's or DeepSpeed's checkpointing.configure from the config (after initialize: DeepSpeed
+    reads its process group), with checkpoint_in_cpu from --cpu-ckpt."""
+    if a.ckpt_impl == "zspeed":
+        from zspeed import checkpointing as ckpt
+    elif a.ckpt_impl == "deepspeed":
+        from deepspeed import checkpointing as ckpt
+    else:
+        return
+    ckpt.configure(None, deepspeed_config=config, checkpoint_in_cpu=a.cpu_ckpt)
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
+
+
+@contextlib.contextmanager
+def exit_on_oom(line: str):
+    """Running out of GPU memory inside prints ``line`` alone on stdout (the error's first line
+    goes to stderr) and exits with code 3; other errors pass through."""
+    try:
+        yield
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+        if not _is_oom(e):
+            raise
+        print(f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})", file=sys.stderr, flush=True)
+        print(line, flush=True)
+        raise SystemExit(3) from None
 
 
 def main():
@@ -78,10 +166,17 @@ def main():
     ap.add_argument("--offload-param", choices=["cpu", "none"], default="none")
     ap.add_argument("--gpu-cap", type=float, default=None, help="GiB of GPU memory this process may use")
     ap.add_argument("--ckpt", action="store_true", help="activation checkpointing per block")
+    ap.add_argument("--ckpt-impl", choices=["torch", "zspeed", "deepspeed"], default="torch",
+                    help="whose checkpoint() wraps each block (zspeed/deepspeed imply --ckpt; GPT model only)")
+    ap.add_argument("--cpu-ckpt", action="store_true",
+                    help="activation_checkpointing.cpu_checkpointing: saved block inputs in pinned host memory")
     ap.add_argument("--init", action="store_true", help="build the model under zero.Init")
     ap.add_argument("--model", choices=["gpt", "llama"], default="gpt")
     ap.add_argument("--ffn", type=int, default=None, help="llama: intermediate size (default 8/3 d, rounded)")
     a = ap.parse_args()
+    why = checkpoint_args(a)
+    if why:
+        ap.error(why)
     if not torch.cuda.is_available():
         sys.exit("bench_engine.py needs a CUDA GPU")
     if a.threads:
@@ -123,6 +218,9 @@ def main():
                 return self.m(input_ids=ids, labels=targets).loss
         model = LM()
     if a.impl == "torch":
+        if a.ckpt_impl == "zspeed":
+            configure_checkpointing(a, {"train_micro_batch_size_per_gpu": a.batch,
+                                        "activation_checkpointing": checkpoint_section(a)})
         model = model.to(dev, dtype)
         masters = [p.detach().float() for p in model.parameters()]
         opt = torch.optim.AdamW(masters, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
@@ -142,6 +240,7 @@ def main():
                 torch._foreach_copy_(list(model.parameters()), masters)
     else:
         engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(), config=ds_config(a))
+        configure_checkpointing(a, ds_config(a))
 
         def fwd_bwd(x, y):
             loss = engine(x, y)
@@ -156,28 +255,31 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     g = torch.Generator(device=dev).manual_seed(rank)
     times, fb, st = [], [], []
-    for i in range(a.warmup + a.steps):
-        x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
-        y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
-        if i == a.warmup:
-            torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = fwd_bwd(x, y)
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        if i >= a.warmup:
-            times.append(t2 - t0)
-            fb.append(t1 - t0)
-            st.append(t2 - t1)
-        extra = ""
-        if a.impl != "torch":
-            extra = f"  grad norm {engine.get_global_grad_norm()}  skipped {getattr(engine, 'skipped_steps', '?')}"
-        print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  loss {loss.item():.4f}"
-              f"{extra}", flush=True)
+    # A shell loop over --seq looks for this line (and exit code 3) to find the longest that trains.
+    with exit_on_oom(f"OOM at seq {a.seq}"):
+        for i in range(a.warmup + a.steps):
+            x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
+            y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
+            if i == a.warmup:
+                torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = fwd_bwd(x, y)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i >= a.warmup:
+                times.append(t2 - t0)
+                fb.append(t1 - t0)
+                st.append(t2 - t1)
+            extra = ""
+            if a.impl != "torch":
+                extra = (f"  grad norm {engine.get_global_grad_norm()}"
+                         f"  skipped {getattr(engine, 'skipped_steps', '?')}")
+            print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  "
+                  f"loss {loss.item():.4f}{extra}", flush=True)
     med = statistics.median(times)
     mine = {"peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
@@ -191,7 +293,8 @@ def main():
             return
     res = {
         "impl": a.impl, "offload": a.offload, "stage": a.stage, "offload_param": a.offload_param,
-        "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "init": a.init, "model": a.model,
+        "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "ckpt_impl": a.ckpt_impl if a.ckpt else None,
+        "cpu_ckpt": a.cpu_ckpt, "init": a.init, "model": a.model,
         "host_peak_rss_gib": round(_peak_rss() / 2**30, 2),
         "params": nparams, "layers": a.layers, "d_model": a.d_model,
         "batch": a.batch, "seq": a.seq, "dtype": a.dtype, "torch_adam": a.torch_adam,
@@ -208,7 +311,8 @@ def main():
     print(f"{a.impl}: {nparams / 1e9:.2f}B params, median step {med:.3f}s "
           f"(fwd+bwd {res['fwd_bwd_s']:.3f}s + optimizer {res['opt_step_s']:.3f}s), "
           f"{res['tokens_per_s']:,.0f} tokens/s over {world} rank(s), peak GPU {res['peak_alloc_gib']:.2f} GiB "
-          f"allocated per rank")
+          f"allocated per rank, seq {a.seq}"
+          + (f", checkpointing {a.ckpt_impl}{' with cpu_checkpointing' if a.cpu_ckpt else ''}" if a.ckpt else ""))
     print("RESULT " + json.dumps(res))
 
 
@@ -226,9 +330,7 @@ def build_model(a):
     cfg = GPTConfig(vocab_size=a.vocab, max_len=a.seq, d_model=a.d_model, n_layer=a.layers, n_head=a.heads)
     m = GPT(cfg)
     if a.ckpt:
-        from torch.utils.checkpoint import checkpoint
-        for blk in m.blocks:
-            blk.forward = (lambda f: (lambda x: checkpoint(f, x, use_reentrant=False)))(blk.forward)
+        checkpoint_blocks(m.blocks, checkpoint_function(a.ckpt_impl))
     return m
 
 
