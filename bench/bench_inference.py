@@ -230,10 +230,13 @@ def stage3_knobs(a) -> dict:
             "stage3_max_live_parameters": int(a.max_live), "stage3_prefetch_bucket_size": int(a.prefetch)}
 
 
-def zspeed_config(a, folder: str | None) -> dict:
+def zspeed_config(a, folder: str | None, largest: int = 0) -> dict:
     zero = {"stage": 3, **stage3_knobs(a)}
     if a.offload_param != "none":
         zero["offload_param"] = offload_section(a, folder)
+    if a.offload_param == "nvme":
+        # Every weight on NVMe (max_in_cpu 0), read through buffers that take the largest one.
+        zero["offload_param"].update(buffer_count=a.ds_nvme_buffers, buffer_size=largest, max_in_cpu=0)
     return {"dtype": a.dtype, "zero": zero}
 
 
@@ -309,7 +312,8 @@ def setup(a, model, dev, folder):
         import zspeed
         from zspeed.runtime.config import ConfigError
         try:
-            engine = zspeed.init_inference(model, config=zspeed_config(a, folder))
+            engine = zspeed.init_inference(model, config=zspeed_config(
+                a, folder, max(p.numel() for p in model.parameters())))
         except ConfigError as e:
             if a.offload_param == "nvme":
                 _fail(2, f"zspeed refuses offload_param nvme: {e}")
