@@ -115,7 +115,8 @@ def _train(cfg, steps=4, ckpt=None, model=None):
 
 
 def _close(a, b, precision):
-    tol = {"fp32": dict(rtol=1e-5, atol=1e-6), "ranks": dict(rtol=1e-3, atol=2e-4)}.get(
+    tol = {"fp32": dict(rtol=1e-5, atol=1e-6), "ranks": dict(rtol=1e-3, atol=2e-4),
+           "ranks-gpu": dict(rtol=1e-3, atol=1e-3)}.get(
         precision, dict(rtol=2e-2, atol=2e-2))
     assert a.keys() == b.keys()
     for k in a:
@@ -362,7 +363,10 @@ def test_ranks_match_stage2_and_one_process(tmp_path, n, opt, param, precision, 
         # One process sums the gradient in another order than several ranks do, and Adam's
         # early steps divide by sqrt(v) of the gradient's own size: where a gradient element
         # is near zero, rounding of 1e-7 reaches ~1e-4 in the weight after 3 steps.
-        _close(o["state"], one, "ranks" if precision == "fp32" else precision)
+        # On CUDA (tests/gpu/check_zero3_cuda.py) the one-process reference still runs on the
+        # CPU, whose matmuls round differently: the same amplification reaches ~3e-4.
+        on_gpu = os.environ.get("ZS_RANK_DEVICE", "").startswith("cuda")
+        _close(o["state"], one, ("ranks-gpu" if on_gpu else "ranks") if precision == "fp32" else precision)
     for o in outs[1:]:
         for k in o["state"]:
             assert torch.equal(o["state"][k], outs[0]["state"][k]), k
@@ -502,7 +506,7 @@ def test_max_reuse_distance_keeps_a_parameter_used_again_soon():
             gather(sts)
         f._gather = count
         with torch.no_grad():
-            out = e(_data(1, seed=7)[0])
+            out = e(_data(1, seed=7)[0].to(e.device))
         assert _released(e) == []  # kept parameters are released when the forward ends
         return n[0], out
     far, a = gathers(10 ** 9)

@@ -91,6 +91,8 @@ class Stage3Model(ShardedModel):
     ``param_device``; the parameters themselves are emptied. Offers what the optimizer
     paths and checkpoints use of dp.ShardedModel."""
 
+    gathers_on_use = True  # the shards are the weights: nothing is all-gathered after a step
+
     def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype, *,
                  param_device: torch.device, pin: bool, group=None):
         self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
