@@ -115,3 +115,21 @@ def test_delayed_update_needs_cpu_offload(tmp_path):
     with pytest.raises(ConfigError, match="delayed_update needs"):
         zspeed.initialize(model=eh.mlp(), config=eh.config(zero_optimization={"stage": 2, "offload_optimizer": {
             "device": "nvme", "nvme_path": str(tmp_path), "delayed_update": True}}))
+
+
+def test_a_script_that_exits_with_a_delayed_step_in_flight_exits_cleanly(tmp_path):
+    # The step of the last boundary still runs when the script ends without engine.close():
+    # the interpreter waits for it (it must not tear the runtime down under the C kernels).
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "exit_early.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path[:0] = [{here!r}, {os.path.join(here, '..', '..', 'python')!r}]\n"
+        "import torch, zspeed, engine_helpers as eh\n"
+        "import test_delayed_update as T\n"
+        "e, *_ = zspeed.initialize(model=eh.mlp(), config=T._cfg(2))\n"
+        "eh.train(e, eh.regression_data(3), 3)\n"
+        "print('trained', flush=True)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "trained" in r.stdout, r.stderr[-2000:]

@@ -130,7 +130,9 @@ class HostPath(OffloadedPath):
                         host.step(g, factor, self._lowp_out)
             except BaseException as e:  # raised in the training thread by flush()
                 self._thread_error = e
-        self._thread = threading.Thread(target=run, name="zspeed-delayed-step", daemon=True)
+        # Not a daemon: at interpreter exit Python waits for the step in flight (at most one
+        # CPU step) instead of tearing the runtime down under the C kernels and CUDA calls.
+        self._thread = threading.Thread(target=run, name="zspeed-delayed-step", daemon=False)
         self._unwritten = True
         self._thread.start()
 
