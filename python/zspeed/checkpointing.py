@@ -205,10 +205,15 @@ class _HostCopy:
             self.ready.record(stream)
 
     def get(self, stream) -> torch.Tensor:
+        """The input back on the device, for this recomputation only: the copy is not kept (the
+        autograd context holding this object lives until the whole backward ends, and keeping
+        every block's copy would bring all the inputs back to the GPU by then)."""
         self.prefetch(stream)
-        torch.cuda.current_stream(self.device).wait_event(self.ready)
-        self.back.record_stream(torch.cuda.current_stream(self.device))
-        return self.back
+        back, ready, self.back, self.ready = self.back, self.ready, None, None
+        cur = torch.cuda.current_stream(self.device)
+        cur.wait_event(ready)
+        back.record_stream(cur)
+        return back
 
 
 class _Saved:

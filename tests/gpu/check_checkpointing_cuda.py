@@ -1,7 +1,8 @@
 """GPU check of zspeed.checkpointing with cpu_checkpointing (run on a CUDA machine): the saved
 inputs go to page-locked host memory and come back ahead of recomputation; gradients must
-equal an uncheckpointed run's bit for bit, and the GPU memory held between forward and
-backward must drop.
+equal an uncheckpointed run's bit for bit, the GPU memory held between forward and
+backward must drop, and the peak during backward must not exceed keeping the inputs on the
+GPU (the copies come back one block ahead and are dropped after their recomputation).
 
   python tests/gpu/check_checkpointing_cuda.py
 """
@@ -32,23 +33,31 @@ def run(mode: str):
         h = b(h) if mode == "plain" else checkpointing.checkpoint(b, h)
     torch.cuda.synchronize()
     held = torch.cuda.memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
     h.float().square().mean().backward()
     torch.cuda.synchronize()
-    return [p.grad.clone() for p in blocks.parameters()] + [x.grad.clone()], held
+    peak = torch.cuda.max_memory_allocated() - base
+    return [p.grad.clone() for p in blocks.parameters()] + [x.grad.clone()], held, peak
 
 
 def main() -> int:
     if not torch.cuda.is_available():
         print("check_checkpointing_cuda: no CUDA device")
         return 2
-    ref, held_plain = run("plain")
+    ref, held_plain, _ = run("plain")
     bad = 0
+    peaks = {}
     for mode in ("gpu", "cpu"):
-        grads, held = run(mode)
+        grads, held, peaks[mode] = run(mode)
         same = all(torch.equal(a, b) for a, b in zip(ref, grads))
         print(f"{'PASS' if same else 'FAIL'} checkpoint ({mode} copies): gradients equal the plain run; "
-              f"GPU memory held after forward {held / 2**20:.0f} MiB (plain {held_plain / 2**20:.0f} MiB)")
+              f"GPU memory held after forward {held / 2**20:.0f} MiB (plain {held_plain / 2**20:.0f} MiB), "
+              f"peak during backward {peaks[mode] / 2**20:.0f} MiB")
         bad += not same
+    lower = peaks["cpu"] <= peaks["gpu"]
+    print(f"{'PASS' if lower else 'FAIL'} cpu_checkpointing's backward peak ({peaks['cpu'] / 2**20:.0f} MiB) "
+          f"does not exceed keeping the inputs on the GPU ({peaks['gpu'] / 2**20:.0f} MiB)")
+    bad += not lower
     return 1 if bad else 0
 
 

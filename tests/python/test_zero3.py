@@ -387,6 +387,36 @@ def test_checkpoint_across_world_sizes(tmp_path):
     _close(_whole(e), saved[0]["state"], "fp32")
 
 
+def test_a_configuration_whose_gpu_tensors_cannot_fit_is_refused_with_the_numbers(monkeypatch):
+    from zspeed.runtime import memory
+    model = Model()
+    n = sum(p.numel() for p in model.parameters())
+    cfg = _cfg(3, precision="bf16")  # shards, masters and Adam state on the device
+    seen = []
+    real = memory.gpu_estimate
+
+    def estimate(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+    monkeypatch.setattr(memory, "gpu_estimate", estimate)
+    monkeypatch.setattr(memory, "gpu_room", lambda dev: 1000)
+    with pytest.raises(ConfigError, match=r"keeps .* GiB on .* before any activation .* this process may use "
+                                          r"0.00 GiB there\. Nothing was allocated\. To fit: .*offload_optimizer"):
+        zspeed.initialize(model=model, config=cfg)
+    need = seen[-1]
+    # bf16 shards (2 bytes, padded), fp32 reduced gradients (4), fp32 masters + Adam's moments (12).
+    assert need["parameter shards"] >= 2 * n and need["gradients (this rank's part, fp32)"] >= 4 * n
+    assert need["fp32 masters and optimizer state (fp32)"] >= 12 * n
+    monkeypatch.setattr(memory, "gpu_room", lambda dev: 1 << 40)
+    zspeed.initialize(model=Model(), config=cfg)
+    # With both offloads only the working set stays: less than the whole model's weights here
+    # (the deepest module path is one block; prefetch 0, persistence 0).
+    cfg = _cfg(3, opt="cpu", param="cpu", precision="bf16", stage3_prefetch_bucket_size=0)
+    zspeed.initialize(model=Model(), config=cfg)
+    assert list(seen[-1]) == ["gathered parameters (deepest module path + prefetch + persistent)"]
+    assert 0 < seen[-1]["gathered parameters (deepest module path + prefetch + persistent)"] < 2 * n
+
+
 def test_a_configuration_that_cannot_fit_in_host_memory_is_refused_before_allocating(monkeypatch):
     from zspeed.runtime import memory
     monkeypatch.setattr(memory, "available_host_bytes", lambda: 10_000)

@@ -38,7 +38,7 @@ from .cpu import CHUNK_CAP, HostPath
 from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
 from .partition import PartitionPlan
 from .trace import tracer_from
-from .zero3 import full_shape
+from .zero3 import full_numel, full_shape
 from .layout import FlatLayout
 from .engine_optimizer import EngineOptimizer, needs_wrapper
 from .loss_scaler import build_loss_scaler
@@ -243,6 +243,12 @@ class ZSpeedEngine(torch.nn.Module):
                             if p.device.type == "cpu")
         check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size(), frozen)
         check_nvme_space(config, local, comm.get_local_world_size(), frozen, self.dtype)
+        from . import memory
+        room = memory.gpu_room(self.device)  # None on the CPU
+        if room is not None:
+            need = memory.gpu_estimate(config, self.module, total, local, self.dtype, self.world_size,
+                                       numel=full_numel)
+            memory.check_gpu_memory(need, room, self.device, config)
 
     def _check_client_optimizer(self, client: torch.optim.Optimizer, config: ZSpeedConfig) -> None:
         """DeepSpeed's rules for an optimizer the script passes: it takes precedence over the

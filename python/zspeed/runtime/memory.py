@@ -19,6 +19,24 @@ ZSPEED_SKIP_MEMORY_CHECK=1 turns the check off.
 With offload_optimizer nvme the swap files hold the fp32 masters and the optimizer state
 (4 + 8, 4 + 4 or about 4 + 2 bytes per element): the free space of nvme_path is checked
 the same way before the files are created.
+
+On a GPU, what the engine itself keeps there (:func:`gpu_estimate`) is compared with the
+memory this process may still use (free memory, within a per-process fraction set with
+torch.cuda.set_per_process_memory_fraction):
+
+  weights      stages 0-2: the whole model in the training dtype; stage 3: the shards
+               (offload_param none), plus the working set: the parameters of the
+               modules on the deepest path of the module tree (a module's parameters
+               stay gathered while its children run), the prefetch window
+               (stage3_prefetch_bucket_size) and the persistent small parameters
+  gradients    the whole model's (stages 0-1; stage 2 and 3 without offload: the
+               rank's reduced part in fp32), none kept with offload_optimizer
+  optimizer    offload_optimizer none: fp32 masters and the state, per element of the
+               rank's part (stages 1-3) or of the model (stage 0)
+
+Activations depend on the batch and the model's code and are not estimated: a
+configuration is refused only when the engine's own tensors cannot fit, and the message
+says the activations come on top.
 """
 from __future__ import annotations
 
@@ -29,7 +47,7 @@ import torch
 
 from .config import ConfigError
 
-__all__ = ["available_host_bytes", "check_host_memory", "check_nvme_space"]
+__all__ = ["available_host_bytes", "check_host_memory", "check_nvme_space", "gpu_estimate", "check_gpu_memory"]
 
 GiB = float(1 << 30)
 
@@ -166,3 +184,89 @@ def check_host_memory(config, local_elems: int, dtype: torch.dtype, freeable: in
         f"{per_rank / GiB:.1f} GiB: {parts} GiB), but the system has {avail / GiB:.1f} GiB available"
         f"{f' (+ {freeable * ranks_here / GiB:.1f} GiB the model holds now)' if freeable else ''}. Nothing was "
         f"allocated. To fit: " + "; or ".join(fixes) + ". (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
+
+
+def _deepest_path_elems(module: torch.nn.Module, numel) -> int:
+    """The largest sum, over a root-to-leaf path of the module tree, of the modules' own
+    parameter elements (``numel(p)`` counts a partitioned parameter whole)."""
+    own = sum(numel(p) for p in module.parameters(recurse=False))
+    kids = [_deepest_path_elems(c, numel) for c in module.children()]
+    return own + (max(kids) if kids else 0)
+
+
+def gpu_estimate(config, model: torch.nn.Module, total_elems: int, local_elems: int, dtype: torch.dtype,
+                 world_size: int = 1, numel=None) -> dict:
+    """Bytes the engine keeps on the GPU for this rank, per kind (see the module docstring).
+    ``total_elems``: the trained parameters' elements; ``local_elems``: this rank's part of them."""
+    numel = numel or (lambda p: p.numel())
+    esize = torch.empty((), dtype=dtype).element_size()
+    stage, off, pdev = config.zero_stage, config.offload_device, config.offload_param["device"]
+    out = {}
+    if stage == 3:
+        if pdev == "none":
+            out["parameter shards"] = esize * local_elems
+        z = config.zero
+        persist = int(z["stage3_param_persistence_threshold"])
+        small = sum(numel(p) for p in model.parameters() if numel(p) <= persist)
+        window = min(int(z["stage3_prefetch_bucket_size"]), int(z["stage3_max_live_parameters"]))
+        out["gathered parameters (deepest module path + prefetch + persistent)"] = esize * (
+            _deepest_path_elems(model, numel) + window + small)
+    else:
+        out["weights"] = esize * sum(numel(p) for p in dict.fromkeys(model.parameters()))
+    if off == "none":
+        sharded = stage == 3 or (world_size > 1 and stage >= 1)
+        part = local_elems if sharded else total_elems
+        if sharded and stage >= 2:
+            out["gradients (this rank's part, fp32)"] = 4 * local_elems
+        else:
+            out["gradients"] = esize * total_elems
+        sd, per = _state_bytes(config)
+        masters = 4 if esize < 4 or sharded else 0  # an fp32 model on one rank is its own master
+        out[f"{'fp32 masters and ' if masters else ''}optimizer state ({sd})"] = int((masters + per) * part)
+    return out
+
+
+def gpu_room(device: torch.device) -> int | None:
+    """Bytes this process may still allocate on ``device``: free memory plus what torch's
+    allocator holds, within the per-process fraction; None when unknown (not a CUDA device)."""
+    if device.type != "cuda":
+        return None
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        held = torch.cuda.memory_reserved(device)
+    except (RuntimeError, AssertionError, AttributeError):
+        return None
+    room = free + held
+    frac = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if frac is not None:
+        try:
+            room = min(room, int(frac(device) * total))
+        except (RuntimeError, TypeError):
+            pass
+    return room
+
+
+def check_gpu_memory(need: dict, room: int | None, device, config) -> None:
+    """ConfigError when the engine's own GPU tensors (``need``, from gpu_estimate) exceed
+    ``room`` bytes, with the numbers and what to change."""
+    if room is None or not need or os.environ.get("ZSPEED_SKIP_MEMORY_CHECK") == "1":
+        return
+    total = sum(need.values())
+    if total <= room:
+        return
+    parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in need.items())
+    fixes = []
+    if config.offload_device == "none":
+        fixes.append("zero_optimization.offload_optimizer.device \"cpu\" (masters and optimizer state in host memory)")
+    if config.zero_stage < 3:
+        fixes.append("zero_optimization.stage 3 with offload_param.device \"cpu\" (only the running modules' "
+                     "parameters on the GPU)")
+    elif config.offload_param["device"] == "none":
+        fixes.append("offload_param.device \"cpu\" (the parameter shards in host memory)")
+    else:
+        fixes.append("smaller stage3_prefetch_bucket_size / stage3_param_persistence_threshold")
+    fixes.append("more GPUs (each rank holds 1/world_size of the sharded parts)")
+    raise ConfigError(
+        f"this configuration keeps {total / GiB:.2f} GiB on {device} before any activation ({parts} GiB), but "
+        f"this process may use {room / GiB:.2f} GiB there. Nothing was allocated. To fit: " + "; or ".join(fixes)
+        + ". (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
