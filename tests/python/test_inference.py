@@ -117,3 +117,32 @@ def test_a_failed_nvme_read_raises_and_the_next_forward_is_right(tmp_path):
     with torch.no_grad():
         assert torch.equal(engine(ids), ref(ids))
     engine.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32" or DEV.type != "cpu", reason="reads the peak RSS of a CPU run")
+def test_handing_the_weights_over_holds_the_model_about_once(tmp_path):
+    # The host shards are filled while each parameter is freed once copied: the peak is about
+    # one model, not the model plus a second, whole copy (which the first version took).
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "peak.py"
+    script.write_text(
+        "import resource, sys, torch\n"
+        f"sys.path.insert(0, {os.path.join(here, '..', '..', 'python')!r})\n"
+        "import zspeed\n"
+        "def peak():\n"
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "with torch.no_grad():\n"
+        "    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(24)])\n"
+        "    for p in model.parameters():\n"
+        "        p.fill_(0.5)\n"
+        "size = sum(p.numel() * 4 for p in model.parameters())\n"
+        "base = peak()\n"
+        "engine = zspeed.init_inference(model, config={'dtype': torch.float32, 'zero': {'stage': 3, "
+        "'offload_param': {'device': 'cpu'}}})\n"
+        "print((peak() - base) / size)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, ZSPEED_DEVICE="cpu"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    extra = float(r.stdout.strip().splitlines()[-1])
+    assert extra < 0.5, f"handing over a {24 * 16} MiB model raised the peak by {extra:.2f} models"

@@ -51,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 
 from .dp import ShardedModel
 from .layout import FlatLayout
-from .offload import _unpin, alloc_host
+from .offload import _unpin, alloc_host, pin_in_place
 from .partition import PartitionPlan
 
 log = logging.getLogger("zspeed.zero3")
@@ -105,22 +105,33 @@ class Stage3Model(ShardedModel):
         self.flat: list[torch.Tensor] = []
         with torch.no_grad():
             for gi, gp in enumerate(plan.groups):
+                # Host shards are filled before they are page-locked: the pages of a fresh
+                # allocation are taken only as the shards are written, while each parameter is
+                # freed once copied, so host memory holds the model about once (locking first
+                # would take every page at once, beside the whole model).
                 if param_device.type == "cpu":
-                    flat, _ = alloc_host(gp.local_len, dtype, pin, self._pinned_ptrs)
+                    flat, _ = alloc_host(gp.local_len, dtype, False, self._pinned_ptrs)
                 else:
                     flat = torch.empty(gp.local_len, dtype=dtype, device=param_device)
-                flat.zero_()
-                self.flat.append(flat)
                 pieces = plan.pieces(gi)
                 last = {pc.param: i for i, pc in enumerate(pieces)}
                 done = set()
+                end = 0  # pieces come in local order: what lies between them is padding, zeroed
                 for i, pc in enumerate(pieces):
+                    if pc.at > end:
+                        flat[end:pc.at].zero_()
+                    end = pc.at + pc.length
                     p = layout.params[gi][pc.param]
                     src = _shard_source(p, pc, plan, gp)
-                    flat[pc.at:pc.at + pc.length].copy_(src)
-                    if last[pc.param] == i:  # the whole parameter is not needed any more: free it now,
-                        _empty(p, dtype, device)  # so that memory holds the model about once
+                    flat[pc.at:end].copy_(src)
+                    if last[pc.param] == i:  # the whole parameter is not needed any more: free it now
+                        _empty(p, dtype, device)
                         done.add(pc.param)
+                if end < gp.local_len:
+                    flat[end:].zero_()
+                if param_device.type == "cpu" and pin:
+                    flat = _pin_filled(flat, self._pinned_ptrs)
+                self.flat.append(flat)
                 for pi, p in enumerate(layout.params[gi]):
                     if pi not in done:  # no piece on this rank
                         _empty(p, dtype, device)
@@ -192,6 +203,21 @@ def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.de
         log.info("zspeed zero3: offload_param nvme keeps the trained parameters' shards in host memory (the "
                  "optimizer writes their new weights there every step); parameters nothing trains go to NVMe")
     return Stage3Model(layout, plan, device, dtype, param_device=torch.device("cpu") if on_host else device, pin=pin)
+
+
+def _pin_filled(flat: torch.Tensor, registered: list) -> torch.Tensor:
+    """``flat`` page-locked in place (or, where this torch cannot register memory, copied into
+    torch's pinned allocator; a refusal leaves it pageable with alloc_host's warning)."""
+    ok = pin_in_place(flat)
+    if ok:
+        registered.append(flat.data_ptr())
+        return flat
+    if ok is None:
+        pinned, is_pinned = alloc_host(flat.numel(), flat.dtype, True, registered)
+        if is_pinned:
+            pinned.copy_(flat)
+            return pinned
+    return flat
 
 
 def _shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
