@@ -66,6 +66,8 @@ def ds_config(a):
         c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": not a.no_pin}
     if a.ckpt and a.ckpt_impl != "torch":
         c["activation_checkpointing"] = checkpoint_section(a)
+    if a.impl == "zspeed" and getattr(a, "ratio", None) is not None:
+        c["zero_optimization"]["offload_optimizer"]["ratio"] = a.ratio if a.ratio == "auto" else float(a.ratio)
     if a.impl == "zspeed" and getattr(a, "delayed_update", False):
         c["zero_optimization"]["offload_optimizer"]["delayed_update"] = True
     if a.impl == "zspeed":
@@ -165,6 +167,8 @@ def main():
     ap.add_argument("--state-dtype", choices=["fp32", "bf16", "int8"], default="fp32")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the CPU step")
     ap.add_argument("--stage", type=int, choices=[2, 3], default=2)
+    ap.add_argument("--ratio", default=None, help="zspeed, --offload cpu: offload_optimizer.ratio (the CPU's "
+                    "share of the optimizer; the rest steps on the GPU), a number in (0, 1] or auto")
     ap.add_argument("--delayed-update", action="store_true",
                     help="zspeed, --offload cpu: offload_optimizer.delayed_update (one-step-stale overlapped CPU step)")
     ap.add_argument("--offload-param", choices=["cpu", "none"], default="none")
@@ -297,7 +301,7 @@ def main():
             return
     res = {
         "impl": a.impl, "offload": a.offload, "stage": a.stage, "offload_param": a.offload_param,
-        "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "delayed_update": getattr(a, "delayed_update", False), "ckpt_impl": a.ckpt_impl if a.ckpt else None,
+        "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "delayed_update": getattr(a, "delayed_update", False), "ratio": getattr(a, "ratio", None), "ckpt_impl": a.ckpt_impl if a.ckpt else None,
         "cpu_ckpt": a.cpu_ckpt, "init": a.init, "model": a.model,
         "host_peak_rss_gib": round(_peak_rss() / 2**30, 2),
         "params": nparams, "layers": a.layers, "d_model": a.d_model,

@@ -1,5 +1,6 @@
 """GPU check of ZeRO-3 (run on a CUDA machine): the single-process cases of
-tests/python/test_zero3.py and tests/python/test_inference.py on the GPU, then the
+tests/python/test_zero3.py, test_inference.py and test_split.py (the optimizer split between
+GPU and CPU) on the GPU, then the
 multi-rank cases with CUDA models: 2 ranks sharing GPU 0 through Gloo (Windows' backend),
 and with two or more GPUs 2 ranks on NCCL, one GPU each.
 
@@ -28,7 +29,8 @@ def main() -> int:
     bad = 0
     env = dict(os.environ, ZSPEED_DEVICE="cuda:0")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
-                        str(TESTS / "test_zero3.py"), str(TESTS / "test_inference.py")], env=env,
+                        str(TESTS / "test_zero3.py"), str(TESTS / "test_inference.py"),
+                        str(TESTS / "test_split.py")], env=env,
                        capture_output=True, text=True)
     print(("PASS" if r.returncode == 0 else "FAIL") + " single-process cases on cuda:0: " +
           r.stdout.strip().splitlines()[-1], flush=True)

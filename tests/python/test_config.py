@@ -150,7 +150,7 @@ def test_zero_and_offload_rules():
     err({"train_batch_size": 4, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
         "stage 1, 2 or 3")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer":
-                                                      {"device": "cpu", "ratio": 0.5}}}, "ratio")
+                                                      {"device": "cpu", "ratio": 1.5}}}, "ratio")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
         "stage 3")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},

@@ -40,6 +40,7 @@ class ConfigError(ZSpeedError, ValueError):
 AUTO_REFUSE = "refuse"    # the value depends on the caller's training arguments
 AUTO_DEFAULT = "default"  # the key has no effect on one rank: use the default
 AUTO_DERIVE = "derive"    # batch sizes: derived from the other batch keys
+AUTO_KEEP = "keep"        # "auto" is a value of its own, resolved when the engine starts
 
 
 @dataclass
@@ -66,6 +67,12 @@ class S:
 NUM = (int, float)
 _pos = lambda v: None if v > 0 else "must be > 0"          # noqa: E731
 _nonneg = lambda v: None if v >= 0 else "must be >= 0"     # noqa: E731
+
+
+def _offload_ratio(v):
+    if v == "auto" or (not isinstance(v, str) and 0 < v <= 1):
+        return None
+    return "must be a number in (0, 1] or \"auto\""
 
 
 def _between(lo, hi, why: str = ""):
@@ -328,7 +335,10 @@ SCHEMA: dict[str, S] = {
         "pin_memory": K(False, (bool,), "page-lock host buffers (needed for async copies)"),
         "buffer_count": K(4, (int,), "nvme: page-locked pipeline buffers of the swapper (>= 3 overlaps read, step and write)", check=_pos),
         "fast_init": K(False, (bool,), "accepted (no effect)"),
-        "ratio": K(1.0, NUM, "fraction of the optimizer step on the CPU (only 1.0)"),
+        "ratio": K(1.0, NUM + (str,), "device cpu: fraction of the parameters (by elements) whose optimizer "
+                   "steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and step there "
+                   "at the same time (one rank, stage 1-2, Adam/AdamW, fp32 states); \"auto\" picks it from free "
+                   "GPU memory and measured step rates and logs the choice", auto=AUTO_KEEP, check=_offload_ratio),
         "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
         "pipeline_write": K(False, (bool,), "accepted: zspeed's nvme step always overlaps writes with compute"),
         "super_offload": K(False, (bool,), "DeepSpeed's SuperOffload (a ZeRO-3 feature; accepted, not "
@@ -505,6 +515,8 @@ def _resolve_auto(path: str, spec: K, value: Any) -> tuple[Any, bool]:
         return spec.default, True
     if spec.auto == AUTO_DERIVE:
         return None, True
+    if spec.auto == AUTO_KEEP:
+        return value, True
     raise ConfigError(
         f"config key '{path}' is \"auto\": Hugging Face's Trainer fills \"auto\" values from its "
         f"training arguments before the config reaches DeepSpeed, and zspeed was given the config "
@@ -778,9 +790,14 @@ class ZSpeedConfig:
             raise ConfigError(f"zero_optimization.offload_optimizer.delayed_update needs offload_optimizer.device "
                               f"\"cpu\" (the step it delays is the CPU optimizer's); this config has {dev!r}. Remove "
                               f"the key or offload to cpu.")
-        if float(self.offload["ratio"]) != 1.0:
-            raise ConfigError(f"zero_optimization.offload_optimizer.ratio = {self.offload['ratio']} is "
-                              f"not supported: zspeed runs the whole optimizer step on the CPU (ratio 1.0).")
+        ratio = self.offload["ratio"]
+        if ratio != 1.0:
+            if dev != "cpu":
+                raise ConfigError(f"zero_optimization.offload_optimizer.ratio = {ratio!r} needs offload_optimizer.device "
+                                  f"\"cpu\" (it splits the CPU optimizer's work with the GPU); this config has {dev!r}.")
+            if self.offload["delayed_update"]:
+                raise ConfigError("zero_optimization.offload_optimizer.ratio < 1 and delayed_update cannot be combined; "
+                                  "choose one.")
         if self.aio["use_gds"]:
             raise ConfigError("aio.use_gds (GPUDirect Storage) is not supported by zspeed; remove it.")
         if self.aio["thread_count"] is not None:

@@ -827,6 +827,10 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
             name, params = client_as_config(client)
             client = None
     bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
+    if config.offload_device == "cpu" and config.offload["ratio"] != 1.0:
+        split = _build_split(config, layout, device, dtype, name, params, client, world_size, bucket)
+        if split is not None:  # "auto" may choose 1: the ordinary cpu path
+            return split
     if config.zero_stage == 3:
         # One unit per parameter (unit_elems 1): each is gathered and reduced on its own.
         from .zero3 import build_store
@@ -859,6 +863,38 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
                     force_native=bool(config.top["zero_force_ds_cpu_optimizer"]),
                     chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads,
                     delayed=bool(config.offload["delayed_update"]))
+
+
+def _build_split(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name,
+                 params: dict, client, world_size: int, bucket: int) -> OptimizerPath:
+    """offload_optimizer.ratio < 1 (or "auto"): the optimizer split between the GPU and the CPU (split.py)."""
+    from . import memory
+    from .split import SplitPath, choose_ratio, measure_rates
+    ratio = config.offload["ratio"]
+    if world_size > 1 or config.zero_stage == 3:
+        raise ConfigError(f"offload_optimizer.ratio = {ratio!r} splits the optimizer of one rank at ZeRO stage 1 or 2; "
+                          f"this run has {world_size} rank(s) at stage {config.zero_stage}. Use ratio 1 here.")
+    if client is not None:
+        raise ConfigError("offload_optimizer.ratio < 1 builds its own Adam/AdamW on both sides from the config's "
+                          "optimizer section; do not pass an optimizer to initialize(), or use ratio 1.")
+    threads = _host_threads(world_size, None)
+    force = bool(config.top["zero_force_ds_cpu_optimizer"])
+    if ratio == "auto":
+        room = memory.gpu_room(device)
+        if room is not None:
+            room -= torch.cuda.memory_allocated(device)
+        cpu_s, gpu_s = measure_rates(device, name, params, force, threads) if room is not None else (None, None)
+        ratio = choose_ratio(sum(layout.totals), room, cpu_s, gpu_s)
+        msg = (f"zspeed: offload_optimizer.ratio \"auto\" -> {ratio:.3f}: the CPU steps {100 * ratio:.1f}% of the "
+               f"parameters, the GPU {100 * (1 - ratio):.1f}%" +
+               (f" (GPU room {room / 2**30:.1f} GiB, CPU {cpu_s * 1e9:.2f} ns/element, GPU "
+                f"{gpu_s * 1e9:.3f} ns/element)" if room is not None and cpu_s and gpu_s else " (no GPU)"))
+        log.warning(msg)
+        if ratio >= 1.0:
+            return None
+    return SplitPath(layout, device, dtype, name, params, float(ratio), pin_memory=config.offload["pin_memory"],
+                     bucket=bucket, force_native=force, chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
+                     num_threads=threads)
 
 
 # The optimizer classes DeepSpeed's ZeRO accepts from a script without

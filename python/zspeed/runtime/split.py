@@ -1,0 +1,313 @@
+"""The optimizer split between the GPU and the CPU (``offload_optimizer.ratio`` < 1).
+
+``ratio`` is the fraction of the parameters (by elements) whose optimizer step runs on the
+CPU (as near as whole parameters allow), as with ``offload_optimizer.device "cpu"``; the others keep their fp32 masters and
+Adam's moments on the GPU and step there with torch's fused AdamW. The GPU's share is the
+first parameters in the model's order: the next forward needs them first, and they are
+ready as soon as the GPU's step is, while the CPU's weights are still being copied back.
+
+A step: the gradient norm and the overflow flag are reduced over both halves (clipping
+and fp16 loss scaling see the whole model, exactly as on one path); then the GPU's step is
+queued (its kernels run on the GPU while the Python thread goes on) and the CPU's step
+runs at the same time, so the step costs about the longer of the two instead of their sum.
+
+Both halves run Adam/AdamW with the same hyperparameters: the engine's optimizer
+(:class:`SplitOptimizer`) holds the param groups that LR schedulers change and hands them
+to both before each step. Its state_dict speaks the CPU path's format (CPUAdam: an integer
+step and fp32 moments per parameter), so a checkpoint moves between a split engine, a
+CPU-offloaded one and any ratio.
+
+``"auto"`` (:func:`choose_ratio`): the smallest CPU share such that the GPU's part fits in
+half of the GPU memory the engine leaves free (16 bytes per element: master, moments and
+the fp32 gradient), and at least the share that makes both sides finish together given
+their measured step rates. On a CPU-only run it is 1 (nothing to split).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+
+import torch
+
+from .config import ConfigError
+from .cpu import HostPath
+from .layout import FlatLayout
+from .offload import HostBuffers
+from .paths import DevicePath, OptimizerPath
+
+log = logging.getLogger("zspeed.split")
+
+__all__ = ["SplitPath", "SplitOptimizer", "choose_ratio"]
+
+# Per element on the GPU for its share: fp32 master, exp_avg, exp_avg_sq, fp32 gradient copy.
+GPU_BYTES_PER_ELEM = 16
+# Group keys that choose how an optimizer runs, not the training's trajectory: not copied.
+_OWN = {"params", "fused", "foreach", "capturable", "differentiable", "state_dtype", "torch_adam", "maximize"}
+
+
+def choose_ratio(elems: int, gpu_room: int | None, cpu_s_per_elem: float | None,
+                 gpu_s_per_elem: float | None) -> float:
+    """The CPU share for ``"auto"`` (see the module docstring); 1.0 without a GPU."""
+    if gpu_room is None or elems <= 0:
+        return 1.0
+    fits = min(1.0, max(0.0, (gpu_room // 2) / (GPU_BYTES_PER_ELEM * elems)))  # GPU share that fits
+    r = 1.0 - fits
+    if cpu_s_per_elem and gpu_s_per_elem:
+        # Both finish together when r * cpu = (1 - r) * gpu.
+        r = max(r, gpu_s_per_elem / (gpu_s_per_elem + cpu_s_per_elem))
+    return min(1.0, max(r, 1e-3))
+
+
+class SplitOptimizer(torch.optim.Optimizer):
+    """The engine's ``optimizer`` for a split step: param groups over the model's parameters
+    (what LR schedulers and ``get_lr()`` touch); the step and the state are the halves'."""
+
+    checkpoint_class = "CPUAdam"
+
+    def __init__(self, groups: list, defaults: dict, path: "SplitPath"):
+        super().__init__(groups, defaults)
+        self._path_ref = weakref.ref(path)
+
+    def step(self, closure=None):  # noqa: D401 - the engine steps through SplitPath.apply
+        raise RuntimeError("with offload_optimizer.ratio < 1 the optimizer step runs inside engine.step(); "
+                           "do not call optimizer.step() yourself.")
+
+    def state_dict(self):
+        sd = {"state": self._path_ref().export_states(), "param_groups": []}
+        start = 0
+        for g in self.param_groups:
+            n = len(g["params"])
+            sd["param_groups"].append({**{k: v for k, v in g.items() if k != "params"},
+                                       "params": list(range(start, start + n))})
+            start += n
+        return sd
+
+    def load_state_dict(self, state_dict):
+        for g, saved in zip(self.param_groups, state_dict["param_groups"]):
+            g.update({k: v for k, v in saved.items() if k != "params" and k not in _OWN})
+        self._path_ref().import_states(state_dict["state"])
+
+
+class SplitPath(OptimizerPath):
+    """The first (1 - ratio) of the parameters on a DevicePath, the rest on a HostPath."""
+
+    def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
+                 ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
+                 num_threads: int | None):
+        super().__init__(layout)
+        if name not in ("Adam", "AdamW"):
+            raise ConfigError(f"offload_optimizer.ratio < 1 splits Adam/AdamW between the GPU and the CPU; the "
+                              f"config's optimizer is {name!r}. Use Adam or AdamW, or ratio 1.")
+        if str((params or {}).get("state_dtype", "fp32")).lower() != "fp32":
+            raise ConfigError("offload_optimizer.ratio < 1 keeps fp32 Adam states on both sides; remove "
+                              "optimizer.params.state_dtype (or set it to \"fp32\"), or use ratio 1.")
+        total = sum(layout.totals)
+        gpu_left = (1.0 - float(ratio)) * total
+        self.where: list[list] = []  # per group, per parameter: ("dev" | "cpu", sub-group, index)
+        self._gmap: list = []  # per group: (its index among the device's groups, among the CPU's) or None
+        dev_groups, cpu_groups = [], []
+        for gi, (g, ps) in enumerate(zip(layout.groups, layout.params)):
+            dps, cps, row = [], [], []
+            for p in ps:
+                if gpu_left >= p.numel() / 2:  # whole parameters, the share as near as they allow
+                    gpu_left -= p.numel()
+                    row.append(("dev", len(dev_groups), len(dps)))
+                    dps.append(p)
+                else:
+                    gpu_left = 0  # the GPU's share is a prefix of the model's order
+                    row.append(("cpu", len(cpu_groups), len(cps)))
+                    cps.append(p)
+            self.where.append(row)
+            self._gmap.append((len(dev_groups) if dps else None, len(cpu_groups) if cps else None))
+            if dps:
+                dev_groups.append({**g, "params": dps})
+            if cps:
+                cpu_groups.append({**g, "params": cps})
+        self.gpu_elems = sum(p.numel() for g in dev_groups for p in g["params"])
+        self.dev = DevicePath(FlatLayout(dev_groups), device, dtype, name, params, None) if dev_groups else None
+        self.cpu = None
+        self.buffers = None
+        if cpu_groups:
+            cl = FlatLayout(cpu_groups)
+            self.buffers = HostBuffers(cl, device, dtype, pin_memory, bucket, flat_grads=False)
+            self.cpu = HostPath(cl, self.buffers, name, params, client=None, force_native=force_native,
+                                chunk_elems=chunk_elems, num_threads=num_threads)
+        defaults = (self.cpu or self.dev).optimizer.defaults
+        self.optimizer = SplitOptimizer([dict(g) for g in layout.groups], dict(defaults), self)
+        self._halves = [h for h in (self.dev, self.cpu) if h is not None]
+
+    # -- the step -----------------------------------------------------------------------------
+    @property
+    def pinned(self) -> bool:
+        return self.cpu.pinned if self.cpu is not None else False
+
+    def before_backward(self, boundary: bool) -> None:
+        for h in self._halves:
+            h.before_backward(boundary)
+
+    def after_backward(self) -> None:
+        for h in self._halves:
+            h.after_backward()
+
+    def gather(self) -> None:
+        for h in self._halves:
+            h.gather()
+
+    def grad_stats(self, scale: float) -> tuple[float, bool]:
+        total, bad = 0.0, False
+        for h in self._halves:
+            s, b = h.grad_stats(scale)
+            total, bad = total + s, bad or b
+        return total, bad
+
+    def _sync_groups(self) -> None:
+        """The engine's hyperparameters (an LR schedule's lr) into both halves' groups."""
+        for g, (di, ci) in zip(self.optimizer.param_groups, self._gmap):
+            for h, i in ((self.dev, di), (self.cpu, ci)):
+                if i is None:
+                    continue
+                target = h.optimizer.param_groups[i]
+                for k, v in g.items():
+                    if k not in _OWN and k in target:
+                        target[k] = v
+
+    def apply(self, factor: float) -> None:
+        self._sync_groups()
+        if self.dev is not None:
+            with self.trace.span("gpu step (split)"):
+                self.dev.apply(factor)  # queued on the GPU: runs while the CPU steps below
+        if self.cpu is not None:
+            self.cpu.apply(factor)
+
+    def release(self) -> None:
+        for h in self._halves:
+            h.release()
+
+    def zero_grad(self) -> None:
+        for h in self._halves:
+            h.zero_grad()
+
+    # -- masters and state --------------------------------------------------------------------
+    def _half(self, side: str):
+        return self.dev if side == "dev" else self.cpu
+
+    def masters(self) -> list:
+        got = {"dev": self.dev.masters() if self.dev else None, "cpu": self.cpu.masters() if self.cpu else None}
+        return [[got[s][sg][i] for s, sg, i in row] for row in self.where]
+
+    def load_masters(self, masters: list) -> None:
+        parts = {"dev": [[None] * len(g) for g in self.dev.layout.params] if self.dev else None,
+                 "cpu": [[None] * len(g) for g in self.cpu.layout.params] if self.cpu else None}
+        for row, ms in zip(self.where, masters):
+            for (s, sg, i), m in zip(row, ms):
+                parts[s][sg][i] = m
+        for s in ("dev", "cpu"):
+            if parts[s] is not None:
+                self._half(s).load_masters(parts[s])
+
+    def _sub_index(self, side: str) -> list:
+        """Per group of the half ``side``, the index of its first parameter in its optimizer's state_dict."""
+        h = self._half(side)
+        out, start = [], 0
+        for ps in h.layout.params:
+            out.append(start)
+            start += len(ps)
+        return out
+
+    def export_states(self) -> dict:
+        """param index -> state in CPUAdam's format (int step, fp32 moments shaped like the parameter)."""
+        subs = {s: self._half(s).optimizer.state_dict()["state"] for s in ("dev", "cpu") if self._half(s)}
+        starts = {s: self._sub_index(s) for s in subs}
+        out, idx = {}, 0
+        for gi, row in enumerate(self.where):
+            for pi, (s, sg, i) in enumerate(row):
+                st = subs[s].get(starts[s][sg] + i)
+                if st is not None:
+                    shape = self.layout.params[gi][pi].shape
+                    conv = {}
+                    for k, v in st.items():
+                        if k == "step":
+                            conv[k] = int(v.item()) if torch.is_tensor(v) else int(v)
+                        elif torch.is_tensor(v):
+                            conv[k] = v.detach().to("cpu", torch.float32).reshape(shape)
+                        else:
+                            conv[k] = v
+                    out[idx] = conv
+                idx += 1
+        return out
+
+    def import_states(self, state: dict) -> None:
+        subs = {s: {} for s in ("dev", "cpu") if self._half(s)}
+        starts = {s: self._sub_index(s) for s in subs}
+        idx = 0
+        for row in self.where:
+            for s, sg, i in row:
+                st = state.get(idx)
+                if st is not None:
+                    if s == "dev":
+                        m = self.dev.masters()[sg][i]
+                        st = {k: (torch.tensor(float(v), dtype=torch.float32) if k == "step" else
+                                  v.reshape(m.shape).to(m.device, torch.float32) if torch.is_tensor(v) else v)
+                              for k, v in st.items()}
+                    subs[s][starts[s][sg] + i] = st
+                idx += 1
+        for s, sub in subs.items():
+            opt = self._half(s).optimizer
+            sd = opt.state_dict()
+            sd["state"] = sub
+            opt.load_state_dict(sd)
+
+    @property
+    def checkpoint_class(self) -> str:
+        return SplitOptimizer.checkpoint_class
+
+    # -- the rest -----------------------------------------------------------------------------
+    def stats(self, reset: bool = False) -> list:
+        return self.cpu.stats(reset) if self.cpu is not None else []
+
+    def set_trace(self, tracer) -> None:
+        self.trace = tracer
+        for h in self._halves:
+            h.set_trace(tracer)
+
+    def flush(self) -> None:
+        for h in self._halves:
+            h.flush()
+
+    def close(self) -> None:
+        for h in self._halves:
+            h.close()
+
+
+def measure_rates(device: torch.device, name: str, params: dict, force_native: bool,
+                  num_threads: int | None) -> tuple[float | None, float | None]:
+    """(CPU, GPU) seconds per element of one Adam step, measured on small buffers (None where a
+    side cannot be measured)."""
+    from .optimizers import build_device_optimizer, build_host_optimizer
+    cpu_s = gpu_s = None
+    n = 1 << 22
+    try:
+        p = torch.zeros(n)
+        g = [[torch.full((n,), 1e-3)]]
+        host = build_host_optimizer(name, params, [{"params": [p]}], client=None, force_native=force_native,
+                                    num_threads=num_threads)
+        host.step(g, 1.0, None)
+        t0 = time.perf_counter()
+        host.step(g, 1.0, None)
+        cpu_s = (time.perf_counter() - t0) / n
+    except Exception as e:  # noqa: BLE001 - the measurement only guides "auto"
+        log.debug("zspeed: could not time the CPU step: %s", e)
+    if device.type == "cuda":
+        m = 1 << 24
+        w = torch.zeros(m, device=device, requires_grad=True)
+        w.grad = torch.full((m,), 1e-3, device=device)
+        opt = build_device_optimizer(name, params, [{"params": [w]}], device)
+        opt.step()
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        opt.step()
+        torch.cuda.synchronize(device)
+        gpu_s = (time.perf_counter() - t0) / m
+        del opt, w
+    return cpu_s, gpu_s

@@ -1,0 +1,130 @@
+"""offload_optimizer.ratio < 1: the optimizer split between the device and the CPU (runtime/split.py).
+
+The device's share steps with torch's AdamW, the CPU's with zspeed's kernel; both are AdamW
+in fp32, so a split run equals the all-CPU run to fp32 rounding (tolerance 1e-5 relative,
+1e-6 absolute after a few steps: the two kernels order their operations differently).
+On the CPU-only test machine the "device" is the CPU; tests/gpu runs the same on CUDA."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_helpers as eh  # noqa: E402
+
+import zspeed  # noqa: E402
+from zspeed.runtime.config import ConfigError  # noqa: E402
+from zspeed.runtime.split import choose_ratio  # noqa: E402
+
+DATA = eh.regression_data(6)
+
+
+def _cfg(ratio=1.0, precision="fp32", gas=1, **extra):
+    c = eh.config(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": ratio}},
+                  gradient_clipping=0.3, gradient_accumulation_steps=gas,
+                  scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-2,
+                                                           "warmup_num_steps": 4}}, **extra)
+    c["train_micro_batch_size_per_gpu"] = 6
+    if precision == "bf16":
+        c["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        c["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return c
+
+
+def _run(cfg, steps=6, model=None):
+    e, *_ = zspeed.initialize(model=model or eh.mlp(), config=cfg)
+    eh.train(e, DATA, steps * cfg["gradient_accumulation_steps"])
+    return e
+
+
+def _weights(e):
+    return [p.detach().float().clone() for p in e.module.parameters()]
+
+
+def _close(a, b, precision):
+    tol = dict(rtol=1e-5, atol=1e-6) if precision == "fp32" else dict(rtol=2e-2, atol=2e-2)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, **tol)
+
+
+@pytest.mark.parametrize("ratio", [0.3, 0.5, 0.9])
+@pytest.mark.parametrize("precision,gas", [("fp32", 1), ("bf16", 2), ("fp16", 1)])
+def test_a_split_step_equals_the_cpu_step(ratio, precision, gas):
+    ref = _run(_cfg(1.0, precision, gas))
+    e = _run(_cfg(ratio, precision, gas))
+    path = e.optimizer_path
+    total = sum(p.numel() for p in e.module.parameters())
+    biggest = max(p.numel() for p in e.module.parameters())
+    assert type(path).__name__ == "SplitPath" and abs(path.gpu_elems - (1 - ratio) * total) <= biggest / 2
+    _close(_weights(e), _weights(ref), precision)
+    assert e.get_lr() == ref.get_lr()  # the schedule reached both halves
+    if precision == "fp16":
+        assert e.loss_scale == ref.loss_scale
+
+
+def test_the_gpu_share_is_the_first_parameters():
+    e = _run(_cfg(0.5), steps=1)
+    sides = [s for row in e.optimizer_path.where for s, _, _ in row]
+    assert sides == sorted(sides, key=lambda s: s != "dev") and "dev" in sides and "cpu" in sides
+
+
+def test_checkpoints_move_between_split_and_cpu_engines(tmp_path):
+    a = _run(_cfg(0.4), steps=3)
+    a.save_checkpoint(str(tmp_path), tag="s")
+    ref = _run(_cfg(1.0), steps=3)
+    ref.save_checkpoint(str(tmp_path), tag="c")
+    for tag, ratio in (("s", 1.0), ("c", 0.4), ("s", 0.7)):
+        e = _run(_cfg(ratio), steps=1)
+        e.load_checkpoint(str(tmp_path), tag=tag)
+        eh.train(e, DATA, 3, start=3)
+        want = _run(_cfg(1.0), steps=6)
+        _close(_weights(e), _weights(want), "fp32")
+
+
+def test_auto_without_a_gpu_runs_the_ordinary_cpu_path(caplog):
+    with caplog.at_level("WARNING", logger="zspeed"):
+        e = _run(_cfg("auto"), steps=1)
+    assert type(e.optimizer_path).__name__ == "HostPath"
+    assert any('ratio "auto" -> 1.000' in r.getMessage() and "no GPU" in r.getMessage() for r in caplog.records)
+
+
+def test_choose_ratio():
+    n = 1_000_000
+    assert choose_ratio(n, None, 1e-9, 1e-11) == 1.0
+    # Room for everything: the rates decide (the GPU 100x faster: 1% on the CPU).
+    assert choose_ratio(n, 10 * 16 * n, 1e-9, 1e-11) == pytest.approx(1e-11 / (1e-9 + 1e-11))
+    # Half the room holds a quarter of the model's GPU state: 75% stays on the CPU.
+    assert choose_ratio(n, 16 * n // 2, 1e-9, 1e-11) == pytest.approx(0.75)
+    assert choose_ratio(n, 0, 1e-9, 1e-11) == 1.0
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0}}}, r"\(0, 1\]"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "half"}}}, r"\(0, 1\]"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none", "ratio": 0.5}}}, "device \"cpu\""),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5,
+                                                              "delayed_update": True}}}, "cannot be combined"),
+])
+def test_config_errors(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        zspeed.initialize(model=eh.mlp(), config=eh.config(**cfg))
+
+
+def test_engine_errors_name_the_fix():
+    c = _cfg(0.5)
+    c["optimizer"] = {"type": "Lion", "params": {"lr": 1e-3}}
+    with pytest.raises(ConfigError, match="Adam or AdamW"):
+        zspeed.initialize(model=eh.mlp(), config=c)
+    c = _cfg(0.5)
+    c["optimizer"]["params"]["state_dtype"] = "int8"
+    with pytest.raises(ConfigError, match="fp32"):
+        zspeed.initialize(model=eh.mlp(), config=c)
+    m = eh.mlp()
+    c = _cfg(0.5)
+    del c["optimizer"]
+    with pytest.raises(ConfigError, match="do not pass an optimizer"):
+        zspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), config=c)
