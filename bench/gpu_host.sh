@@ -11,6 +11,14 @@
 #   bench/gpu_host.sh zero3     GPU check of ZeRO-3 (tests/gpu/check_zero3_cuda.py)
 #   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
 #                   zspeed vs DeepSpeed at 3.36B (ZS_Z3_LAYERS: more zspeed sizes, e.g. "24 48")
+#   bench/gpu_host.sh scaling   bench_engine.py under torchrun on ZS_NGPU GPUs (default: all), ZS_SCALE_CASE
+#                   z2-3.7b (ZeRO-2 + CPU offload, 3.7B) or z3-13b (ZeRO-3, both offloads, 13B),
+#                   ZS_SCALE_IMPLS (default "zspeed deepspeed"); bench/scaling_table.py $OUT
+#                   turns the logs of every GPU count into the table with scaling efficiency
+#   bench/gpu_host.sh inference-bench  13B ZeRO-Inference, weights in host memory: zspeed vs DeepSpeed
+#                   (bench/bench_inference.py; ZS_INF_ARGS: more flags, e.g. --offload-param nvme)
+#   bench/gpu_host.sh split-bench  1.28B GPT, ZeRO-2 + CPU offload: exact, offload_optimizer.ratio
+#                   0.5 and auto, delayed_update (medians of 10 steps)
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
 #   bench/gpu_host.sh ds-nvme   zspeed vs DeepSpeed ZeRO-3, optimizer state on NVMe
@@ -100,6 +108,35 @@ zero3-bench)
   done
   for L in ${ZS_Z3_LAYERS:-}; do
     python3 bench/bench_engine.py $Z3 --layers $L --state-dtype int8 2>&1 | tee "$OUT/bench_z3_${L}_int8.log" | tail -2
+  done
+  ;;
+scaling)
+  n=${ZS_NGPU:-$(nvidia-smi -L | wc -l)}
+  case ${ZS_SCALE_CASE:-z2-3.7b} in
+    z2-3.7b) args="--layers 32 --d-model 3072 --heads 24 --batch 8 --steps 6 --warmup 2" ;;
+    z3-13b) args="--stage 3 --offload-param cpu --ckpt --layers 40 --d-model 5120 --heads 40 --batch 1 --steps 4 --warmup 1 --state-dtype int8" ;;
+    *) echo "unknown ZS_SCALE_CASE ${ZS_SCALE_CASE}"; exit 2 ;;
+  esac
+  for impl in ${ZS_SCALE_IMPLS:-zspeed deepspeed}; do
+    extra=""
+    [ "$impl" = deepspeed ] && extra="--state-dtype fp32"  # DeepSpeed's CPU Adam keeps fp32 states
+    OMP_NUM_THREADS=$(( $(nproc) / n )) torchrun --nproc_per_node "$n" --master_port $((29600 + n)) \
+      bench/bench_engine.py $args $extra --impl "$impl" 2>&1 \
+      | tee "$OUT/scaling_${ZS_SCALE_CASE:-z2-3.7b}_${impl}_${n}gpu.log" | grep -E "median step|RESULT" | cut -c1-400
+  done
+  ;;
+inference-bench)
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29515
+  for impl in zspeed deepspeed; do
+    python3 bench/bench_inference.py --impl $impl --gpu-cap 24 --new-tokens 32 --runs 1 ${ZS_INF_ARGS:-} 2>&1 \
+      | tee "$OUT/bench_inference_$impl.log" | tail -2
+  done
+  ;;
+split-bench)
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29516
+  for mode in "" "--ratio 0.5" "--ratio auto" "--delayed-update"; do
+    python3 bench/bench_engine.py --steps 10 --warmup 3 $mode 2>&1 \
+      | tee "$OUT/bench_split_$(echo "${mode:-exact}" | tr -dc 'a-z0-9.').log" | grep -E "median step|auto"
   done
   ;;
 io)

@@ -233,3 +233,23 @@ def test_engine_other_errors_pass_through_the_oom_guard(exc):
     with pytest.raises(type(exc)):
         with be.exit_on_oom("OOM at seq 1"):
             raise exc
+
+
+def test_scaling_table_reads_the_logs_and_computes_efficiency(tmp_path):
+    def log(impl, n, tps, step):
+        res = {"tokens_per_s": tps, "step_s": step, "peak_alloc_gib": 1.5, "host_rss_gib_per_rank": [10.0] * n}
+        (tmp_path / f"scaling_z2-3.7b_{impl}_{n}gpu.log").write_text(f"noise\nRESULT {json.dumps(res)}\n")
+    log("zspeed", 1, 1000.0, 8.0)
+    log("zspeed", 2, 1800.0, 8.9)
+    log("deepspeed", 1, 500.0, 16.0)
+    log("deepspeed", 2, 1000.0, 16.0)
+    (tmp_path / "scaling_z2-3.7b_zspeed_4gpu.log").write_text("Traceback: out of memory\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, os.path.join(here, "..", "..", "bench", "scaling_table.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    z2 = next(ln for ln in lines if ln.startswith("| zspeed | 2 |"))
+    assert "| 900 |" in z2 and "90% (vs 1 GPU)" in z2 and "1.80x" in z2
+    assert any(ln.startswith("| zspeed | 4 | failed") for ln in lines)
+    assert any(ln.startswith("| deepspeed | 2 |") and "100% (vs 1 GPU)" in ln for ln in lines)
