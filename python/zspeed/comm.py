@@ -185,11 +185,15 @@ def peer_lost() -> None:
 
 
 def _shutdown() -> None:
-    """At interpreter exit, the group zspeed created is destroyed on every rank, and rank 0,
-    whose process serves the launcher's key-value store, leaves last. A group left to the
-    interpreter's teardown, or a store that disappears while another rank still tears down
-    its group, can abort that rank from a communication thread ("terminate called without
-    an active exception") after its work is done."""
+    """At interpreter exit, the group zspeed created is destroyed on every rank, in three
+    phases ordered through the launcher's key-value store: every rank first waits until all
+    ranks are done communicating (a rank closing its connections while a peer is still
+    finishing its last collective can abort that peer), then destroys its group, and rank 0,
+    whose process serves the store, leaves last. A group left to the interpreter's teardown,
+    or a store that disappears while another rank still tears down its group, can abort
+    that rank from a communication thread ("terminate called without an active exception")
+    after its work is done. Each wait gives up after 10 s, or at once when a peer is known
+    to be gone."""
     if not is_initialized():
         return
     ws, rank, store = get_world_size(), get_rank(), None
@@ -199,17 +203,29 @@ def _shutdown() -> None:
             store = distributed_c10d._get_default_store()
         except Exception:  # noqa: BLE001 - an older torch: no ordered exit, still a clean destroy
             store = None
+    if store is not None and not _peer_lost:
+        _store_wait(store, "zspeed/quiet", ws)
     _td.destroy_process_group()
     if store is None:
         return
+    if rank == 0 and not _peer_lost:
+        _store_wait(store, "zspeed/exited", ws)
+    else:
+        try:
+            store.add("zspeed/exited", 1)
+        except Exception:  # noqa: BLE001 - rank 0 already gone: nothing left to order
+            pass
+
+
+def _store_wait(store, key: str, ws: int, limit: float = 10.0) -> None:
+    """Counts this rank in ``key`` and waits (at most ``limit`` seconds) until all ``ws`` have."""
     import time
     try:
-        store.add("zspeed/exited", 1)
-        if rank == 0 and not _peer_lost:
-            deadline = time.monotonic() + 10.0
-            while store.add("zspeed/exited", 0) < ws and time.monotonic() < deadline:
-                time.sleep(0.01)
-    except Exception:  # noqa: BLE001 - another rank already gone: nothing left to order
+        store.add(key, 1)
+        deadline = time.monotonic() + limit
+        while store.add(key, 0) < ws and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except Exception:  # noqa: BLE001 - another rank (the store's server) already gone
         pass
 
 
