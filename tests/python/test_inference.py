@@ -101,14 +101,15 @@ def test_weights_on_nvme_give_the_plain_models_outputs(tmp_path, kw):
     assert not [n for n in os.listdir(tmp_path) if n.endswith("_param.swap")]
 
 
-def test_a_failed_nvme_read_raises_and_the_next_forward_is_right(tmp_path):
+@pytest.mark.parametrize("piece", [1, 2, 4])
+def test_a_failed_nvme_read_raises_and_the_next_forward_is_right(tmp_path, piece):
     from zspeed import NativeError
     from zspeed._native import errcode, lib
     ref = _gpt().to(DEV).eval()
     engine = zspeed.init_inference(_gpt(), config={"dtype": torch.float32, "zero": _nvme(tmp_path)})
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEV)
     assert torch.equal(engine(ids), ref(ids).detach())
-    lib.zs_fault_set(b"aio.io", 4, 1, errcode("ZS_EIO"))
+    lib.zs_fault_set(b"aio.io", piece, 1, errcode("ZS_EIO"))
     try:
         with pytest.raises(NativeError, match="reading the shard of a parameter"):
             engine(ids)

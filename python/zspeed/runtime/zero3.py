@@ -340,6 +340,9 @@ class ParamFetcher:
                 self._module_params[id(m)] = own
             self._handles.append(m.register_forward_pre_hook(self._pre_forward))
             self._handles.append(m.register_forward_hook(self._post_forward, always_call=True))
+        # The root's enter runs after its own _pre_forward (the root's parameters are gathered
+        # outside the recorded order); if that raises (a failed NVMe read) the enter never
+        # runs, and the exit, which runs even then, must find nothing to undo (_root_exit).
         self._handles.append(module.register_forward_pre_hook(self._root_enter))
         self._handles.append(module.register_forward_hook(self._root_exit, always_call=True))
         for st in self.states.values():
@@ -509,6 +512,8 @@ class ParamFetcher:
             self._mode.__enter__()
 
     def _root_exit(self, module, args, out):
+        if self._depth == 0:  # an earlier pre-hook raised before the enter ran: nothing to undo
+            return None
         self._depth -= 1
         if self._depth == 0 and self._mode is not None:
             mode, self._mode = self._mode, None
