@@ -466,10 +466,9 @@ class ShardedBuffers(HostBuffers):
     def write_back(self, src: list, keys: list) -> None:
         """Puts the new weights of the pieces ``keys`` into this rank's shards of the unit
         buffers (on the host path with Gloo and a CUDA model: remembered for the all-gather,
-        which then runs on the host; at ZeRO-3, whose shards are gathered when used, they
-        are written into the shards in every case)."""
+        which then runs on the host)."""
         self._pending_src = src
-        if self.comm_cpu and self.cuda and not getattr(self.sm, "gathers_on_use", False):
+        if self.comm_cpu and self.cuda:
             return
         with torch.no_grad():
             for gi, pi in keys:

@@ -52,6 +52,7 @@ from .._signatures.optim import OPTIM_QBLOCK
 from .config import ConfigError
 from .layout import FlatLayout
 from .offload import HostBuffers, OffloadedPath
+from .paths import indexed_groups
 
 __all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP", "reclaim_stale_swap_files"]
 
@@ -78,14 +79,7 @@ class NVMeOptimizer(torch.optim.Optimizer):
                            "engine.step(); do not call optimizer.step() yourself.")
 
     def state_dict(self):
-        sd = {"state": self._path_ref().export_states(),
-              "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": []}
-                               for g in self.param_groups]}
-        start = 0
-        for g, src in zip(sd["param_groups"], self.param_groups):
-            g["params"] = list(range(start, start + len(src["params"])))
-            start += len(src["params"])
-        return sd
+        return {"state": self._path_ref().export_states(), "param_groups": indexed_groups(self.param_groups)}
 
     def validate_state_dict(self, state_dict) -> None:
         """ValueError for a state :meth:`load_state_dict` cannot take; reads and writes nothing."""

@@ -39,7 +39,18 @@ from .layout import FlatLayout
 from .trace import OFF
 from .optimizers import build_device_optimizer, rebuild_like, torch_grad_stats
 
-__all__ = ["OptimizerPath", "DevicePath", "copy_masters"]
+__all__ = ["OptimizerPath", "DevicePath", "copy_masters", "indexed_groups"]
+
+
+def indexed_groups(param_groups: list) -> list:
+    """``param_groups`` as a torch state_dict lists them: each group's settings, with "params"
+    the running indices of its parameters."""
+    out, start = [], 0
+    for g in param_groups:
+        n = len(g["params"])
+        out.append({**{k: v for k, v in g.items() if k != "params"}, "params": list(range(start, start + n))})
+        start += n
+    return out
 
 
 class OptimizerPath(abc.ABC):

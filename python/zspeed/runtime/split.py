@@ -34,7 +34,7 @@ from .config import ConfigError
 from .cpu import HostPath
 from .layout import FlatLayout
 from .offload import HostBuffers
-from .paths import DevicePath, OptimizerPath
+from .paths import DevicePath, OptimizerPath, indexed_groups
 
 log = logging.getLogger("zspeed.split")
 
@@ -74,14 +74,7 @@ class SplitOptimizer(torch.optim.Optimizer):
                            "do not call optimizer.step() yourself.")
 
     def state_dict(self):
-        sd = {"state": self._path_ref().export_states(), "param_groups": []}
-        start = 0
-        for g in self.param_groups:
-            n = len(g["params"])
-            sd["param_groups"].append({**{k: v for k, v in g.items() if k != "params"},
-                                       "params": list(range(start, start + n))})
-            start += n
-        return sd
+        return {"state": self._path_ref().export_states(), "param_groups": indexed_groups(self.param_groups)}
 
     def load_state_dict(self, state_dict):
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
@@ -142,17 +135,19 @@ class SplitPath(OptimizerPath):
     def pinned(self) -> bool:
         return self.cpu.pinned if self.cpu is not None else False
 
-    def before_backward(self, boundary: bool) -> None:
+    def _each(self, method: str, *args) -> None:
+        """Calls ``method`` on both halves (the GPU's first)."""
         for h in self._halves:
-            h.before_backward(boundary)
+            getattr(h, method)(*args)
+
+    def before_backward(self, boundary: bool) -> None:
+        self._each("before_backward", boundary)
 
     def after_backward(self) -> None:
-        for h in self._halves:
-            h.after_backward()
+        self._each("after_backward")
 
     def gather(self) -> None:
-        for h in self._halves:
-            h.gather()
+        self._each("gather")
 
     def grad_stats(self, scale: float) -> tuple[float, bool]:
         total, bad = 0.0, False
@@ -181,12 +176,10 @@ class SplitPath(OptimizerPath):
             self.cpu.apply(factor)
 
     def release(self) -> None:
-        for h in self._halves:
-            h.release()
+        self._each("release")
 
     def zero_grad(self) -> None:
-        for h in self._halves:
-            h.zero_grad()
+        self._each("zero_grad")
 
     # -- masters and state --------------------------------------------------------------------
     def _half(self, side: str):
@@ -268,16 +261,13 @@ class SplitPath(OptimizerPath):
 
     def set_trace(self, tracer) -> None:
         self.trace = tracer
-        for h in self._halves:
-            h.set_trace(tracer)
+        self._each("set_trace", tracer)
 
     def flush(self) -> None:
-        for h in self._halves:
-            h.flush()
+        self._each("flush")
 
     def close(self) -> None:
-        for h in self._halves:
-            h.close()
+        self._each("close")
 
 
 def measure_rates(device: torch.device, name: str, params: dict, force_native: bool,

@@ -91,8 +91,6 @@ class Stage3Model(ShardedModel):
     ``param_device``; the parameters themselves are emptied. Offers what the optimizer
     paths and checkpoints use of dp.ShardedModel."""
 
-    gathers_on_use = True  # the shards are the weights: nothing is all-gathered after a step
-
     def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype, *,
                  param_device: torch.device, pin: bool, group=None):
         self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
@@ -144,9 +142,15 @@ class Stage3Model(ShardedModel):
         return self.flat[gi].narrow(0, start, u.shard)
 
     def all_gather(self, comm_cpu: bool, host_out: list | None = None) -> None:
-        """After an optimizer step wrote the shards: nothing is gathered now; materialized
-        (persistent) parameters are re-gathered before their next use."""
-        del comm_cpu, host_out
+        """After an optimizer step: nothing is gathered now, as the shards are the weights;
+        materialized (persistent) parameters are re-gathered before their next use. With Gloo
+        and a CUDA model the path leaves its new weights in ``host_out`` (per group, its flat
+        host buffer, when that is not the shards themselves): they are copied in first."""
+        del comm_cpu
+        with torch.no_grad():
+            for flat, out in zip(self.flat, host_out or ()):
+                if out.data_ptr() != flat.data_ptr():
+                    flat.copy_(out)
         if self.fetcher is not None:
             self.fetcher.mark_stale(self)
 
