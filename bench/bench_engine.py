@@ -68,6 +68,10 @@ def ds_config(a):
         c["activation_checkpointing"] = checkpoint_section(a)
     if a.impl == "zspeed" and getattr(a, "ratio", None) is not None:
         c["zero_optimization"]["offload_optimizer"]["ratio"] = a.ratio if a.ratio == "auto" else float(a.ratio)
+    if a.impl == "deepspeed" and getattr(a, "zenflow", False):
+        # DeepSpeed's ZenFlow as the issue runs it: the top 5% of gradient columns step on the
+        # GPU every step, the rest on the CPU every 4 steps, overlapped with the next steps.
+        c["zero_optimization"]["zenflow"] = {"topk_ratio": 0.05, "update_interval": 4, "overlap_step": True}
     if a.impl == "zspeed" and getattr(a, "delayed_update", False):
         c["zero_optimization"]["offload_optimizer"]["delayed_update"] = True
     if a.impl == "zspeed":
@@ -88,6 +92,8 @@ def checkpoint_args(a):
         return "--ckpt-impl deepspeed runs with --impl deepspeed only (DeepSpeed's checkpointing needs its engine)"
     if a.ckpt_impl == "zspeed" and a.impl == "deepspeed":
         return "--ckpt-impl zspeed runs with --impl zspeed or torch; use --ckpt-impl deepspeed with --impl deepspeed"
+    if getattr(a, "zenflow", False) and (a.impl != "deepspeed" or a.stage != 2 or a.offload != "cpu"):
+        return "--zenflow is DeepSpeed's ZenFlow: it runs with --impl deepspeed, --stage 2 and --offload cpu"
     if a.model == "llama" and a.ckpt_impl != "torch":
         return ("--model llama checkpoints through transformers' gradient checkpointing (torch); "
                 "--ckpt-impl zspeed/deepspeed and --cpu-ckpt wrap the GPT model's blocks (--model gpt)")
@@ -171,6 +177,8 @@ def main():
                     "share of the optimizer; the rest steps on the GPU), a number in (0, 1] or auto")
     ap.add_argument("--delayed-update", action="store_true",
                     help="zspeed, --offload cpu: offload_optimizer.delayed_update (one-step-stale overlapped CPU step)")
+    ap.add_argument("--zenflow", action="store_true",
+                    help="--impl deepspeed: DeepSpeed's ZenFlow (topk_ratio 0.05, update_interval 4, overlap_step)")
     ap.add_argument("--offload-param", choices=["cpu", "none"], default="none")
     ap.add_argument("--gpu-cap", type=float, default=None, help="GiB of GPU memory this process may use")
     ap.add_argument("--ckpt", action="store_true", help="activation checkpointing per block")
@@ -309,6 +317,8 @@ def main():
         "state_dtype": a.state_dtype, "pin": not a.no_pin, "world_size": world,
         "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
         "opt_step_s": round(statistics.median(st), 4),
+        "step_mean_s": round(statistics.fmean(times), 4), "final_loss": round(float(loss.item()), 4),
+        "zenflow": getattr(a, "zenflow", False),
         "tokens_per_s": round(world * a.batch * a.seq / max(r["step_s"] for r in per_rank), 1),
         "peak_alloc_gib": max(r["peak_alloc_gib"] for r in per_rank),
         "peak_reserved_gib": max(r["peak_reserved_gib"] for r in per_rank),
@@ -316,7 +326,7 @@ def main():
         "init_s": round(t_init, 1), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
         "cpu_threads": torch.get_num_threads(),
     }
-    print(f"{a.impl}: {nparams / 1e9:.2f}B params, median step {med:.3f}s "
+    print(f"{a.impl}: {nparams / 1e9:.2f}B params, median step {med:.3f}s (mean {res['step_mean_s']:.3f}s) "
           f"(fwd+bwd {res['fwd_bwd_s']:.3f}s + optimizer {res['opt_step_s']:.3f}s), "
           f"{res['tokens_per_s']:,.0f} tokens/s over {world} rank(s), peak GPU {res['peak_alloc_gib']:.2f} GiB "
           f"allocated per rank, seq {a.seq}"

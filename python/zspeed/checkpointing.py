@@ -187,8 +187,13 @@ class _HostCopy:
     def __init__(self, t: torch.Tensor, stream):
         self.device, self.requires_grad = t.device, t.requires_grad
         self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        # The producer is the stream current here, outside the side stream's context (inside it,
+        # current_stream() would be the side stream itself and the copy could read t before the
+        # kernel writing it has run: seen as wrong gradients once the page-locked blocks were
+        # reused, i.e. when no fresh cudaHostAlloc synchronized the device any more).
+        producer = torch.cuda.current_stream(t.device)
+        stream.wait_stream(producer)
         with torch.cuda.stream(stream):
-            stream.wait_stream(torch.cuda.current_stream(t.device))
             self.host.copy_(t.detach(), non_blocking=True)
             t.record_stream(stream)
         self.back = None

@@ -66,11 +66,13 @@ def token_data(n: int, seed: int = 4, vocab: int = 23) -> list:
 def mse_loss(engine, batch) -> torch.Tensor:
     """Mean squared error of the model on (x, y); x in the engine's dtype, the loss in fp32."""
     x, y = batch
-    return F.mse_loss(engine(x.to(engine.dtype)).float(), y)
+    dev = getattr(engine, "device", x.device)  # the data follow the engine (tests/gpu runs them on CUDA)
+    return F.mse_loss(engine(x.to(dev, engine.dtype)).float(), y.to(dev))
 
 
 def lm_loss(engine, ids) -> torch.Tensor:
     """Next-token cross-entropy of a language model on a batch of token sequences."""
+    ids = ids.to(getattr(engine, "device", ids.device))
     logits = engine(ids[:, :-1]).float()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 

@@ -137,6 +137,8 @@ def _args(**kw):
     (dict(impl="deepspeed", ckpt_impl="zspeed"), "--ckpt-impl zspeed runs with --impl zspeed or torch"),
     (dict(model="llama", ckpt_impl="zspeed"), "--model llama checkpoints through transformers"),
     (dict(model="llama", ckpt_impl="zspeed", cpu_ckpt=True), "--model llama"),
+    (dict(zenflow=True), "--zenflow is DeepSpeed's ZenFlow"),
+    (dict(impl="deepspeed", zenflow=True), "--zenflow is DeepSpeed's ZenFlow"),  # stage 3
 ])
 def test_engine_refuses_checkpointing_combinations_that_cannot_run(kw, match):
     assert _engine_module().checkpoint_args(_args(**kw)).startswith(match)
@@ -154,6 +156,16 @@ def test_engine_checkpointing_options_imply_ckpt_and_fill_the_config_section(kw)
                        "contiguous_memory_optimization": False}
     plain = _args(ckpt=True)
     assert be.checkpoint_args(plain) is None and "activation_checkpointing" not in be.ds_config(plain)
+
+
+def test_engine_zenflow_config_is_the_issue_s():
+    be = _engine_module()
+    a = _args(impl="deepspeed", stage=2, offload_param="none", zenflow=True)
+    assert be.checkpoint_args(a) is None
+    zo = be.ds_config(a)["zero_optimization"]
+    assert zo["zenflow"] == {"topk_ratio": 0.05, "update_interval": 4, "overlap_step": True}
+    assert zo["offload_optimizer"]["device"] == "cpu"
+    assert "zenflow" not in be.ds_config(_args(impl="deepspeed", stage=2))["zero_optimization"]
 
 
 def _train(be, a, wrap: bool, steps=2):

@@ -85,11 +85,30 @@ def test_checkpoints_move_between_split_and_cpu_engines(tmp_path):
         _close(_weights(e), _weights(want), "fp32")
 
 
+def _on_cuda() -> bool:
+    return os.environ.get("ZSPEED_DEVICE", "").startswith("cuda") or (
+        torch.cuda.is_available() and os.environ.get("ZSPEED_DEVICE") != "cpu")
+
+
 def test_auto_without_a_gpu_runs_the_ordinary_cpu_path(caplog):
+    if _on_cuda():
+        pytest.skip("the engine runs on CUDA here: test_auto_on_a_gpu_splits covers it")
     with caplog.at_level("WARNING", logger="zspeed"):
         e = _run(_cfg("auto"), steps=1)
     assert type(e.optimizer_path).__name__ == "HostPath"
     assert any('ratio "auto" -> 1.000' in r.getMessage() and "no GPU" in r.getMessage() for r in caplog.records)
+
+
+def test_auto_on_a_gpu_splits(caplog):
+    if not _on_cuda():
+        pytest.skip("needs the engine on CUDA (tests/gpu/check_zero3_cuda.py runs it there)")
+    with caplog.at_level("WARNING", logger="zspeed"):
+        e = _run(_cfg("auto"), steps=2)
+    msg = [r.getMessage() for r in caplog.records if 'ratio "auto" ->' in r.getMessage()]
+    assert msg and "GPU room" in msg[0]
+    # A tiny model fits the GPU many times over: the measured rates choose a share below 1.
+    assert type(e.optimizer_path).__name__ == "SplitPath"
+    _close(_weights(e), _weights(_run(_cfg(1.0), steps=2)), "fp32")
 
 
 def test_choose_ratio():
