@@ -14,6 +14,13 @@ then one machine-readable line starting with RESULT.
 Flags: --torch-adam (torch AdamW on the CPU instead of zspeed.ops), --state-dtype bf16|int8,
 --no-pin, --offload none, --dtype fp16|bf16, --threads N (CPU optimizer threads).
 
+The offloaded step's modes (issue 16): --ratio R|auto (offload_optimizer.ratio: the GPU steps
+the first 1-R of the parameters), --overlap-forward (the CPU step runs during the next forward,
+exact), --delayed-update (one step stale), --trace FILE (a Chrome trace of the engine's phases),
+and DeepSpeed's ZenFlow side by side (--impl deepspeed --zenflow). With a step in the background,
+"optimizer" is the time engine.step() takes to start it; the waits land in the next fwd+bwd, and
+the step total (median and mean) is what to compare.
+
 ZeRO-3 (models larger than the GPU): --stage 3 --offload-param cpu, with --gpu-cap GiB
 (torch.cuda.set_per_process_memory_fraction: a consumer card's memory), --ckpt (activation
 checkpointing per block), --init (build the model under zero.Init in the training dtype),
@@ -55,7 +62,7 @@ from gpt import GPT, GPTConfig  # noqa: E402
 def ds_config(a):
     opt_params = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
     c = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
-         "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": opt_params},
+         "gradient_clipping": getattr(a, "clip", 1.0), "optimizer": {"type": "AdamW", "params": opt_params},
          "zero_optimization": {"stage": a.stage, "contiguous_gradients": True, "overlap_comm": True,
                                "reduce_bucket_size": 50_000_000},
          "steps_per_print": 1000000}
@@ -74,6 +81,10 @@ def ds_config(a):
         c["zero_optimization"]["zenflow"] = {"topk_ratio": 0.05, "update_interval": 4, "overlap_step": True}
     if a.impl == "zspeed" and getattr(a, "delayed_update", False):
         c["zero_optimization"]["offload_optimizer"]["delayed_update"] = True
+    if a.impl == "zspeed" and getattr(a, "overlap_forward", False):
+        c["zero_optimization"]["offload_optimizer"]["overlap_forward"] = True
+    if a.impl == "zspeed" and getattr(a, "trace", None):
+        c["zspeed_trace"] = a.trace
     if a.impl == "zspeed":
         opt_params["torch_adam"] = a.torch_adam
         if a.state_dtype != "fp32":
@@ -177,6 +188,11 @@ def main():
                     "share of the optimizer; the rest steps on the GPU), a number in (0, 1] or auto")
     ap.add_argument("--delayed-update", action="store_true",
                     help="zspeed, --offload cpu: offload_optimizer.delayed_update (one-step-stale overlapped CPU step)")
+    ap.add_argument("--overlap-forward", action="store_true",
+                    help="zspeed, --offload cpu: offload_optimizer.overlap_forward (the CPU step runs during the "
+                         "next forward, which waits per module for its weights; exact)")
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient_clipping (0: off)")
+    ap.add_argument("--trace", default=None, help="zspeed: write a Chrome trace of the engine's phases to this file")
     ap.add_argument("--zenflow", action="store_true",
                     help="--impl deepspeed: DeepSpeed's ZenFlow (topk_ratio 0.05, update_interval 4, overlap_step)")
     ap.add_argument("--offload-param", choices=["cpu", "none"], default="none")
@@ -250,7 +266,8 @@ def main():
             for m, p in zip(masters, model.parameters()):
                 m.grad = p.grad.float()
                 p.grad = None
-            torch.nn.utils.clip_grad_norm_(masters, 1.0)
+            if a.clip:
+                torch.nn.utils.clip_grad_norm_(masters, a.clip)
             opt.step()
             with torch.no_grad():
                 torch._foreach_copy_(list(model.parameters()), masters)
@@ -297,6 +314,8 @@ def main():
             print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  "
                   f"loss {loss.item():.4f}{extra}", flush=True)
     med = statistics.median(times)
+    if a.impl == "zspeed" and a.trace:
+        engine.close()  # writes the trace (and finishes a step still running in the background)
     mine = {"peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
             "host_rss_gib": round(_rss() / 2**30, 2), "step_s": round(med, 4)}
@@ -318,7 +337,7 @@ def main():
         "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
         "opt_step_s": round(statistics.median(st), 4),
         "step_mean_s": round(statistics.fmean(times), 4), "final_loss": round(float(loss.item()), 4),
-        "zenflow": getattr(a, "zenflow", False),
+        "zenflow": getattr(a, "zenflow", False), "overlap_forward": getattr(a, "overlap_forward", False),
         "tokens_per_s": round(world * a.batch * a.seq / max(r["step_s"] for r in per_rank), 1),
         "peak_alloc_gib": max(r["peak_alloc_gib"] for r in per_rank),
         "peak_reserved_gib": max(r["peak_reserved_gib"] for r in per_rank),

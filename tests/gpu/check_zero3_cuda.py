@@ -30,7 +30,7 @@ def main() -> int:
     env = dict(os.environ, ZSPEED_DEVICE="cuda:0")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
                         str(TESTS / "test_zero3.py"), str(TESTS / "test_inference.py"),
-                        str(TESTS / "test_split.py")], env=env,
+                        str(TESTS / "test_split.py"), str(TESTS / "test_overlap_forward.py")], env=env,
                        capture_output=True, text=True)
     print(("PASS" if r.returncode == 0 else "FAIL") + " single-process cases on cuda:0: " +
           r.stdout.strip().splitlines()[-1], flush=True)

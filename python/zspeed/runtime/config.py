@@ -349,6 +349,11 @@ SCHEMA: dict[str, S] = {
                             "during the next forward and backward, which use the weights of one step "
                             "earlier (the ZeRO-Offload paper's delayed parameter update: faster, one step "
                             "stale; off gives exact updates)"),
+        "overlap_forward": K(False, (bool,), "zspeed extension (device cpu, one rank, stage 1-2): engine.step() "
+                             "returns as soon as the CPU step starts; the step runs in chunks in the model's "
+                             "parameter order and the next forward waits, module by module, only for the "
+                             "chunk holding that module's weights (exact updates; docs/OFFLOAD.md says what "
+                             "must not read parameters meanwhile)"),
     }, "zero_optimization.offload_optimizer"),
     "zero_optimization.offload_param": S({
         "device": K("none", (str,), "where parameter shards live (stage 3): none (the GPU), cpu (host "
@@ -790,6 +795,13 @@ class ZSpeedConfig:
             raise ConfigError(f"zero_optimization.offload_optimizer.delayed_update needs offload_optimizer.device "
                               f"\"cpu\" (the step it delays is the CPU optimizer's); this config has {dev!r}. Remove "
                               f"the key or offload to cpu.")
+        if self.offload["overlap_forward"]:
+            if dev != "cpu":
+                raise ConfigError(f"zero_optimization.offload_optimizer.overlap_forward needs offload_optimizer.device "
+                                  f"\"cpu\" (the step it overlaps is the CPU optimizer's); this config has {dev!r}.")
+            if self.offload["delayed_update"]:
+                raise ConfigError("zero_optimization.offload_optimizer.overlap_forward and delayed_update both run the "
+                                  "CPU step in the background (exact, and one step stale); choose one.")
         ratio = self.offload["ratio"]
         if ratio != 1.0:
             if dev != "cpu":

@@ -29,11 +29,23 @@ gradients of the next backward go into a second host buffer, and the step writes
 its weights into its own buffers, never into the model's. Anything that reads or
 replaces the masters or the optimizer state (checkpoints, GatheredParameters edits)
 first finishes the step in flight and writes its weights back (:meth:`flush`).
+
+Overlap with the next forward (offload_optimizer.overlap_forward, off by default; exact):
+apply() starts the CPU step in a background thread and returns. The thread steps the
+chunks in the model's parameter order and queues each chunk's weights to the model as soon
+as the chunk is done (on CUDA on a copy stream, with an event per chunk). The next forward
+waits, module by module, only for the chunk holding that module's last parameter
+(:meth:`wait_chunk`, called from forward pre-hooks that :meth:`hook_modules` registers), so
+the first layers compute while the CPU still steps the last. The gradients, the decision to
+step (overflow) and the clipping factor are all known before the thread starts: every update
+equals the synchronous step's. The next backward, checkpoints and anything reading the
+masters wait for the whole step first (:meth:`flush`).
 """
 from __future__ import annotations
 
 import copy
 import threading
+import weakref
 
 import torch
 
@@ -52,10 +64,15 @@ class HostPath(OffloadedPath):
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
                  client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int,
-                 num_threads: int | None = None, delayed: bool = False):
+                 num_threads: int | None = None, delayed: bool = False, overlap: bool = False):
         super().__init__(layout, buffers)
         lowp = buffers.model_dtype != torch.float32
+        if delayed and overlap:
+            raise ValueError("delayed and overlap are two ways of running the step in the background; choose one")
         self.delayed = delayed
+        self.overlap = overlap
+        self._inflight: _InFlight | None = None  # overlap: the step running in the background
+        self._copy_stream = torch.cuda.Stream(device=buffers.device) if overlap and buffers.cuda else None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._unwritten = False  # a finished delayed step whose weights are not in the model yet
@@ -84,6 +101,7 @@ class HostPath(OffloadedPath):
                                          force_native=force_native, num_threads=num_threads)
         self.optimizer = self.host.optimizer
         self.chunks = _chunks(layout, chunk_elems)
+        self._chunk_of = {k: i for i, c in enumerate(self.chunks) for k in c}
 
     def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
         return self.host.grad_stats(tensors, scale)
@@ -97,6 +115,9 @@ class HostPath(OffloadedPath):
         if self.delayed:
             self._start_delayed(factor)
             return
+        if self.overlap:
+            self._start_overlapped(factor)
+            return
         with self.trace.span("wait for last step's copies"):
             self.buffers.wait_host_buffers()
         for i, chunk in enumerate(self.chunks):
@@ -106,18 +127,91 @@ class HostPath(OffloadedPath):
                 self.buffers.write_back(self._out, chunk)
         self.buffers.end_write_back()
 
-    # -- delayed update ------------------------------------------------------------------------
-    def _start_delayed(self, factor: float) -> None:
-        self.flush()
+    # -- steps in the background (delayed update, overlap with the next forward) --------------
+    def _twin(self):
+        """The host optimizer with the hyperparameters as they are now (an LR scheduler steps
+        right after apply() returns): a shallow twin sharing the state, with its own
+        param_groups dicts (torch's Optimizer pickles only some attributes, so copy.copy of the
+        optimizer itself would lose the others)."""
         host = copy.copy(self.host)
-        # The optimizer with the hyperparameters as they are now: a shallow twin (torch's
-        # Optimizer pickles only some attributes, so copy.copy would lose the others) sharing
-        # the state, with its own param_groups dicts.
         src = self.host.optimizer
         opt = object.__new__(type(src))
         opt.__dict__.update(src.__dict__)
         opt.param_groups = [dict(g) for g in src.param_groups]
         host.optimizer = opt
+        return host
+
+    def _start_overlapped(self, factor: float) -> None:
+        self.flush()
+        host = self._twin()
+        chunks = [self._select(c) for c in self.chunks]  # release() drops self._grads next
+        inf = _InFlight(len(self.chunks))
+        cuda, side = self.buffers.cuda, self._copy_stream
+        if cuda:
+            # The copies into the parameters come after everything queued so far (the backward
+            # that read them).
+            inf.start = torch.cuda.Event()
+            inf.start.record(torch.cuda.current_stream(self.buffers.device))
+        self._thread_error = None
+
+        def run():
+            try:
+                if cuda:
+                    side.wait_event(inf.start)
+                self.buffers.wait_host_buffers()
+                for i, g in enumerate(chunks):
+                    with self.trace.span("cpu step (overlapped)", chunk=i):
+                        host.step(g, factor, self._lowp_out)
+                    ev = None
+                    with self.trace.span("copy back (queue)", chunk=i):
+                        if cuda:
+                            with torch.cuda.stream(side), self.trace.cuda_span("weights to GPU", side, chunk=i):
+                                self.buffers.write_back(self._out, self.chunks[i])
+                                ev = torch.cuda.Event()
+                                ev.record(side)
+                        else:
+                            self.buffers.write_back(self._out, self.chunks[i])
+                    inf.finish_chunk(i, ev)
+            except BaseException as e:  # raised in the training thread by wait_chunk()/flush()
+                self._thread_error = e
+            finally:
+                inf.finish()
+        self._inflight = inf
+        self._thread = threading.Thread(target=run, name="zspeed-overlapped-step", daemon=False)
+        self._thread.start()
+
+    def wait_chunk(self, k: int) -> None:
+        """Before a module's forward: chunk k (and so every earlier one) is stepped and its
+        weights are queued to the model, ahead of the compute stream's next kernels."""
+        inf = self._inflight
+        if inf is None:
+            return
+        if not inf.wait(k):  # the step failed (or ended early): flush() raises its error
+            self.flush()
+            return
+        ev = inf.events[k]
+        if ev is not None:
+            torch.cuda.current_stream(self.buffers.device).wait_event(ev)
+
+    def hook_modules(self, module: torch.nn.Module) -> list:
+        """overlap: forward pre-hooks on every module holding parameters of this path, each waiting
+        for the chunk of its last parameter, and state_dict pre-hooks that finish the step first.
+        Returns the hook handles."""
+        if not self.overlap:
+            return []
+        ref = weakref.ref(self)
+        handles = []
+        for m in module.modules():
+            ks = [self._chunk_of[self.layout.index[id(p)]] for p in m.parameters(recurse=False)
+                  if id(p) in self.layout.index]
+            if ks:
+                handles.append(m.register_forward_pre_hook(_WaitChunk(ref, max(ks))))
+        handles.append(module.register_state_dict_pre_hook(_FlushFirst(ref)))
+        return handles
+
+    def _start_delayed(self, factor: float) -> None:
+        self.flush()
+        host = self._twin()
         chunks = [self._select(c) for c in self.chunks]
         self.buffers.swap_grads()  # the next backward must not overwrite what the step reads
         self._thread_error = None
@@ -141,8 +235,14 @@ class HostPath(OffloadedPath):
         otherwise)."""
         t, self._thread = self._thread, None
         if t is not None:
-            with self.trace.span("wait for delayed step"):
+            with self.trace.span("wait for delayed step" if self.delayed else "wait for overlapped step"):
                 t.join()
+        inf, self._inflight = self._inflight, None
+        if inf is not None and inf.done:
+            last = inf.events[inf.done - 1]
+            if last is not None:  # what follows (the next backward, a checkpoint) sees every new weight
+                torch.cuda.current_stream(self.buffers.device).wait_event(last)
+                self.buffers.set_h2d_done(last)
         if self._thread_error is not None:
             err, self._thread_error = self._thread_error, None
             self._unwritten = False
@@ -154,6 +254,11 @@ class HostPath(OffloadedPath):
                 self.buffers.write_back(self._out, keys)
             self.buffers.end_write_back()
 
+    def before_backward(self, boundary: bool) -> None:
+        if self.overlap:  # the backward reads every weight; its gradients overwrite the host buffers
+            self.flush()
+        super().before_backward(boundary)
+
     def param_states(self) -> list:
         self.flush()
         return super().param_states()
@@ -162,6 +267,7 @@ class HostPath(OffloadedPath):
         t, self._thread = self._thread, None
         if t is not None:
             t.join()
+        self._inflight = None
         super().close()
 
     def _select(self, chunk: list) -> list:
@@ -181,6 +287,62 @@ class HostPath(OffloadedPath):
         self.flush()
         copy_masters(self.host_masters, masters)
         self.buffers.refresh(self.host_masters, self._lowp_out)
+
+
+class _InFlight:
+    """overlap: how far the background step has come (chunks done, each with its copy's CUDA
+    event or None), shared by the step's thread and the training thread."""
+
+    def __init__(self, n: int):
+        self.cond = threading.Condition()
+        self.done = 0
+        self.ended = False
+        self.events: list = [None] * n
+        self.start = None
+
+    def finish_chunk(self, i: int, event) -> None:
+        with self.cond:
+            self.events[i] = event
+            self.done = i + 1
+            self.cond.notify_all()
+
+    def finish(self) -> None:
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
+
+    def wait(self, k: int) -> bool:
+        """Waits until chunk k is done (True) or the step ended without it (False)."""
+        with self.cond:
+            while self.done <= k and not self.ended:
+                self.cond.wait()
+            return self.done > k
+
+
+class _WaitChunk:
+    """A forward pre-hook: the module's weights are this step's (weak reference to the path, so
+    the hooks do not keep an engine alive)."""
+
+    def __init__(self, path_ref, k: int):
+        self.path_ref, self.k = path_ref, k
+
+    def __call__(self, module, args):
+        path = self.path_ref()
+        if path is not None and path._inflight is not None:
+            with path.trace.span("wait for weights", chunk=self.k):
+                path.wait_chunk(self.k)
+
+
+class _FlushFirst:
+    """A state_dict pre-hook: module.state_dict() sees the finished step's weights."""
+
+    def __init__(self, path_ref):
+        self.path_ref = path_ref
+
+    def __call__(self, module, prefix, keep_vars):
+        path = self.path_ref()
+        if path is not None:
+            path.flush()
 
 
 def _chunks(layout: FlatLayout, chunk_elems: int) -> list:

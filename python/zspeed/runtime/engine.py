@@ -196,6 +196,7 @@ class ZSpeedEngine(torch.nn.Module):
                           else self.basic_optimizer)
         self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
         self.optimizer_path.set_trace(self._trace)
+        self._path_hooks = self.optimizer_path.hook_modules(self.module)
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -827,6 +828,11 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
             name, params = client_as_config(client)
             client = None
     bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
+    overlap = bool(config.offload["overlap_forward"])
+    if overlap and (world_size > 1 or config.zero_stage == 3):
+        raise ConfigError(f"zero_optimization.offload_optimizer.overlap_forward runs with one rank at ZeRO stage 1 or "
+                          f"2; this run has {world_size} rank(s) at stage {config.zero_stage}. Remove the key "
+                          f"(the step is then synchronous and exact as well).")
     if config.offload_device == "cpu" and config.offload["ratio"] != 1.0:
         split = _build_split(config, layout, device, dtype, name, params, client, world_size, bucket)
         if split is not None:  # "auto" may choose 1: the ordinary cpu path
@@ -862,7 +868,7 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
     return HostPath(layout, buffers, name, params, client=client,
                     force_native=bool(config.top["zero_force_ds_cpu_optimizer"]),
                     chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads,
-                    delayed=bool(config.offload["delayed_update"]))
+                    delayed=bool(config.offload["delayed_update"]), overlap=overlap)
 
 
 def _build_split(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name,
@@ -894,7 +900,7 @@ def _build_split(config: ZSpeedConfig, layout: FlatLayout, device: torch.device,
             return None
     return SplitPath(layout, device, dtype, name, params, float(ratio), pin_memory=config.offload["pin_memory"],
                      bucket=bucket, force_native=force, chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
-                     num_threads=threads)
+                     num_threads=threads, overlap=bool(config.offload["overlap_forward"]))
 
 
 # The optimizer classes DeepSpeed's ZeRO accepts from a script without

@@ -240,6 +240,10 @@ class HostBuffers:
                 if s.data_ptr() != p.data_ptr():
                     p.data.copy_(s.view(p.shape), non_blocking=self.cuda)
 
+    def set_h2d_done(self, event) -> None:
+        """The event after the last copy into the model (copies made on another stream)."""
+        self._h2d_done = event
+
     def end_write_back(self) -> None:
         """The next step must not overwrite the host buffers before these copies are done."""
         if self.cuda:

@@ -161,6 +161,11 @@ class OptimizerPath(abc.ABC):
         """Completes any optimizer work still in flight (the delayed update of cpu.py), so that
         the masters, the optimizer state and the model agree."""
 
+    def hook_modules(self, module: torch.nn.Module) -> list:
+        """Hooks the path needs on the model's modules (offload_optimizer.overlap_forward: cpu.py);
+        returns their handles."""
+        return []
+
     def close(self) -> None:
         """Releases what the path holds outside Python's memory (idempotent)."""
 

@@ -87,6 +87,7 @@ class SplitPath(OptimizerPath):
 
     def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
                  ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
+                 overlap: bool = False,
                  num_threads: int | None):
         super().__init__(layout)
         if name not in ("Adam", "AdamW"):
@@ -125,7 +126,7 @@ class SplitPath(OptimizerPath):
             cl = FlatLayout(cpu_groups)
             self.buffers = HostBuffers(cl, device, dtype, pin_memory, bucket, flat_grads=False)
             self.cpu = HostPath(cl, self.buffers, name, params, client=None, force_native=force_native,
-                                chunk_elems=chunk_elems, num_threads=num_threads)
+                                chunk_elems=chunk_elems, num_threads=num_threads, overlap=overlap)
         defaults = (self.cpu or self.dev).optimizer.defaults
         self.optimizer = SplitOptimizer([dict(g) for g in layout.groups], dict(defaults), self)
         self._halves = [h for h in (self.dev, self.cpu) if h is not None]
@@ -265,6 +266,9 @@ class SplitPath(OptimizerPath):
 
     def flush(self) -> None:
         self._each("flush")
+
+    def hook_modules(self, module: torch.nn.Module) -> list:
+        return self.cpu.hook_modules(module) if self.cpu is not None else []
 
     def close(self) -> None:
         self._each("close")

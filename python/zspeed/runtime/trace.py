@@ -14,8 +14,8 @@ side streams show on their own track, with their real overlap). Host and device 
 share one clock: the first device event of the trace is tied to the host time at which
 it was recorded.
 
-The file is rewritten by :meth:`Tracer.flush` (the engine calls it after every optimizer
-step and on close), so a killed run still leaves the steps before the last one.
+The file is rewritten by :meth:`Tracer.flush` (the engine calls it every 20 optimizer
+steps and on close), so a killed run still leaves the steps before the last one.
 """
 from __future__ import annotations
 
