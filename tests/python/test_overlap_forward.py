@@ -119,7 +119,7 @@ def test_step_returns_while_the_cpu_step_runs_and_the_forward_waits_per_module()
     # The first module's weights arrive with chunk 0: a forward of it alone waits for no more.
     first = e.module[0]
     k0 = max(path._chunk_of[path.layout.index[id(p)]] for p in first.parameters())
-    first(DATA[0][0])
+    first(DATA[0][0].to(e.device))
     assert inf.done >= k0 + 1 and inf.done < n
     e.optimizer_path.flush()
     assert path._inflight is None
@@ -163,7 +163,8 @@ def test_eval_forward_and_gradient_accumulation_wait_for_the_whole_step():
     eh.train(ref, DATA, 3)
     eh.train(e, DATA, 3)
     with torch.no_grad():
-        assert torch.equal(e(DATA[4][0]), ref(DATA[4][0]))
+        x = DATA[4][0].to(e.device)
+        assert torch.equal(e(x), ref(x))
 
 
 @pytest.mark.parametrize("off,match", [
