@@ -17,8 +17,8 @@
 #                   turns the logs of every GPU count into the table with scaling efficiency
 #   bench/gpu_host.sh inference-bench  13B ZeRO-Inference, weights in host memory: zspeed vs DeepSpeed
 #                   (bench/bench_inference.py; ZS_INF_ARGS: more flags, e.g. --offload-param nvme)
-#   bench/gpu_host.sh split-bench  1.28B GPT, ZeRO-2 + CPU offload: exact, offload_optimizer.ratio
-#                   0.5 and auto, delayed_update (medians of 10 steps)
+#   bench/gpu_host.sh split-bench  1.28B GPT, ZeRO-2 + CPU offload: exact, ratio, overlap_forward, delayed, DeepSpeed, ZenFlow
+#                   (medians and means of 10 steps; Chrome traces under $OUT/traces)
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
 #   bench/gpu_host.sh ds-nvme   zspeed vs DeepSpeed ZeRO-3, optimizer state on NVMe
@@ -133,10 +133,16 @@ inference-bench)
   done
   ;;
 split-bench)
+  # Issue 16's modes side by side; DeepSpeed and ZenFlow need the DeepSpeed wheel (see ds-*).
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29516
-  for mode in "" "--ratio 0.5" "--ratio auto" "--delayed-update"; do
-    python3 bench/bench_engine.py --steps 10 --warmup 3 $mode 2>&1 \
-      | tee "$OUT/bench_split_$(echo "${mode:-exact}" | tr -dc 'a-z0-9.').log" | grep -E "median step|auto"
+  mkdir -p "$OUT/traces"
+  for mode in "exact:--trace $OUT/traces/exact.json" "int8:--state-dtype int8" "r0.3:--ratio 0.3" "auto:--ratio auto" \
+              "overlap:--overlap-forward --trace $OUT/traces/overlap.json" "r0.3_overlap:--ratio 0.3 --overlap-forward" \
+              "auto_overlap:--ratio auto --overlap-forward --trace $OUT/traces/auto_overlap.json" \
+              "overlap_noclip:--overlap-forward --clip 0" "delayed:--delayed-update" "torch:--impl torch" \
+              "deepspeed:--impl deepspeed" "zenflow:--impl deepspeed --zenflow"; do
+    python3 bench/bench_engine.py --steps 10 --warmup 3 ${mode#*:} 2>&1 \
+      | tee "$OUT/bench_split_${mode%%:*}.log" | grep -E "median step|auto"
   done
   ;;
 io)

@@ -97,7 +97,7 @@ def test_overlapped_steps_equal_the_synchronous_step(precision, gas, ratio):
     la = eh.train(ref, DATA, 8 * gas, inf_at=inf_at)
     lb = eh.train(e, DATA, 8 * gas, inf_at=inf_at)
     assert la == lb  # every forward saw the same weights
-    e.optimizer_path.flush()
+    e.finish_step()  # then the parameters can be read directly
     assert eh.same_weights(e, ref)
     assert e.get_lr() == ref.get_lr() and e.global_steps == ref.global_steps
     assert e.skipped_steps == ref.skipped_steps == (1 if precision == "fp16" else 0)
@@ -121,8 +121,8 @@ def test_step_returns_while_the_cpu_step_runs_and_the_forward_waits_per_module()
     k0 = max(path._chunk_of[path.layout.index[id(p)]] for p in first.parameters())
     first(DATA[0][0].to(e.device))
     assert inf.done >= k0 + 1 and inf.done < n
-    e.optimizer_path.flush()
-    assert path._inflight is None
+    e.finish_step()  # the public way to wait before reading parameters directly
+    assert path._inflight is None and inf.done == n
 
 
 def test_state_dict_and_checkpoints_see_the_finished_step(tmp_path):

@@ -621,6 +621,12 @@ class ZSpeedEngine(torch.nn.Module):
         """DeepSpeed's: whether the weights are partitioned (ZeRO stage 3)."""
         return self._stage3
 
+    def finish_step(self) -> None:
+        """Waits for an optimizer step still running in the background (offload_optimizer
+        overlap_forward or delayed_update) and puts its weights into the model, so that the
+        parameters can be read directly; a no-op otherwise (docs/OFFLOAD.md)."""
+        self.optimizer_path.flush()
+
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
         """Releases what the engine holds outside Python's memory: with nvme offload the swap
