@@ -152,32 +152,43 @@ class HostPath(OffloadedPath):
             # that read them).
             inf.start = torch.cuda.Event()
             inf.start.record(torch.cuda.current_stream(self.buffers.device))
+
+        def body():
+            if cuda:
+                side.wait_event(inf.start)
+            self.buffers.wait_host_buffers()
+            for i, g in enumerate(chunks):
+                with self.trace.span("cpu step (overlapped)", chunk=i):
+                    host.step(g, factor, self._lowp_out)
+                ev = None
+                with self.trace.span("copy back (queue)", chunk=i):
+                    if cuda:
+                        with torch.cuda.stream(side), self.trace.cuda_span("weights to GPU", side, chunk=i):
+                            self.buffers.write_back(self._out, self.chunks[i])
+                            ev = torch.cuda.Event()
+                            ev.record(side)
+                    else:
+                        self.buffers.write_back(self._out, self.chunks[i])
+                inf.finish_chunk(i, ev)
+        self._inflight = inf
+        self._in_background("zspeed-overlapped-step", body, inf.finish)
+
+    def _in_background(self, name: str, body, done=None) -> None:
+        """Runs body() in a thread; an exception it raises is kept for flush() (or wait_chunk())
+        to raise in the training thread; done() runs at its end either way."""
         self._thread_error = None
 
         def run():
             try:
-                if cuda:
-                    side.wait_event(inf.start)
-                self.buffers.wait_host_buffers()
-                for i, g in enumerate(chunks):
-                    with self.trace.span("cpu step (overlapped)", chunk=i):
-                        host.step(g, factor, self._lowp_out)
-                    ev = None
-                    with self.trace.span("copy back (queue)", chunk=i):
-                        if cuda:
-                            with torch.cuda.stream(side), self.trace.cuda_span("weights to GPU", side, chunk=i):
-                                self.buffers.write_back(self._out, self.chunks[i])
-                                ev = torch.cuda.Event()
-                                ev.record(side)
-                        else:
-                            self.buffers.write_back(self._out, self.chunks[i])
-                    inf.finish_chunk(i, ev)
-            except BaseException as e:  # raised in the training thread by wait_chunk()/flush()
+                body()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the training thread
                 self._thread_error = e
             finally:
-                inf.finish()
-        self._inflight = inf
-        self._thread = threading.Thread(target=run, name="zspeed-overlapped-step", daemon=False)
+                if done is not None:
+                    done()
+        # Not a daemon: at interpreter exit Python waits for the step in flight (at most one
+        # CPU step) instead of tearing the runtime down under the C kernels and CUDA calls.
+        self._thread = threading.Thread(target=run, name=name, daemon=False)
         self._thread.start()
 
     def wait_chunk(self, k: int) -> None:
@@ -214,25 +225,18 @@ class HostPath(OffloadedPath):
         host = self._twin()
         chunks = [self._select(c) for c in self.chunks]
         self.buffers.swap_grads()  # the next backward must not overwrite what the step reads
-        self._thread_error = None
 
-        def run():
-            try:
-                self.buffers.wait_host_buffers()
-                for i, g in enumerate(chunks):
-                    with self.trace.span("cpu step (delayed)", chunk=i):
-                        host.step(g, factor, self._lowp_out)
-            except BaseException as e:  # raised in the training thread by flush()
-                self._thread_error = e
-        # Not a daemon: at interpreter exit Python waits for the step in flight (at most one
-        # CPU step) instead of tearing the runtime down under the C kernels and CUDA calls.
-        self._thread = threading.Thread(target=run, name="zspeed-delayed-step", daemon=False)
+        def body():
+            self.buffers.wait_host_buffers()
+            for i, g in enumerate(chunks):
+                with self.trace.span("cpu step (delayed)", chunk=i):
+                    host.step(g, factor, self._lowp_out)
         self._unwritten = True
-        self._thread.start()
+        self._in_background("zspeed-delayed-step", body)
 
     def flush(self) -> None:
-        """Finishes a delayed step in flight and puts its weights into the model (no-op
-        otherwise)."""
+        """Finishes a step running in the background (delayed or overlapped) and puts its
+        weights into the model (no-op otherwise)."""
         t, self._thread = self._thread, None
         if t is not None:
             with self.trace.span("wait for delayed step" if self.delayed else "wait for overlapped step"):
