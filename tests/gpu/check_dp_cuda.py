@@ -55,6 +55,17 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - report every case
                     bad += 1
                     print(f"FAIL {backend} stage {stage} offload {dev} {prec}: {str(e)[-1500:]}", flush=True)
+        # offload_optimizer.overlap_forward: units all-gathered from the background step (on
+        # CUDA: a copy stream, events, and with NCCL a process group of its own).
+        os.environ.update(ZSPEED_DIST_BACKEND=backend, ZSPEED_DEVICE=forced or "")
+        for case in [(1, "fp32", "mlp", 3), (2, "bf16", "mlp", 3), (2, "fp32", "lm", 4)]:
+            with tempfile.TemporaryDirectory() as d:
+                try:
+                    T.test_overlap_forward_on_ranks_equals_the_synchronous_step(Path(d), *case)
+                    print(f"PASS {backend} overlap_forward {case}", flush=True)
+                except Exception as e:  # noqa: BLE001 - report every case
+                    bad += 1
+                    print(f"FAIL {backend} overlap_forward {case}: {str(e)[-1500:]}", flush=True)
     return 1 if bad else 0
 
 

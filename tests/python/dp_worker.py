@@ -4,7 +4,8 @@ global batch and saves what the test compares.
 
 Arguments (JSON in ZS_DP_ARGS): config, steps, global_batch, out (a path prefix), model
 ("mlp" or "lm"), groups (two parameter groups), inf_at (micro-steps whose loss is made
-inf on rank 0: an fp16 overflow on one rank only)."""
+inf on rank 0: an fp16 overflow on one rank only), slow_step (seconds added to each chunk
+of the CPU optimizer step, so that with overlap_forward the next forward runs ahead of it)."""
 import json
 import os
 import sys
@@ -34,6 +35,15 @@ def main():
         ps = list(model.parameters())
         params = [{"params": ps[:2], "weight_decay": 0.0}, {"params": ps[2:]}]
     engine, *_ = zspeed.initialize(model=model, model_parameters=params, config=a["config"])
+    if a.get("slow_step"):
+        import time
+        host = engine.optimizer_path.host
+
+        class Slow(type(host)):  # the background step's shallow copy keeps the class
+            def step(self, *args, **kw):
+                time.sleep(a["slow_step"])
+                return super().step(*args, **kw)
+        host.__class__ = Slow
     norms, applied = [], []
     for i, batch in enumerate(data):
         if isinstance(batch, (tuple, list)):

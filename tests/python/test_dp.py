@@ -108,6 +108,27 @@ def test_tied_embeddings_and_lm(tmp_path):
         _close(o, ref, 1e-5, 1e-6)
 
 
+@pytest.mark.parametrize("stage,precision,model,mb", [(1, "fp32", "mlp", 3), (2, "bf16", "mlp", 3),
+                                                     (2, "fp32", "lm", 4)])
+def test_overlap_forward_on_ranks_equals_the_synchronous_step(tmp_path, stage, precision, model, mb):
+    """offload_optimizer.overlap_forward with 2 ranks: each unit is all-gathered from the
+    background step (its own process group) once this rank's shard of it is stepped, and the
+    next forward waits per module for its units. The CPU step is slowed down so the forward
+    runs ahead; the result must equal the synchronous step's bit for bit."""
+    def cfg(overlap):
+        c = _cfg(stage, "cpu", precision, clip=0.5, mb=mb)
+        c["zero_optimization"].update(reduce_bucket_size=300, sub_group_size=150)  # several units, chunks
+        c["zero_optimization"]["offload_optimizer"]["overlap_forward"] = overlap
+        return c
+    kw = dict(model=model, groups=model == "mlp")
+    ref = _run(2, cfg(False), tmp_path, "sync", **kw)
+    got = _run(2, cfg(True), tmp_path, "overlap", slow_step=0.02, **kw)
+    for a, b in zip(ref, got):
+        assert a["norms"] == b["norms"]
+        for k in a["state"]:
+            assert torch.equal(a["state"][k], b["state"][k]), k
+
+
 def test_ranks_that_disagree_fail_fast_naming_the_rank():
     res = run_ranks(2, """
         import torch, zspeed

@@ -349,7 +349,7 @@ SCHEMA: dict[str, S] = {
                             "during the next forward and backward, which use the weights of one step "
                             "earlier (the ZeRO-Offload paper's delayed parameter update: faster, one step "
                             "stale; off gives exact updates)"),
-        "overlap_forward": K(False, (bool,), "zspeed extension (device cpu, one rank, stage 1-2): engine.step() "
+        "overlap_forward": K(False, (bool,), "zspeed extension (device cpu, stage 1-2, any number of ranks): engine.step() "
                              "returns as soon as the CPU step starts; the step runs in chunks in the model's "
                              "parameter order and the next forward waits, module by module, only for the "
                              "chunk holding that module's weights (exact updates; docs/OFFLOAD.md says what "

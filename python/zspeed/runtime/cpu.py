@@ -43,6 +43,7 @@ masters wait for the whole step first (:meth:`flush`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import weakref
@@ -102,6 +103,43 @@ class HostPath(OffloadedPath):
         self.optimizer = self.host.optimizer
         self.chunks = _chunks(layout, chunk_elems)
         self._chunk_of = {k: i for i, c in enumerate(self.chunks) for k in c}
+        if overlap:
+            self._plan_waits()
+
+    def _plan_waits(self) -> None:
+        """overlap: what the next forward can wait for, in the order the background step makes
+        it ready. One rank: each chunk (its weights copied into the model). Several ranks: each
+        unit of the partition plan, all-gathered (on a process group of the step's own) once the
+        chunks holding this rank's shard of it are stepped; units come in local order, so each
+        needs a chunk no earlier than the one before."""
+        sm = self.sharded
+        self._bg_group = None
+        if sm is None:
+            self._waits = [(i, None) for i in range(len(self.chunks))]
+            return
+        import torch.distributed as td
+        self._bg_group = td.new_group(ranks=list(range(sm.world_size)), backend=td.get_backend(sm.group))
+        units = sm.entry_units()
+        last: dict = {}
+        for (gi, ei), ci in self._chunk_of.items():
+            key = (gi, units[gi][ei])
+            last[key] = max(last.get(key, -1), ci)
+        self._waits = [(last[(gi, ui)], (gi, ui)) for gi, gp in enumerate(sm.plan.groups)
+                       for ui in range(len(gp.units))]
+
+    def _wait_index(self, p: torch.Tensor) -> int | None:
+        """overlap: the wait (see _plan_waits) after which the model parameter p holds this
+        step's weights; None for a parameter this path does not step."""
+        sm = self.sharded
+        if sm is None:
+            key = self.layout.index.get(id(p))
+            return None if key is None else self._chunk_of[key]
+        key = sm.layout.index.get(id(p))
+        if key is None:
+            return None
+        gi, pi = key
+        unit = sm.plan.groups[gi].unit_of[pi]
+        return sum(len(gp.units) for gp in sm.plan.groups[:gi]) + unit
 
     def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
         return self.host.grad_stats(tensors, scale)
@@ -145,8 +183,9 @@ class HostPath(OffloadedPath):
         self.flush()
         host = self._twin()
         chunks = [self._select(c) for c in self.chunks]  # release() drops self._grads next
-        inf = _InFlight(len(self.chunks))
+        inf = _InFlight(len(self._waits))
         cuda, side = self.buffers.cuda, self._copy_stream
+        waits, sharded = self._waits, self.sharded is not None
         if cuda:
             # The copies into the parameters come after everything queued so far (the backward
             # that read them).
@@ -157,19 +196,23 @@ class HostPath(OffloadedPath):
             if cuda:
                 side.wait_event(inf.start)
             self.buffers.wait_host_buffers()
+            k = 0  # the next wait to make ready
             for i, g in enumerate(chunks):
                 with self.trace.span("cpu step (overlapped)", chunk=i):
                     host.step(g, factor, self._lowp_out)
-                ev = None
-                with self.trace.span("copy back (queue)", chunk=i):
-                    if cuda:
-                        with torch.cuda.stream(side), self.trace.cuda_span("weights to GPU", side, chunk=i):
-                            self.buffers.write_back(self._out, self.chunks[i])
+                with self.trace.span("copy back (queue)", chunk=i), \
+                        (torch.cuda.stream(side) if cuda else contextlib.nullcontext()), \
+                        (self.trace.cuda_span("weights to GPU", side, chunk=i) if cuda else contextlib.nullcontext()):
+                    self.buffers.write_back(self._out, self.chunks[i])
+                    while k < len(waits) and waits[k][0] <= i:
+                        if sharded:  # every rank's new shard of this unit into every rank's model
+                            self.buffers.gather_unit(*waits[k][1], self._out, self._bg_group)
+                        ev = None
+                        if cuda:
                             ev = torch.cuda.Event()
                             ev.record(side)
-                    else:
-                        self.buffers.write_back(self._out, self.chunks[i])
-                inf.finish_chunk(i, ev)
+                        inf.finish_chunk(k, ev)
+                        k += 1
         self._inflight = inf
         self._in_background("zspeed-overlapped-step", body, inf.finish)
 
@@ -192,8 +235,9 @@ class HostPath(OffloadedPath):
         self._thread.start()
 
     def wait_chunk(self, k: int) -> None:
-        """Before a module's forward: chunk k (and so every earlier one) is stepped and its
-        weights are queued to the model, ahead of the compute stream's next kernels."""
+        """Before a module's forward: wait k (a chunk, or with several ranks a unit; and so every
+        earlier one) is stepped and its weights are queued to the model, ahead of the compute
+        stream's next kernels."""
         inf = self._inflight
         if inf is None:
             return
@@ -213,8 +257,7 @@ class HostPath(OffloadedPath):
         ref = weakref.ref(self)
         handles = []
         for m in module.modules():
-            ks = [self._chunk_of[self.layout.index[id(p)]] for p in m.parameters(recurse=False)
-                  if id(p) in self.layout.index]
+            ks = [k for k in (self._wait_index(p) for p in m.parameters(recurse=False)) if k is not None]
             if ks:
                 handles.append(m.register_forward_pre_hook(_WaitChunk(ref, max(ks))))
         handles.append(module.register_state_dict_pre_hook(_FlushFirst(ref)))

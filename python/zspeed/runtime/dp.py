@@ -135,19 +135,36 @@ class ShardedModel:
         comm_cpu with a CUDA model (Gloo): the shards are gathered from ``host_out`` (per
         group, the flat local-space host buffer holding the new weights) on the host and
         the whole unit is then copied to the device."""
+        for gi, row in enumerate(self.bufs):
+            for ui in range(len(row)):
+                self.all_gather_unit(gi, ui, comm_cpu, host_out)
+
+    def all_gather_unit(self, gi: int, ui: int, comm_cpu: bool, host_out: list | None = None,
+                        group=None) -> None:
+        """:meth:`all_gather` for unit ui of group gi alone, on ``group`` (default: the model's)."""
+        group = self.group if group is None else group
+        buf, (start, n) = self.bufs[gi][ui], self.local_range(gi, ui)
         with torch.no_grad():
-            for gi, row in enumerate(self.bufs):
-                for ui in range(len(row)):
-                    buf, (start, n) = row[ui], self.local_range(gi, ui)
-                    if comm_cpu and self.device.type == "cuda":
-                        full = torch.empty(buf.numel(), dtype=buf.dtype)
-                        td.all_gather_into_tensor(full, host_out[gi][start:start + n].contiguous(),
-                                                  group=self.group)
-                        buf.copy_(full, non_blocking=False)
-                    elif self.device.type == "cuda":
-                        td.all_gather_into_tensor(buf, self.shard(gi, ui), group=self.group)
-                    else:  # Gloo on host tensors: the input must not alias the output
-                        td.all_gather_into_tensor(buf, self.shard(gi, ui).clone(), group=self.group)
+            if comm_cpu and self.device.type == "cuda":
+                full = torch.empty(buf.numel(), dtype=buf.dtype)
+                td.all_gather_into_tensor(full, host_out[gi][start:start + n].contiguous(), group=group)
+                buf.copy_(full, non_blocking=False)
+            elif self.device.type == "cuda":
+                td.all_gather_into_tensor(buf, self.shard(gi, ui), group=group)
+            else:  # Gloo on host tensors: the input must not alias the output
+                td.all_gather_into_tensor(buf, self.shard(gi, ui).clone(), group=group)
+
+    def entry_units(self) -> list:
+        """Per group, for each entry of the local space (:attr:`pieces`), the unit it lies in."""
+        out = []
+        for gi, entries in enumerate(self.pieces):
+            gp, row, ui = self.plan.groups[gi], [], 0
+            for _pc, at, _n in entries:  # in local order
+                while ui + 1 < len(gp.units) and gp.local_start[ui + 1] <= at:
+                    ui += 1
+                row.append(ui)
+            out.append(row)
+        return out
 
 
 class GradReducer:
@@ -475,6 +492,14 @@ class ShardedBuffers(HostBuffers):
                 p, s = self.layout.params[gi][pi], src[gi][pi]
                 if s.data_ptr() != p.data_ptr():
                     p.copy_(s, non_blocking=self.cuda)
+
+    def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
+        """After :meth:`write_back` of every piece of unit ui (group gi): its all-gather on
+        ``group`` (offload_optimizer.overlap_forward runs it from the step's own thread, on a
+        process group of its own, so it never interleaves with the training thread's
+        collectives)."""
+        host_out = _flat_base(src, self._flats) if self.comm_cpu and self.cuda else None
+        self.sm.all_gather_unit(gi, ui, self.comm_cpu, host_out, group)
 
     def end_write_back(self) -> None:
         """One all-gather per unit: every rank's new shard into every rank's parameters."""

@@ -835,10 +835,10 @@ def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, 
             client = None
     bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
     overlap = bool(config.offload["overlap_forward"])
-    if overlap and (world_size > 1 or config.zero_stage == 3):
-        raise ConfigError(f"zero_optimization.offload_optimizer.overlap_forward runs with one rank at ZeRO stage 1 or "
-                          f"2; this run has {world_size} rank(s) at stage {config.zero_stage}. Remove the key "
-                          f"(the step is then synchronous and exact as well).")
+    if overlap and config.zero_stage == 3:
+        raise ConfigError("zero_optimization.offload_optimizer.overlap_forward runs at ZeRO stage 1 or 2 (at stage 3 "
+                          "each module's parameters are gathered when it runs, from the step's host shards); "
+                          "remove the key (the step is then synchronous, and exact as well).")
     if config.offload_device == "cpu" and config.offload["ratio"] != 1.0:
         split = _build_split(config, layout, device, dtype, name, params, client, world_size, bucket)
         if split is not None:  # "auto" may choose 1: the ordinary cpu path
