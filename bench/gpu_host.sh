@@ -139,6 +139,7 @@ split-bench)
   for mode in "exact:--trace $OUT/traces/exact.json" "int8:--state-dtype int8" "r0.3:--ratio 0.3" "auto:--ratio auto" \
               "overlap:--overlap-forward --trace $OUT/traces/overlap.json" "r0.3_overlap:--ratio 0.3 --overlap-forward" \
               "auto_overlap:--ratio auto --overlap-forward --trace $OUT/traces/auto_overlap.json" \
+              "auto_overlap_int8:--ratio auto --overlap-forward --state-dtype int8" \
               "overlap_noclip:--overlap-forward --clip 0" "delayed:--delayed-update" "torch:--impl torch" \
               "deepspeed:--impl deepspeed" "zenflow:--impl deepspeed --zenflow"; do
     python3 bench/bench_engine.py --steps 10 --warmup 3 ${mode#*:} 2>&1 \

@@ -576,8 +576,9 @@ def _plan_optimizer(engine, meta: dict, where, tensors: dict, scalars: dict | No
         raise CheckpointError(f"'{where}': optimizer.scalars names {unknown[0]!r}, which is no parameter of "
                               f"this engine; the checkpoint is corrupt.")
     shapes = [p.shape for g in engine.optimizer.param_groups for p in g["params"]]
-    targets = [g.get("state_dtype") for g, ps in zip(engine.optimizer.param_groups, engine._model_params)
-               for _ in ps]
+    per_param = getattr(engine.optimizer, "state_dtypes", None)  # the split optimizer's two halves
+    targets = per_param() if per_param is not None else [
+        g.get("state_dtype") for g, ps in zip(engine.optimizer.param_groups, engine._model_params) for _ in ps]
     state: dict = {}
     for i, n in enumerate(names):
         st = dict(by_name.get(n, {}))

@@ -337,7 +337,8 @@ SCHEMA: dict[str, S] = {
         "fast_init": K(False, (bool,), "accepted (no effect)"),
         "ratio": K(1.0, NUM + (str,), "device cpu: fraction of the parameters (by elements) whose optimizer "
                    "steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and step there "
-                   "at the same time (one rank, stage 1-2, Adam/AdamW, fp32 states); \"auto\" picks it from free "
+                   "at the same time (one rank, stage 1-2, Adam/AdamW; the CPU's share keeps optimizer.params.state_dtype, "
+                   "the GPU's fp32); \"auto\" picks it from free "
                    "GPU memory and measured step rates and logs the choice", auto=AUTO_KEEP, check=_offload_ratio),
         "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
         "pipeline_write": K(False, (bool,), "accepted: zspeed's nvme step always overlaps writes with compute"),

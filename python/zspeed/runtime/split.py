@@ -13,9 +13,12 @@ runs at the same time, so the step costs about the longer of the two instead of 
 
 Both halves run Adam/AdamW with the same hyperparameters: the engine's optimizer
 (:class:`SplitOptimizer`) holds the param groups that LR schedulers change and hands them
-to both before each step. Its state_dict speaks the CPU path's format (CPUAdam: an integer
-step and fp32 moments per parameter), so a checkpoint moves between a split engine, a
-CPU-offloaded one and any ratio.
+to both before each step. The GPU's half keeps fp32 moments; the CPU's half keeps the
+configured ``state_dtype`` (fp32, bf16 or 8-bit). The state_dict speaks the CPU path's
+format (CPUAdam: an integer step and the moments per parameter, in the dtype its half
+keeps), and on load each parameter's state is converted to its half's dtype
+(:meth:`SplitOptimizer.state_dtypes`), so a checkpoint moves between a split engine, a
+CPU-offloaded one and any ratio or state dtype.
 
 ``"auto"`` (:func:`choose_ratio`): the smallest CPU share such that the GPU's part fits in
 half of the GPU memory the engine leaves free (16 bytes per element: master, moments and
@@ -76,6 +79,15 @@ class SplitOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         return {"state": self._path_ref().export_states(), "param_groups": indexed_groups(self.param_groups)}
 
+    def state_dtypes(self) -> list:
+        """Per parameter (in state_dict order), the state dtype its half keeps: "fp32" on the GPU
+        (torch's AdamW), the configured state_dtype on the CPU. A checkpoint's states are
+        converted to these on load."""
+        path = self._path_ref()
+        cpu = path.cpu.optimizer.param_groups if path.cpu is not None else []
+        return [("fp32" if s == "dev" else cpu[sg].get("state_dtype", "fp32")) for row in path.where
+                for s, sg, _ in row]
+
     def load_state_dict(self, state_dict):
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params" and k not in _OWN})
@@ -87,15 +99,11 @@ class SplitPath(OptimizerPath):
 
     def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
                  ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
-                 overlap: bool = False,
-                 num_threads: int | None):
+                 num_threads: int | None, overlap: bool = False):
         super().__init__(layout)
         if name not in ("Adam", "AdamW"):
             raise ConfigError(f"offload_optimizer.ratio < 1 splits Adam/AdamW between the GPU and the CPU; the "
                               f"config's optimizer is {name!r}. Use Adam or AdamW, or ratio 1.")
-        if str((params or {}).get("state_dtype", "fp32")).lower() != "fp32":
-            raise ConfigError("offload_optimizer.ratio < 1 keeps fp32 Adam states on both sides; remove "
-                              "optimizer.params.state_dtype (or set it to \"fp32\"), or use ratio 1.")
         total = sum(layout.totals)
         gpu_left = (1.0 - float(ratio)) * total
         self.where: list[list] = []  # per group, per parameter: ("dev" | "cpu", sub-group, index)
@@ -219,12 +227,16 @@ class SplitPath(OptimizerPath):
                 st = subs[s].get(starts[s][sg] + i)
                 if st is not None:
                     shape = self.layout.params[gi][pi].shape
+                    numel = self.layout.params[gi][pi].numel()
                     conv = {}
                     for k, v in st.items():
                         if k == "step":
                             conv[k] = int(v.item()) if torch.is_tensor(v) else int(v)
-                        elif torch.is_tensor(v):
+                        elif torch.is_tensor(v) and s == "dev":  # torch's AdamW: fp32 on the GPU
                             conv[k] = v.detach().to("cpu", torch.float32).reshape(shape)
+                        elif torch.is_tensor(v):  # CPUAdam's own (fp32, bf16 or 8-bit with block scales)
+                            t = v.detach().cpu()
+                            conv[k] = t.reshape(shape) if t.numel() == numel else t
                         else:
                             conv[k] = v
                     out[idx] = conv
