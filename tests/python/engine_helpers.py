@@ -94,6 +94,21 @@ def train(engine, data: list, steps: int | None = None, *, start: int = 0, inf_a
     return losses
 
 
+def run_script(tmp_path, name: str, body: str, *, timeout: int = 120, env: dict | None = None):
+    """Runs ``body`` as a Python script in a new interpreter, with tests/python and zspeed's
+    python/ on its path (for what only a fresh process shows: exit, peak memory). Returns the
+    CompletedProcess (text output captured)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / name
+    script.write_text("import sys\n"
+                      f"sys.path[:0] = [{here!r}, {os.path.join(here, '..', '..', 'python')!r}]\n" + body)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else dict(os.environ, **env))
+
+
 def same_weights(a, b) -> bool:
     """Whether two engines' models hold bit-identical parameters."""
     return all(torch.equal(p, q) for p, q in zip(a.module.parameters(), b.module.parameters()))

@@ -120,16 +120,10 @@ def test_delayed_update_needs_cpu_offload(tmp_path):
 def test_a_script_that_exits_with_a_delayed_step_in_flight_exits_cleanly(tmp_path):
     # The step of the last boundary still runs when the script ends without engine.close():
     # the interpreter waits for it (it must not tear the runtime down under the C kernels).
-    import subprocess
-    here = os.path.dirname(os.path.abspath(__file__))
-    script = tmp_path / "exit_early.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path[:0] = [{here!r}, {os.path.join(here, '..', '..', 'python')!r}]\n"
-        "import torch, zspeed, engine_helpers as eh\n"
-        "import test_delayed_update as T\n"
-        "e, *_ = zspeed.initialize(model=eh.mlp(), config=T._cfg(2))\n"
-        "eh.train(e, eh.regression_data(3), 3)\n"
-        "print('trained', flush=True)\n")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    r = eh.run_script(tmp_path, "exit_early.py",
+                      "import torch, zspeed, engine_helpers as eh\n"
+                      "import test_delayed_update as T\n"
+                      "e, *_ = zspeed.initialize(model=eh.mlp(), config=T._cfg(2))\n"
+                      "eh.train(e, eh.regression_data(3), 3)\n"
+                      "print('trained', flush=True)\n")
     assert r.returncode == 0 and "trained" in r.stdout, r.stderr[-2000:]

@@ -13,7 +13,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+sys.path.insert(0, HERE)
 from gpt import GPT, GPTConfig  # noqa: E402
+import engine_helpers as eh  # noqa: E402
 
 import zspeed  # noqa: E402
 from zspeed.runtime.config import ConfigError  # noqa: E402
@@ -124,12 +126,9 @@ def test_a_failed_nvme_read_raises_and_the_next_forward_is_right(tmp_path, piece
 def test_handing_the_weights_over_holds_the_model_about_once(tmp_path):
     # The host shards are filled while each parameter is freed once copied: the peak is about
     # one model, not the model plus a second, whole copy (which the first version took).
-    import subprocess
-    here = os.path.dirname(os.path.abspath(__file__))
-    script = tmp_path / "peak.py"
-    script.write_text(
-        "import resource, sys, torch\n"
-        f"sys.path.insert(0, {os.path.join(here, '..', '..', 'python')!r})\n"
+    r = eh.run_script(
+        tmp_path, "peak.py",
+        "import resource, torch\n"
         "import zspeed\n"
         "def peak():\n"
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
@@ -141,9 +140,7 @@ def test_handing_the_weights_over_holds_the_model_about_once(tmp_path):
         "base = peak()\n"
         "engine = zspeed.init_inference(model, config={'dtype': torch.float32, 'zero': {'stage': 3, "
         "'offload_param': {'device': 'cpu'}}})\n"
-        "print((peak() - base) / size)\n")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, ZSPEED_DEVICE="cpu"))
+        "print((peak() - base) / size)\n", timeout=300, env={"ZSPEED_DEVICE": "cpu"})
     assert r.returncode == 0, r.stderr[-2000:]
     extra = float(r.stdout.strip().splitlines()[-1])
     assert extra < 0.5, f"handing over a {24 * 16} MiB model raised the peak by {extra:.2f} models"

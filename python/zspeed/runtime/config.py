@@ -792,25 +792,21 @@ class ZSpeedConfig:
             raise ConfigError(f"zero_optimization.offload_optimizer.device '{dev}' needs "
                               "zero_optimization.stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO); "
                               "set \"stage\": 2.")
-        if self.offload["delayed_update"] and dev != "cpu":
-            raise ConfigError(f"zero_optimization.offload_optimizer.delayed_update needs offload_optimizer.device "
-                              f"\"cpu\" (the step it delays is the CPU optimizer's); this config has {dev!r}. Remove "
-                              f"the key or offload to cpu.")
-        if self.offload["overlap_forward"]:
-            if dev != "cpu":
-                raise ConfigError(f"zero_optimization.offload_optimizer.overlap_forward needs offload_optimizer.device "
-                                  f"\"cpu\" (the step it overlaps is the CPU optimizer's); this config has {dev!r}.")
-            if self.offload["delayed_update"]:
-                raise ConfigError("zero_optimization.offload_optimizer.overlap_forward and delayed_update both run the "
-                                  "CPU step in the background (exact, and one step stale); choose one.")
+        # zspeed's ways of running the CPU optimizer's step: each needs it (device cpu), and
+        # delayed_update (its own background step) excludes the others.
         ratio = self.offload["ratio"]
-        if ratio != 1.0:
-            if dev != "cpu":
-                raise ConfigError(f"zero_optimization.offload_optimizer.ratio = {ratio!r} needs offload_optimizer.device "
-                                  f"\"cpu\" (it splits the CPU optimizer's work with the GPU); this config has {dev!r}.")
-            if self.offload["delayed_update"]:
-                raise ConfigError("zero_optimization.offload_optimizer.ratio < 1 and delayed_update cannot be combined; "
-                                  "choose one.")
+        cpu_modes = {"delayed_update": (self.offload["delayed_update"], "the step it delays is the CPU optimizer's"),
+                     "overlap_forward": (self.offload["overlap_forward"], "the step it overlaps is the CPU optimizer's"),
+                     "ratio": (ratio != 1.0, "it splits the CPU optimizer's work with the GPU")}
+        for key, (on, why) in cpu_modes.items():
+            if on and dev != "cpu":
+                shown = f" = {ratio!r}" if key == "ratio" else ""
+                raise ConfigError(f"zero_optimization.offload_optimizer.{key}{shown} needs offload_optimizer.device "
+                                  f"\"cpu\" ({why}); this config has {dev!r}. Remove the key or offload to cpu.")
+        for key in ("overlap_forward", "ratio"):
+            if cpu_modes[key][0] and self.offload["delayed_update"]:
+                raise ConfigError(f"zero_optimization.offload_optimizer.{key} and delayed_update cannot be combined "
+                                  f"(delayed_update runs the CPU step one step stale in the background); choose one.")
         if self.aio["use_gds"]:
             raise ConfigError("aio.use_gds (GPUDirect Storage) is not supported by zspeed; remove it.")
         if self.aio["thread_count"] is not None:
