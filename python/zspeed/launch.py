@@ -12,8 +12,10 @@ without GPUs; ``--include``/``--exclude`` pick GPUs as DeepSpeed's ``localhost:0
 Several hosts: run the same command on each host with ``--num_nodes M --node_rank
 K --master_addr HOST`` (zspeed does not log in to other hosts: start it there with
 your scheduler or ssh); a DeepSpeed hostfile (``--hostfile``, lines ``host
-slots=N``) gives the number of nodes, the processes per node, and, as its first
-host, the master address.
+slots=N``, each host once) gives the number of nodes, each node's processes (its
+own line's slots), and, as its first host, the master address. Counts are checked
+before anything starts: 1 to 65536 processes per node, nodes and processes in all,
+node ranks >= 0, ports 1 to 65535, each GPU of --include/--exclude once.
 
 Threads: each rank gets ``cores / ranks on this host`` for torch's CPU work
 (OMP_NUM_THREADS, which torchrun would otherwise set to 1) unless the variable is
@@ -66,10 +68,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="zspeed launch", allow_abbrev=False,
         description="Start a training script on several processes (DeepSpeed's `deepspeed` command "
                     "line, run by torch.distributed's launcher).")
-    ap.add_argument("--num_gpus", "--num_accelerators", type=int, default=-1,
+    # None: not given (DeepSpeed's -1), so that every value a user types is checked.
+    ap.add_argument("--num_gpus", "--num_accelerators", type=int, default=None,
                     help="processes on this host (default: every visible GPU, or 1 without GPUs)")
-    ap.add_argument("--num_nodes", type=int, default=-1, help="hosts in the job (default 1, or the hostfile's)")
-    ap.add_argument("--node_rank", type=int, default=-1, help="this host's index among them (default 0)")
+    ap.add_argument("--num_nodes", type=int, default=None, help="hosts in the job (default 1, or the hostfile's)")
+    ap.add_argument("--node_rank", type=int, default=None, help="this host's index among them (default 0)")
     ap.add_argument("--master_addr", type=str, default="", help="host of rank 0 (default: this one, or the "
                                                               "hostfile's first)")
     ap.add_argument("--master_port", type=int, default=29500, help="port of rank 0's rendezvous")
@@ -90,10 +93,16 @@ def _parser() -> argparse.ArgumentParser:
 def _check_flags(argv: List[str], ap: argparse.ArgumentParser) -> None:
     """Refuse DeepSpeed-only and unknown launcher flags before the script name, by name."""
     known = [s for a in ap._actions for s in a.option_strings]
+    takes_value = {s for a in ap._actions if a.nargs != 0 for s in a.option_strings}
+    skip = False
     for tok in argv:
+        if skip:  # the value of the option before, such as the -1 of --num_gpus -1
+            skip = False
+            continue
         if not tok.startswith("-"):
             return  # the script: what follows is the script's
         flag = tok.split("=", 1)[0]
+        skip = flag in takes_value and "=" not in tok
         if flag in _DS_ONLY:
             raise LaunchError(f"zspeed launch: {flag} is a DeepSpeed launcher option zspeed does not have: "
                               f"{_DS_ONLY[flag]}.")
@@ -126,19 +135,42 @@ def _parse_ids(spec: str, what: str) -> List[int]:
                               f"of the host it runs on (write localhost:0,1).")
         for x in ids.split(","):
             try:
-                out.append(int(x))
+                gpu = int(x)
             except ValueError:
-                raise LaunchError(f"zspeed launch: {what} '{spec}': '{x}' is not a GPU index.") from None
+                gpu = -1
+            if gpu < 0:
+                raise LaunchError(f"zspeed launch: {what} '{spec}': '{x}' is not a GPU index (a whole number "
+                                  f">= 0, as in localhost:0,1).")
+            if gpu in out:  # two ranks would share one GPU
+                raise LaunchError(f"zspeed launch: {what} '{spec}' lists GPU {gpu} twice; list each GPU once.")
+            out.append(gpu)
     return out
 
 
+# Bounds that catch typos and overflows: no job of this launcher runs more processes than this.
+MAX_PROCS = 65536
+
+
+def _check_count(flag: str, n: int, why: str = "") -> None:
+    if not 1 <= n <= MAX_PROCS:
+        raise LaunchError(f"zspeed launch: {flag} {n} must be between 1 and {MAX_PROCS}{why}.")
+
+
 def _read_hostfile(path: str) -> List[tuple]:
-    hosts = []
+    """[(host, slots)] in the file's order; a host named twice is refused (as DeepSpeed's runner
+    does), since torchrun would then wait for a node that never joins."""
+    hosts, seen = [], {}
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise LaunchError(f"zspeed launch: cannot read the hostfile '{path}': {e.strerror or e}.") from None
-    for n, line in enumerate(lines, 1):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LaunchError(f"zspeed launch: the hostfile '{path}' is not UTF-8 text (byte {e.start}: "
+                          f"{raw[e.start:e.start + 1]!r}); write it as plain 'host slots=N' lines.") from None
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
@@ -150,9 +182,15 @@ def _read_hostfile(path: str) -> List[tuple]:
                     slots = int(p[len("slots="):])
                 except ValueError:
                     slots = -1
-        if slots < 1:
-            raise LaunchError(f"zspeed launch: hostfile '{path}' line {n}: '{line}' needs 'slots=N' with N >= 1.")
-        hosts.append((parts[0], slots))
+        if not 1 <= slots <= MAX_PROCS:
+            raise LaunchError(f"zspeed launch: hostfile '{path}' line {n}: '{line}' needs 'slots=N' with N "
+                              f"between 1 and {MAX_PROCS}.")
+        host = parts[0]
+        if host in seen:
+            raise LaunchError(f"zspeed launch: hostfile '{path}' names the host '{host}' twice (lines {seen[host]} "
+                              f"and {n}); each node gets one line: keep one and add its slots there.")
+        seen[host] = n
+        hosts.append((host, slots))
     if not hosts:
         raise LaunchError(f"zspeed launch: the hostfile '{path}' lists no hosts.")
     return hosts
@@ -164,15 +202,30 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
     ap = _parser()
     _check_flags(argv, ap)
     a = ap.parse_args(argv)
+    if a.num_gpus is not None:
+        _check_count("--num_gpus", a.num_gpus, " (leave it out to use every visible GPU)")
+    if a.num_nodes is not None:
+        _check_count("--num_nodes", a.num_nodes)
+    if a.node_rank is not None and a.node_rank < 0:
+        raise LaunchError(f"zspeed launch: --node_rank {a.node_rank} must be >= 0 (this host's index among the "
+                          f"nodes, 0 for rank 0's host).")
+    if not 1 <= a.master_port <= 65535:
+        raise LaunchError(f"zspeed launch: --master_port {a.master_port} must be between 1 and 65535 (a TCP "
+                          f"port free on rank 0's host; default 29500).")
+    node_rank = a.node_rank or 0
     nnodes, nproc, master = 1, a.num_gpus, a.master_addr
     if a.hostfile:
         hosts = _read_hostfile(a.hostfile)
+        if a.num_nodes is not None and a.num_nodes > len(hosts):
+            raise LaunchError(f"zspeed launch: --num_nodes {a.num_nodes} but the hostfile '{a.hostfile}' lists "
+                              f"{len(hosts)} hosts; the missing nodes would never join. Lower --num_nodes or "
+                              f"add the hosts.")
         nnodes = len(hosts)
-        nproc = hosts[0][1] if nproc < 0 else nproc
+        if nproc is None and node_rank < len(hosts):
+            nproc = hosts[node_rank][1]  # this node's own line
         master = master or hosts[0][0]
-    if a.num_nodes > 0:
+    if a.num_nodes is not None:
         nnodes = a.num_nodes
-    node_rank = max(0, a.node_rank)
     if node_rank >= nnodes:
         raise LaunchError(f"zspeed launch: --node_rank {node_rank} is not below the number of nodes ({nnodes}).")
     gpus = list(range(_gpus_visible()))
@@ -185,10 +238,11 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
         if not gpus:
             raise LaunchError("zspeed launch: --include/--exclude leave no GPU to run on.")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-    if nproc < 0:
+    if nproc is None:
         nproc = len(gpus) if gpus else 1
-    if nproc < 1:
-        raise LaunchError(f"zspeed launch: --num_gpus {nproc}: at least one process is needed.")
+    if nproc * nnodes > MAX_PROCS:
+        raise LaunchError(f"zspeed launch: {nnodes} nodes x {nproc} processes = {nproc * nnodes} processes; at "
+                          f"most {MAX_PROCS} are supported. Check --num_nodes and --num_gpus (or the hostfile).")
     if gpus and nproc > len(gpus):
         raise LaunchError(f"zspeed launch: {nproc} processes but {len(gpus)} GPU(s) visible here; each rank needs "
                           f"its own GPU (or set ZSPEED_DEVICE=cpu to train on the CPU).")

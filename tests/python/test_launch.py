@@ -91,3 +91,82 @@ def test_hostfile_include_exclude(tmp_path, monkeypatch):
     hf.write_text("node-a slots=x\n")
     with pytest.raises(launch.LaunchError, match="slots=N"):
         launch.build_command(["--hostfile", str(hf), "t.py"], environ={})
+
+
+# -- refusals of the `zspeed launch` command (cli.main is the `zspeed` command) -----------------------
+@pytest.fixture
+def zspeed_launch(monkeypatch, capsys):
+    """Runs `zspeed launch ARGV` in this process with torchrun replaced by a recorder: returns
+    (exit status, stderr, the command it would have run or None)."""
+    from zspeed import cli
+    ran = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env=None: ran.append(cmd) or 0)
+    monkeypatch.setattr(launch, "_gpus_visible", lambda: 0)
+
+    def run(*argv):
+        rc = cli.main(["launch", *map(str, argv)])
+        return rc, capsys.readouterr().err, (ran.pop() if ran else None)
+    return run
+
+
+def test_hostfile_naming_a_host_twice_is_refused(tmp_path, zspeed_launch):
+    # Accepted, the job would wait in the rendezvous for a third node that never joins.
+    hf = tmp_path / "hosts"
+    hf.write_text("node-a slots=2\n# spare\nnode-b slots=2\n\nnode-a slots=2\n")
+    rc, err, cmd = zspeed_launch("--hostfile", hf, "t.py")
+    assert rc == 2 and cmd is None, err
+    assert "'node-a'" in err and "lines 1 and 5" in err and str(hf) in err
+
+
+def test_hostfile_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_bytes(b"node-a slots=2\nn\xe9ud slots=2\n")
+    r = subprocess.run([sys.executable, "-m", "zspeed", "launch", "--hostfile", str(hf), "t.py"], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert str(hf) in r.stderr and "byte 16" in r.stderr and "UTF-8" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--num_gpus", "0"], "--num_gpus 0 must be between 1 and 65536"),
+    (["--num_gpus", "-1"], "--num_gpus -1 must be between 1 and 65536"),
+    (["--num_gpus", "100000"], "--num_gpus 100000 must be between 1 and 65536"),
+    (["--num_nodes", "0"], "--num_nodes 0 must be between 1 and 65536"),
+    (["--num_nodes", "-2", "--master_addr", "h"], "--num_nodes -2 must be between 1 and 65536"),
+    (["--num_nodes", "70000", "--master_addr", "h"], "--num_nodes 70000 must be between 1 and 65536"),
+    (["--num_nodes", "300", "--num_gpus", "300", "--master_addr", "h"], "90000 processes"),
+    (["--node_rank", "-1", "--num_nodes", "2", "--master_addr", "h"], "--node_rank -1 must be >= 0"),
+    (["--node_rank", "-3"], "--node_rank -3 must be >= 0"),
+    (["--master_port", "0"], "--master_port 0 must be between 1 and 65535"),
+    (["--master_port", "70000"], "--master_port 70000 must be between 1 and 65535"),
+])
+def test_counts_ranks_and_ports_out_of_range_are_refused(argv, needle, zspeed_launch):
+    rc, err, cmd = zspeed_launch(*argv, "t.py")
+    assert rc == 2 and cmd is None and needle in err, err
+
+
+def test_hostfile_counts_are_checked(tmp_path, zspeed_launch):
+    hf = tmp_path / "hosts"
+    hf.write_text("node-a slots=100000\n")
+    rc, err, _ = zspeed_launch("--hostfile", hf, "t.py")
+    assert rc == 2 and "line 1" in err and "slots=100000" in err and "65536" in err, err
+    hf.write_text("node-a slots=2\nnode-b slots=2\n")
+    rc, err, _ = zspeed_launch("--hostfile", hf, "--num_nodes", "3", "t.py")
+    assert rc == 2 and "--num_nodes 3" in err and "lists 2 hosts" in err, err
+    # Each node starts the processes its own line gives (node-b: 1), not the first host's.
+    hf.write_text("node-a slots=2\nnode-b slots=1\n")
+    rc, err, cmd = zspeed_launch("--hostfile", hf, "--node_rank", "1", "t.py")
+    assert rc == 0 and "--nproc_per_node=1" in cmd and "--nnodes=2" in cmd, err
+
+
+@pytest.mark.parametrize("flag,spec,needle", [
+    ("--include", "localhost:0,0", "lists GPU 0 twice"),
+    ("--include", "localhost:1@localhost:1", "lists GPU 1 twice"),
+    ("--exclude", "localhost:2,2", "lists GPU 2 twice"),
+    ("--include", "localhost:-1", "'-1' is not a GPU index"),
+])
+def test_include_exclude_with_a_repeated_or_negative_index_are_refused(flag, spec, needle, zspeed_launch,
+                                                                       monkeypatch):
+    monkeypatch.setattr(launch, "_gpus_visible", lambda: 4)
+    rc, err, cmd = zspeed_launch(flag, spec, "t.py")
+    assert rc == 2 and cmd is None and needle in err, err
