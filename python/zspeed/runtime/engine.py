@@ -47,6 +47,7 @@ from .nvme import NVMePath
 from .offload import HostBuffers
 from .optimizers import client_as_config, native_client
 from .paths import DevicePath, OptimizerPath
+from .replicate import broadcast_module
 
 log = logging.getLogger("zspeed.engine")
 
@@ -115,6 +116,8 @@ class ZSpeedEngine(torch.nn.Module):
         self.dtype = (torch.float16 if config.fp16_enabled else
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
         self._stage3 = config.zero_stage == 3
+        if not self._stage3:
+            _refuse_init_shards(model, config.zero_stage)
         if self._stage3:
             # The trainable parameters go straight from where they are into their shards
             # (the whole model may not fit on the device); the rest moves now.
@@ -177,6 +180,8 @@ class ZSpeedEngine(torch.nn.Module):
             for p in ps:
                 p.register_hook(hook)
         self._check_ranks_agree()
+        if self.world_size > 1:  # every rank starts from rank 0's weights (replicate.py)
+            broadcast_module(self.module, self._comm_device())
         self._check_memory(config)
         self.optimizer_path = _build_path(config, self._layout, self.device, self.dtype, optimizer,
                                           self.global_rank, self.world_size)
@@ -217,6 +222,9 @@ class ZSpeedEngine(torch.nn.Module):
             "config": self.config,
             "parameters": [[(n, tuple(full_shape(p)), str(p.dtype)) for n, p in zip(names, ps)]
                            for names, ps in zip(self._names, self._model_params)],
+            "frozen parameters": [(n, tuple(full_shape(p)), str(p.dtype)) for n, p in self.module.named_parameters()
+                                  if id(p) not in self._layout.index],
+            "buffers": [(n, tuple(b.shape), str(b.dtype)) for n, b in self.module.named_buffers()],
             "device type": self.device.type,
         }
         every: list = [None] * self.world_size
@@ -775,6 +783,18 @@ class ZSpeedEngine(torch.nn.Module):
             self.optimizer_path.load_masters(sm.cut(lambda gi, pi: src[self._names[gi][pi]]))
             return
         self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
+
+
+def _refuse_init_shards(model: torch.nn.Module, stage: int) -> None:
+    """Below ZeRO-3 every rank trains whole parameters: a model that zero.Init cut into shards
+    (several ranks) is refused before its emptied parameters reach a forward."""
+    cut = [n for n, p in model.named_parameters() if hasattr(p, "ds_tensor")]
+    if cut:
+        raise ConfigError(
+            f"the model was built inside zspeed.zero.Init on several ranks, which cut its parameters into "
+            f"ZeRO-3 shards ({len(cut)} of them, e.g. {cut[0]!r}), but the config's zero_optimization.stage is "
+            f"{stage}. Set \"stage\": 3 in the config, or build the model outside zero.Init (with Hugging Face "
+            f"transformers: load it without a ZeRO-3 config active).")
 
 
 def _move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, keep: dict) -> None:

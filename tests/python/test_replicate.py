@@ -1,0 +1,98 @@
+"""Every rank starts from rank 0's weights (runtime/replicate.py): rank 0 holds the
+"pretrained" model and rank 1 a different random init; after zspeed.initialize every rank
+holds rank 0's parameters and buffers exactly, at every ZeRO stage, and after training
+steps every rank holds the same model. Exact comparisons: a broadcast copies bytes."""
+import pytest
+
+pytest.importorskip("torch", reason="the runtime needs torch")
+
+from distrun import run_ranks  # noqa: E402
+
+CASES = [
+    ("stage 0", {"stage": 0}, "fp32"),
+    ("stage 1", {"stage": 1}, "fp32"),
+    ("stage 2 offload", {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "bf16"),
+    ("stage 3", {"stage": 3}, "fp32"),
+    ("stage 3 offload", {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+     "bf16"),
+]
+
+SCRIPT = """
+import torch, zspeed
+zspeed.init_distributed()
+r = zspeed.comm.get_rank()
+CASES = {cases!r}
+
+def build(seed):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.BatchNorm1d(37), torch.nn.GELU(),
+                            torch.nn.Linear(37, 5))
+    with torch.no_grad():  # buffers that differ by rank too: running statistics and a counter
+        m[1].running_mean.normal_()
+        m[1].num_batches_tracked.fill_(seed)
+    return m
+
+def whole(engine, model):
+    with zspeed.zero.GatheredParameters(list(model.parameters())):
+        return {{k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}}
+
+for name, zero, prec in CASES:
+    ref = build(100)  # rank 0's model
+    dt = torch.bfloat16 if prec == "bf16" else torch.float32
+    want = {{k: v.to(dt).float() if v.is_floating_point() else v.float() for k, v in ref.state_dict().items()}}
+    model = build(100 + 7 * r)
+    cfg = {{"train_micro_batch_size_per_gpu": 4, "zero_optimization": zero,
+           "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}}}}
+    if prec == "bf16":
+        cfg["bf16"] = {{"enabled": True}}
+    engine, *_ = zspeed.initialize(model=model, config=cfg)
+    got = whole(engine, model)
+    bad = [k for k in want if not torch.equal(got[k], want[k])]
+    print(name, "START", "ok" if not bad else "differs: " + ",".join(bad))
+    g = torch.Generator().manual_seed(5 + r)  # each rank its own data
+    for _ in range(2):
+        x = torch.randn(4, 13, generator=g).to(dt)
+        loss = engine(x).float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    mine = whole(engine, model)
+    every = [None, None]
+    torch.distributed.all_gather_object(every, mine)
+    # parameters agree bit for bit (BatchNorm's running statistics are each rank's own in
+    # training mode, as in DeepSpeed and DDP without SyncBatchNorm)
+    bad = [k for k, _ in model.named_parameters() if not torch.equal(every[0][k], every[1][k])]
+    print(name, "TRAINED", "ok" if not bad else "differs: " + ",".join(bad))
+    engine.close()
+"""
+
+
+def test_every_rank_starts_from_rank_0s_weights_at_every_stage():
+    res = run_ranks(2, SCRIPT.format(cases=CASES), timeout=240)
+    for r in res:
+        assert r.returncode == 0, r
+    for r in res:
+        for name, _, _ in CASES:
+            assert f"{name} START ok" in r.stdout, (name, r.stdout)
+            assert f"{name} TRAINED ok" in r.stdout, (name, r.stdout)
+
+
+INIT_THEN_STAGE2 = """
+import torch, zspeed
+zspeed.init_distributed()
+with zspeed.zero.Init():
+    model = torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.GELU(), torch.nn.Linear(37, 5))
+try:
+    zspeed.initialize(model=model, config={"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2},
+                                           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})
+    print("ACCEPTED")
+except zspeed.ConfigError as e:
+    print("ERR", e)
+"""
+
+
+def test_zero_init_shards_with_a_stage_2_engine_are_refused():
+    res = run_ranks(2, INIT_THEN_STAGE2, timeout=120)
+    for r in res:
+        assert r.returncode == 0, r
+        assert "ERR the model was built inside zspeed.zero.Init" in r.stdout, r.stdout
+        assert "zero_optimization.stage is 2" in r.stdout and "\"stage\": 3" in r.stdout, r.stdout
