@@ -133,6 +133,8 @@ class InferenceEngine(torch.nn.Module):
         from .runtime.zero3 import ParamFetcher, build_store
         layout = FlatLayout([{"params": [p for p in model.parameters() if p.is_floating_point()]}])
         _move_except(model, self.device, self.dtype, layout.index)
+        if comm.get_world_size() > 1:  # every rank's shard is cut from rank 0's weights
+            _broadcast_from_rank0(model, self.device)
         self._sm = build_store(layout, comm.get_world_size(), comm.get_rank(), self.device, self.dtype, off,
                                trained=False)
         self._fetcher = ParamFetcher.from_zero(self._sm, model, zero, comm_cpu=comm.get_backend() != "nccl")
@@ -153,6 +155,23 @@ class InferenceEngine(torch.nn.Module):
             sm.close()
 
     destroy = close
+
+
+def _broadcast_from_rank0(model: torch.nn.Module, device: torch.device) -> None:
+    """Rank 0's weights on every rank (runtime/replicate.py), after checking that the ranks hold
+    the same parameter and buffer names and shapes (a broadcast of different sizes would hang)."""
+    import torch.distributed as td
+    from .runtime.replicate import broadcast_module
+    from .runtime.zero3 import full_shape
+    mine = [(n, tuple(full_shape(t)), str(t.dtype)) for n, t in
+            list(model.named_parameters()) + list(model.named_buffers())]
+    every: list = [None] * td.get_world_size()
+    td.all_gather_object(every, mine)
+    for r, other in enumerate(every):
+        if other != every[0]:
+            raise ConfigError(f"init_inference: rank {r} holds a model with other parameter or buffer names, "
+                              f"shapes or dtypes than rank 0's; every rank must build the same model.")
+    broadcast_module(model, device if comm.get_backend() == "nccl" else torch.device("cpu"))
 
 
 def init_inference(model: torch.nn.Module, config: dict | None = None, **kwargs) -> InferenceEngine:

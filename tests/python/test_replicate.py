@@ -96,3 +96,25 @@ def test_zero_init_shards_with_a_stage_2_engine_are_refused():
         assert r.returncode == 0, r
         assert "ERR the model was built inside zspeed.zero.Init" in r.stdout, r.stdout
         assert "zero_optimization.stage is 2" in r.stdout and "\"stage\": 3" in r.stdout, r.stdout
+
+
+INFERENCE = """
+import torch, zspeed
+zspeed.init_distributed()
+r = zspeed.comm.get_rank()
+torch.manual_seed(100)
+ref = torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.GELU(), torch.nn.Linear(37, 5))
+torch.manual_seed(100 + 7 * r)
+model = torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.GELU(), torch.nn.Linear(37, 5))
+eng = zspeed.init_inference(model, config={"dtype": torch.float32, "zero": {"stage": 3,
+                                           "offload_param": {"device": "cpu"}}})
+x = torch.randn(3, 13, generator=torch.Generator().manual_seed(1))
+print("SAME" if torch.equal(eng(x), ref(x)) else "DIFFERENT")
+"""
+
+
+def test_init_inference_on_ranks_runs_rank_0s_weights():
+    res = run_ranks(2, INFERENCE, timeout=120)
+    for r in res:
+        assert r.returncode == 0, r
+        assert "SAME" in r.stdout, r.stdout
