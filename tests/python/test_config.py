@@ -351,3 +351,53 @@ def test_activation_checkpointing_section():
                                                                  "cpu_checkpointing": True}})
     assert c.activation_checkpointing["cpu_checkpointing"] is True
     err({"train_batch_size": 4, "activation_checkpointing": {"cpu_checkpoint": True}}, "cpu_checkpointing")
+
+
+# -- ranges the NVMe swapper and the aio engine enforce, checked at parse time ----------------------
+@pytest.mark.parametrize("section,key,value,needle", [
+    ("offload_optimizer", "buffer_count", 65, "must be between 1 and 64"),  # the C swapper's maximum
+    ("offload_optimizer", "buffer_count", 0, "must be between 1 and 64"),
+    ("offload_param", "buffer_count", 0, "must be >= 1"),
+    ("aio", "block_size", 2 ** 31, "must be between 1 and 1073741824"),
+    ("aio", "queue_depth", 5000, "must be between 1 and 4096"),
+    ("aio", "intra_op_parallelism", 300, "must be between 1 and 256"),
+    ("aio", "thread_count", 0, "must be between 1 and 256"),  # the older name, copied unchecked before
+])
+def test_nvme_buffer_count_and_aio_ranges(tmp_path, section, key, value, needle):
+    cfg = {"train_batch_size": 4, "zero_optimization": {"stage": 3}}
+    if section == "aio":
+        cfg["aio"] = {key: value}
+        path = f"aio.{key}"
+    else:
+        cfg["zero_optimization"][section] = {"device": "nvme", "nvme_path": str(tmp_path), key: value}
+        path = f"zero_optimization.{section}.{key}"
+    err(cfg, f"'{path}' = {value}", needle)
+    for good in (1, 3):
+        if section == "aio":
+            cfg["aio"] = {key: good}
+        else:
+            cfg["zero_optimization"][section][key] = good
+        ok(cfg)
+
+
+# -- integers longer than Python converts (sys.get_int_max_str_digits) --------------------------------
+def test_an_integer_of_thousands_of_digits_is_a_config_error_naming_the_key(tmp_path):
+    huge = "9" * 5000
+    p = tmp_path / "ds.json"
+    p.write_text('{"train_batch_size": 4, "zero_optimization": {"stage": 2, "reduce_bucket_size": %s}}' % huge)
+    with pytest.raises(ConfigError) as ei:
+        parse_config(str(p), world_size=1)
+    msg = str(ei.value)
+    assert "zero_optimization.reduce_bucket_size" in msg and "5000 digits" in msg and str(p) in msg, msg
+    p.write_text('// hjson\n{train_batch_size: 4, optimizer: {type: "Adam", params: {betas: [%s, 0.9]}}}' % huge)
+    pytest.importorskip("hjson")
+    with pytest.raises(ConfigError, match=r"optimizer\.params\.betas\[0\]"):
+        parse_config(str(p), world_size=1)
+    # A dict built in Python holds the integer itself; its error message cannot print it either.
+    err({"train_batch_size": 4, "seed": 10 ** 5000}, "'seed'", "digits")
+
+
+def test_a_section_given_as_true_says_what_to_write():
+    err({"train_batch_size": 4, "bf16": True}, "config section 'bf16' must be an object", "got true",
+        'Write "bf16": {"enabled": true}.')
+    err({"train_batch_size": 4, "fp16": [1]}, "got list", "with the keys of section 'fp16'")

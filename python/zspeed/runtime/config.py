@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,8 @@ from typing import Any, Callable
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "load_json_config", "SCHEMA", "schema_rows",
-           "world_size_from_env"]
+__all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "parse_precision", "load_json_config", "SCHEMA",
+           "schema_rows", "world_size_from_env"]
 
 
 class ConfigError(ZSpeedError, ValueError):
@@ -88,6 +89,22 @@ def _between(lo, hi, why: str = ""):
 # learning rate or weight decay above 1000, and fp16 loss scales live between
 # the smallest fp16 subnormal and 2^64 (beyond which 1/scale is not an fp32 number
 # that unscales anything).
+def _int_between(lo: int, hi: int, why: str = ""):
+    """_between for counts and sizes, whose bounds print as whole numbers."""
+    def check(v):
+        if lo <= v <= hi:
+            return None
+        return f"must be between {lo} and {hi}" + (f" ({why})" if why else "")
+    return check
+
+
+# The ranges the native NVMe swapper (src/swap/swap.c) and aio engine (src/aio/aio.c) accept,
+# checked here so that a bad value fails at parse time instead of when the engine builds them.
+_SWAP_BUFFERS = _int_between(1, 64, "zspeed's NVMe optimizer swapper holds 1 to 64 page-locked buffers; 3 or "
+                             "more overlap read, step and write")
+_AIO_THREADS = _int_between(1, 256, "I/O threads per operation of the aio engine")
+
+
 _lr = _between(0, 1e3, "a learning rate above 1000 is almost certainly a typo")
 _wd = _between(0, 1e3, "a weight decay above 1000 is almost certainly a typo")
 _eps = lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"   # noqa: E731
@@ -333,7 +350,7 @@ SCHEMA: dict[str, S] = {
         "nvme_path": K(None, (str, type(None)),
                        "nvme: existing writable directory for the swap files (required; deleted by engine.close())"),
         "pin_memory": K(False, (bool,), "page-lock host buffers (needed for async copies)"),
-        "buffer_count": K(4, (int,), "nvme: page-locked pipeline buffers of the swapper (>= 3 overlaps read, step and write)", check=_pos),
+        "buffer_count": K(4, (int,), "nvme: page-locked pipeline buffers of the swapper, 1 to 64 (>= 3 overlaps read, step and write)", check=_SWAP_BUFFERS),
         "fast_init": K(False, (bool,), "accepted (no effect)"),
         "ratio": K(1.0, NUM + (str,), "device cpu: fraction of the parameters (by elements) whose optimizer "
                    "steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and step there "
@@ -364,8 +381,9 @@ SCHEMA: dict[str, S] = {
                        "(required; deleted by engine.close())"),
         "pin_memory": K(False, (bool,), "page-lock the host shards and NVMe read buffers (asynchronous copies "
                         "to the GPU)"),
-        "buffer_count": K(5, (int,), "nvme: host buffers that NVMe reads of prefetched parameters land in",
-                          check=_pos),
+        "buffer_count": K(5, (int,), "nvme: host buffers that NVMe reads of prefetched parameters land in (>= 1)",
+                          check=lambda v: None if v >= 1 else "must be >= 1 (the NVMe reads of parameters land "
+                          "in these host buffers; the default is 5)"),
         "buffer_size": K(100000000, NUM, "nvme: elements per read buffer at most (each is sized to the largest "
                          "shard on NVMe; a larger shard is an error)", auto=AUTO_DEFAULT, check=_count),
         "max_in_cpu": K(1000000000, NUM, "nvme: elements of (frozen) parameter shards kept in host memory "
@@ -373,10 +391,13 @@ SCHEMA: dict[str, S] = {
                         check=_between(0, 2 ** 62)),
     }, "zero_optimization.offload_param"),
     "aio": S({
-        "block_size": K(1048576, (int,), "bytes per I/O request (nvme swapper)", check=_pos),
-        "queue_depth": K(8, (int,), "requests in flight per thread (nvme swapper)", check=_pos),
-        "intra_op_parallelism": K(1, (int,), "I/O threads per operation (nvme swapper)", check=_pos),
-        "thread_count": K(None, (int, type(None)), "older name of intra_op_parallelism"),
+        "block_size": K(1048576, (int,), "bytes per I/O request, at most 1 GiB (nvme swapper)",
+                        check=_int_between(1, 2 ** 30, "bytes per I/O request, at most 1 GiB")),
+        "queue_depth": K(8, (int,), "requests in flight per thread, 1 to 4096 (nvme swapper)",
+                         check=_int_between(1, 4096, "requests in flight per I/O thread")),
+        "intra_op_parallelism": K(1, (int,), "I/O threads per operation, 1 to 256 (nvme swapper)",
+                                  check=_AIO_THREADS),
+        "thread_count": K(None, (int, type(None)), "older name of intra_op_parallelism", check=_AIO_THREADS),
         "single_submit": K(False, (bool,), "submit requests one at a time (nvme swapper, io_uring)"),
         "overlap_events": K(True, (bool,), "overlap submission and completion (nvme swapper, io_uring)"),
         "use_gds": K(False, (bool,), "GPUDirect Storage (not supported)"),
@@ -532,7 +553,12 @@ def _resolve_auto(path: str, spec: K, value: Any) -> tuple[Any, bool]:
 
 def _parse_section(section: str, given: dict, keys: dict, autos: set, extra_known=()) -> dict:
     if not isinstance(given, dict):
-        raise ConfigError(f"config {_where(section)} must be an object (a dict), got {type(given).__name__}.")
+        if isinstance(given, bool) and "enabled" in keys:  # "bf16": true, meaning {"enabled": true}
+            fix = f' Write "{section}": {{"enabled": {json.dumps(given)}}}.'
+        else:
+            fix = f" Write it as {{\"key\": value, ...}} with the keys of {_where(section)} (docs/CONFIG.md)."
+        got = json.dumps(given) if isinstance(given, bool) else type(given).__name__
+        raise ConfigError(f"config {_where(section)} must be an object (a dict), got {got}.{fix}")
     out = {k: copy.deepcopy(v.default) for k, v in keys.items()}
     for key, value in given.items():
         if key not in keys:
@@ -589,6 +615,97 @@ def _parse_typed_params(kind: str, name: str, params: dict, table: dict, autos: 
     return _parse_section(section, params, table, autos)
 
 
+def _bf16_spelling(cfg: dict) -> dict:
+    """``bfloat16`` is DeepSpeed's older name of the bf16 section."""
+    if "bfloat16" in cfg:
+        if "bf16" in cfg:
+            raise ConfigError("the config has both 'bf16' and 'bfloat16' (an older spelling of "
+                              "the same section); keep only 'bf16'.")
+        cfg["bf16"] = cfg.pop("bfloat16")
+    return cfg
+
+
+def _model_dtype(fp16: dict, bf16: dict) -> str:
+    """"fp16", "bf16" or "fp32" from the parsed fp16 and bf16 sections."""
+    if fp16["enabled"] and bf16["enabled"]:
+        raise ConfigError("fp16.enabled and bf16.enabled are both true; choose one precision.")
+    return "fp16" if fp16["enabled"] else "bf16" if bf16["enabled"] else "fp32"
+
+
+class _HugeInt:
+    """An integer literal of a config file with more digits than int() converts (Python's
+    int_max_str_digits limit, 4300 by default): kept as its length, reported with its key."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _parse_int(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return _HugeInt(len(text.lstrip("+-")))
+
+
+def _int_size(v: int) -> str:
+    return f"about {int(v.bit_length() * math.log10(2)) + 1} digits"
+
+
+def _show(value) -> str:
+    """repr() for an error message; an integer too long to print shows its size instead."""
+    try:
+        return repr(value)
+    except ValueError:
+        return f"<an integer of {_int_size(value)}>"
+
+
+def _check_huge_ints(value, where: str = "") -> None:
+    """Refuses integers longer than Python prints or parses (sys.get_int_max_str_digits()),
+    naming their key: every other error message would fail to print them, and no config value
+    is that large."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    todo = [("", value)]
+    while todo:
+        key, v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend((f"{key}.{k}" if key else str(k), x) for k, x in v.items())
+            continue
+        if isinstance(v, (list, tuple)):
+            todo.extend((f"{key}[{i}]", x) for i, x in enumerate(v))
+            continue
+        if isinstance(v, _HugeInt):
+            size = f"{v.digits} digits"
+        elif limit and isinstance(v, int) and v.bit_length() > 3 * limit and _show(v).startswith("<"):
+            size = _int_size(v)  # 3 bits per digit is below log2(10): every unprintable integer is tried
+        else:
+            continue
+        what = f"config key '{key}'" if key else "the config"
+        raise ConfigError(f"{where}{what} is an integer of {size}, more than Python converts ({limit} digits: "
+                          f"sys.get_int_max_str_digits()); no config value is that large. Write the number you "
+                          f"meant.")
+
+
+def parse_precision(config: Any) -> str:
+    """"fp16", "bf16" or "fp32": the model's dtype from a config's fp16 and bf16 sections, which is
+    all that ``zero.Init`` needs. A lenient entry point of the same parser: a path is read as
+    parse_config reads it (UTF-8, JSON or hjson, no duplicate keys), both sections are checked key
+    by key with the same messages, and nothing else is required (a config given to zero.Init may
+    lack the batch sizes; zspeed.initialize checks the whole config later)."""
+    if isinstance(config, ZSpeedConfig):
+        return _model_dtype(config.fp16, config.bf16)
+    if isinstance(config, (str, os.PathLike)):
+        config = load_json_config(Path(config))
+    if not isinstance(config, dict):
+        raise ConfigError(f"a DeepSpeed config must be a dict or a path to a JSON file, "
+                          f"got {type(config).__name__}.")
+    _check_huge_ints(config)
+    cfg = _bf16_spelling(dict(config))
+    autos: set = set()
+    fp16, bf16 = (_parse_section(name, {} if cfg.get(name) is None else cfg[name], SCHEMA[name].keys, autos)
+                  for name in ("fp16", "bf16"))
+    return _model_dtype(fp16, bf16)
+
+
 class ZSpeedConfig:
     """A validated DeepSpeed config with every default filled in.
 
@@ -610,13 +727,9 @@ class ZSpeedConfig:
         self.warnings: list[str] = []
         ws = world_size_from_env() if world_size is None else world_size
         self.world_size = ws
+        _check_huge_ints(config)
         autos: set[str] = set()
-        cfg = dict(config)
-        if "bfloat16" in cfg:  # DeepSpeed's older spelling of the bf16 section
-            if "bf16" in cfg:
-                raise ConfigError("the config has both 'bf16' and 'bfloat16' (an older spelling of "
-                                  "the same section); keep only 'bf16'.")
-            cfg["bf16"] = cfg.pop("bfloat16")
+        cfg = _bf16_spelling(dict(config))
         sections = {k: cfg.pop(k) for k in list(cfg) if k in SCHEMA and k}
         if isinstance(sections.get("amp"), dict):
             # The rest of the amp section is Apex's own arguments, which only matter when it is on.
@@ -735,8 +848,7 @@ class ZSpeedConfig:
 
     def _validate_features(self):
         self._warn_stage3_keys()
-        if self.fp16["enabled"] and self.bf16["enabled"]:
-            raise ConfigError("fp16.enabled and bf16.enabled are both true; choose one precision.")
+        _model_dtype(self.fp16, self.bf16)
         if self.bf16["bf16_master_weights_and_grads"]:
             raise ConfigError("bf16.bf16_master_weights_and_grads (bf16 master weights and gradients) is a "
                               "DeepSpeed feature zspeed does not have: its masters are fp32. To save optimizer "
@@ -949,7 +1061,8 @@ def load_json_config(path: Path) -> dict:
         raise ConfigError(f"the DeepSpeed config file '{path}' is not UTF-8 text (byte {e.start}: "
                           f"{raw[e.start:e.start + 1]!r}); is it the right file?") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                          parse_int=_parse_int)
     except ConfigError as e:
         raise ConfigError(f"the DeepSpeed config file '{path}': {e}") from None
     except json.JSONDecodeError as e:
@@ -957,6 +1070,8 @@ def load_json_config(path: Path) -> dict:
     except RecursionError:
         raise ConfigError(f"the DeepSpeed config file '{path}' is nested too deeply to be a "
                           f"config.") from None
+    _check_huge_ints(data, f"the DeepSpeed config file '{path}': ")
+    return data
 
 
 def _load_hjson(path: Path, text: str, json_error: json.JSONDecodeError) -> dict:
@@ -973,7 +1088,7 @@ def _load_hjson(path: Path, text: str, json_error: json.JSONDecodeError) -> dict
                           f"commas); install the hjson package (pip install hjson) to let zspeed read this "
                           f"file the same way, or write it as JSON.") from None
     try:
-        data = hjson.loads(text, object_pairs_hook=_no_duplicates)
+        data = hjson.loads(text, object_pairs_hook=_no_duplicates, parse_int=_parse_int)
     except ConfigError as e:
         raise ConfigError(f"the DeepSpeed config file '{path}': {e}") from None
     except (hjson.HjsonDecodeError, ValueError) as e:
@@ -984,6 +1099,7 @@ def _load_hjson(path: Path, text: str, json_error: json.JSONDecodeError) -> dict
     if not isinstance(data, dict):
         raise ConfigError(f"the DeepSpeed config file '{path}' holds {type(data).__name__}, not an object.")
     _check_finite(data, str(path))
+    _check_huge_ints(data, f"the DeepSpeed config file '{path}': ")
     return dict(data)
 
 
