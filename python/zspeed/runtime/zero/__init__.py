@@ -60,21 +60,27 @@ def _padded(n: int, ws: int) -> int:
     return max(q, -(-n // q) * q)
 
 
+_INIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def _dtype_from(config, dtype):
+    """The dtype zero.Init builds parameters in: ``dtype`` when given (one of DeepSpeed's three),
+    else the config's fp16/bf16 sections as the engine's parser reads them (parse_precision: the
+    same file reading, hjson and duplicate-key refusal, the same messages; batch sizes are not
+    needed here), else fp16, DeepSpeed's default without a config."""
+    from ..config import ConfigError, parse_precision
     if dtype is not None:
+        if not isinstance(dtype, torch.dtype) or dtype not in _INIT_DTYPES.values():
+            raise ConfigError(f"zero.Init(dtype={dtype!r}): parameters are built in torch.float32, torch.float16 "
+                              f"or torch.bfloat16 (the dtypes DeepSpeed's zero.Init takes); pass one of them, or "
+                              f"leave dtype out to take it from the config's fp16/bf16 sections.")
         return dtype
     if config is None:
-        return torch.float16  # DeepSpeed's default without a config
-    if isinstance(config, (str, os.PathLike)):
-        with open(config) as f:
-            config = json.load(f)
-    if not isinstance(config, dict):
-        config = getattr(config, "raw", None) or {}
-    bf16 = (config.get("bf16") or config.get("bfloat16") or {}).get("enabled", False)
-    fp16 = (config.get("fp16") or {}).get("enabled", False)
-    if bf16 and fp16:
-        raise ValueError("the config enables both fp16 and bf16; enable one.")
-    return torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+        return torch.float16
+    try:
+        return _INIT_DTYPES[parse_precision(config)]
+    except ConfigError as e:
+        raise ConfigError(f"zero.Init(config_dict_or_path=...): {e}") from None
 
 
 def _all_module_classes(root=torch.nn.Module):
@@ -90,8 +96,9 @@ def _all_module_classes(root=torch.nn.Module):
 
 class Init:
     """DeepSpeed's ``deepspeed.zero.Init`` (see the module docstring). Arguments as DeepSpeed's:
-    ``config_dict_or_path`` (or ``config``) gives the dtype (bf16/fp16 sections) unless
-    ``dtype`` is passed; ``remote_device`` "cpu", "nvme" or None builds the shards in host
+    ``config_dict_or_path`` (or ``config``: a dict, a JSON/hjson path or a parsed config, read
+    as zspeed.initialize reads it, though only the bf16/fp16 sections matter here) gives the
+    dtype unless ``dtype`` (torch.float32, float16 or bfloat16) is passed; ``remote_device`` "cpu", "nvme" or None builds the shards in host
     memory (the engine then moves them where offload_param says: with nvme, the parameters
     nothing trains go to NVMe, docs/ZERO3.md);
     ``enabled=False`` constructs normally. Other DeepSpeed arguments are accepted."""
