@@ -19,7 +19,11 @@ DeepSpeed's names, defaults and meaning. Any other key is an error that names
 the key, its section and the closest known key; zspeed needs no
 platform-specific keys (such as the "windows_specific" keys some guides
 invent). HF accelerate's "auto" values are resolved where they can be and
-refused clearly otherwise.
+refused clearly otherwise. Files are read as DeepSpeed reads them (JSON, or
+hjson when the `hjson` package is installed), refusing duplicate keys,
+NaN/Infinity and integers longer than Python converts (4300 digits by default;
+the error names the key). `zero.Init(config_dict_or_path=...)` reads its config
+the same way and checks only the `fp16`/`bf16` sections (no batch sizes needed).
 
 | key | type | default | meaning |
 | --- | --- | --- | --- |
