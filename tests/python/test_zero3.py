@@ -203,6 +203,31 @@ def test_gathered_parameters_reads_and_edits_reach_the_masters():
     assert torch.all(_whole(e)["emb.weight"] == 0.25)
 
 
+@pytest.mark.parametrize("how", ["in place", "through p.data"])
+def test_gathered_parameters_without_modifier_rank_discards_every_edit(how):
+    """Persistent parameters (at or below stage3_param_persistence_threshold: biases, norms) stay
+    gathered between forwards; an edit to them without a modifier rank must be discarded like any
+    other, and an edit through ``p.data`` (which no version counter sees) must be refused too."""
+    e, _ = _train(_cfg(3, opt="cpu", param="cpu", persist=10_000), steps=1)
+    before = _whole(e)
+    params = [p for _, p in e.module.named_parameters()]
+    small = [p for p in params if p.numel() > 0]  # persistent: materialized between forwards
+    assert small, "the test needs persistent parameters"
+    with pytest.raises(RuntimeError, match="modifier_rank=None"):
+        with zspeed.zero.GatheredParameters(params), torch.no_grad():
+            for p in params:
+                (p.data if how == "through p.data" else p).add_(1.0)
+    after = _whole(e)
+    for k in before:
+        assert torch.equal(after[k], before[k]), k
+    for p in small:  # the materialized copies hold the shards' values again
+        assert torch.equal(p.detach().float().cpu().reshape(-1),
+                           before[[n for n, q in e.module.named_parameters() if q is p][0]].reshape(-1))
+    with pytest.raises(ValueError, match="modifier_rank"):
+        with zspeed.zero.GatheredParameters(params, modifier_rank=3):
+            pass
+
+
 def test_zero_init_builds_in_the_training_dtype_and_trains_the_same():
     cfg = _cfg(3, opt="cpu", param="cpu", precision="bf16")
     ref, _ = _train(cfg)

@@ -697,7 +697,31 @@ class ParamFetcher:
         finally:
             for st in sts:
                 st.pins -= 1
+                if not modified and st.full is not None:
+                    # Edits without a modifier rank are discarded: a parameter that stays
+                    # materialized (persistent, or pinned elsewhere) is gathered from its
+                    # shards again before its next use.
+                    st.stale = True
             self.release(sts)
+            if not modified:  # and read again now, so that nothing sees the edit meanwhile
+                self.need([st for st in sts if st.full is not None and st.stale])
+
+    def edited_locally(self, sts: list) -> bool:
+        """Whether this rank's part of any of the pinned ``sts`` differs from its shard: an edit,
+        also one made through ``p.data`` (which no version counter sees). Each rank compares the
+        part it owns, so an edit made on every rank is seen wherever it lies; shards on NVMe
+        are not read back for this."""
+        with torch.no_grad():
+            for st in sts:
+                sm = st.sm
+                if st.full is None or (getattr(sm, "nvme", False) and sm.on_disk(st.gi, st.ui)):
+                    continue
+                shard = sm.shard(st.gi, st.ui)
+                lo = sm.rank * shard.numel()  # one unit per parameter: the padding past numel is no value
+                n = min(shard.numel(), st.numel - lo)
+                if n > 0 and not torch.equal(st.full[lo:lo + n], shard[:n].to(st.full.device)):
+                    return True
+        return False
 
     # -- prefetch ---------------------------------------------------------------------------------
     def _note_forward(self, sts: list):

@@ -224,6 +224,20 @@ def _init_scatter(p) -> None:
     p.data = torch.empty(0, dtype=flat.dtype)
 
 
+def _init_edited(params) -> bool:
+    """Whether this rank's part of a gathered zero.Init parameter differs from its shard (an edit
+    through ``p.data``, which no version counter sees)."""
+    rank, _ = _world()
+    with torch.no_grad():
+        for p in params:
+            s = p.ds_tensor.numel()
+            flat = p.data.reshape(-1)
+            lo, hi = rank * s, min((rank + 1) * s, p.ds_numel)
+            if hi > lo and not torch.equal(flat[lo:hi].to(p.ds_tensor.device), p.ds_tensor.reshape(-1)[:hi - lo]):
+                return True
+    return False
+
+
 def _broadcast(params, src: int) -> None:
     with torch.no_grad():
         for p in params:
@@ -263,6 +277,11 @@ class GatheredParameters:
     def __enter__(self):
         if not self.enabled:
             return None
+        r = self.modifier_rank
+        _, ws = _world()
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < ws):
+            raise ValueError(f"GatheredParameters(modifier_rank={r!r}): modifier_rank is None (read only) or the "
+                             f"rank whose edits are kept, an integer from 0 to {ws - 1}.")
         from ..zero3 import fetcher_of
         by_fetcher: dict = {}
         for p in self.params:
@@ -285,8 +304,9 @@ class GatheredParameters:
         if not self.enabled:
             return False
         modified = exc is None and self.modifier_rank is not None
-        edited = exc is None and self.modifier_rank is None and any(
-            p.data_ptr() != ptr or p._version != v for p, ptr, v in self._versions)
+        edited = exc is None and self.modifier_rank is None and (
+            any(p.data_ptr() != ptr or p._version != v for p, ptr, v in self._versions)
+            or any(f.edited_locally(sts) for f, sts in self._groups) or _init_edited(self._init_params))
         _, ws = _world()
         if exc is None and self.modifier_rank is None and ws > 1:  # any rank's edit counts
             flag = torch.tensor([1.0 if edited else 0.0], device=_comm_device())
