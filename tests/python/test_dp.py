@@ -167,6 +167,65 @@ def test_a_killed_rank_stops_the_others_with_a_clear_error():
     assert "DistributedError" in res[0].stderr and "rank 0 of 2" in res[0].stderr, res[0].stderr[-3000:]
 
 
+def test_a_rank_killed_during_a_zero3_backward_ends_the_other_in_a_distributed_error():
+    """Stage 3 reduces each unit during backward: the peer's death inside it must surface as the
+    DistributedError (it was a bare KeyError from the cleanup reissuing the failed unit)."""
+    res = run_ranks(2, """
+        import os, signal, torch, zspeed
+        zspeed.init_distributed()
+        r = zspeed.comm.get_rank()
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
+                                    torch.nn.Linear(64, 1))
+        e, *_ = zspeed.initialize(model=model, config={"train_micro_batch_size_per_gpu": 4,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+        step = [0]
+        def die(module, grad_in, grad_out):
+            if r == 1 and step[0] == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+        model[2].register_full_backward_hook(die)
+        for i in range(100000):
+            step[0] = i
+            loss = e(torch.randn(4, 64)).square().mean()
+            e.backward(loss)
+            e.step()
+    """, timeout=240, env={"DEEPSPEED_TIMEOUT": "1"})
+    assert res[1].returncode == -9
+    assert res[0].returncode not in (0, "timeout"), res[0]
+    err = res[0].stderr
+    assert "DistributedError" in err and "engine.backward()" in err, err[-3000:]
+    assert "KeyError" not in err, err[-3000:]
+
+
+def test_a_rank_killed_during_an_overlapped_step_ends_the_other_in_a_distributed_error():
+    """overlap_forward with 2 ranks: the all-gathers run in the step's own thread; a peer killed
+    meanwhile must end the survivor with the DistributedError, not a raw Gloo error."""
+    import time
+    t0 = time.monotonic()
+    res = run_ranks(2, """
+        import os, signal, time, torch, zspeed
+        zspeed.init_distributed()
+        r = zspeed.comm.get_rank()
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+        e, *_ = zspeed.initialize(model=model, config={"train_micro_batch_size_per_gpu": 4,
+            "zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "sub_group_size": 1000,
+                                  "offload_optimizer": {"device": "cpu", "overlap_forward": True}},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+        for i in range(100000):
+            if r == 1 and i == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            loss = e(torch.randn(4, 64)).square().mean()
+            e.backward(loss)
+            e.step()
+    """, timeout=240, env={"DEEPSPEED_TIMEOUT": "1"})
+    took = time.monotonic() - t0
+    assert res[1].returncode == -9
+    assert res[0].returncode not in (0, "timeout"), res[0]
+    err = res[0].stderr
+    assert "DistributedError" in err and "rank 0 of 2" in err, err[-3000:]
+    print(f"the survivor stopped after {took:.1f} s")
+
+
 def test_torchrun_launches_the_example(tmp_path):
     """The DeepSpeed-style example under torchrun: 2 ranks, ZeRO-2 + CPU offload, on the CPU."""
     root = os.path.dirname(os.path.dirname(HERE))

@@ -50,6 +50,7 @@ import weakref
 
 import torch
 
+from .hooks import EngineHook
 from .layout import FlatLayout
 from .offload import HostBuffers, OffloadedPath
 from .optimizers import build_host_optimizer
@@ -76,7 +77,8 @@ class HostPath(OffloadedPath):
         self._copy_stream = torch.cuda.Stream(device=buffers.device) if overlap and buffers.cuda else None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
-        self._unwritten = False  # a finished delayed step whose weights are not in the model yet
+        # The step under way (see _advance): running in the background, or stopped partway.
+        self._pending: _Pending | None = None
         # Host parameters (a CPU model, or ZeRO-3 shards offloaded to host memory) can be the
         # buffers the optimizer writes (not with the delayed update: the model trains meanwhile).
         shared = not delayed and all(p.device.type == "cpu" and p.is_contiguous()
@@ -103,6 +105,7 @@ class HostPath(OffloadedPath):
         self.optimizer = self.host.optimizer
         self.chunks = _chunks(layout, chunk_elems)
         self._chunk_of = {k: i for i, c in enumerate(self.chunks) for k in c}
+        self._waits: list = []
         if overlap:
             self._plan_waits()
 
@@ -156,14 +159,14 @@ class HostPath(OffloadedPath):
         if self.overlap:
             self._start_overlapped(factor)
             return
-        with self.trace.span("wait for last step's copies"):
-            self.buffers.wait_host_buffers()
-        for i, chunk in enumerate(self.chunks):
-            with self.trace.span("cpu step", chunk=i, params=len(chunk)):
-                self.host.step(self._select(chunk), factor, self._lowp_out)
-            with self.trace.span("copy back (queue)", chunk=i):
-                self.buffers.write_back(self._out, chunk)
+        pend = self._pending
+        if pend is None:  # a new step (else: the retry of one that raised partway, see _advance)
+            with self.trace.span("wait for last step's copies"):
+                self.buffers.wait_host_buffers()
+            pend = self._pending = _Pending("sync", self.host, [self._select(c) for c in self.chunks], factor)
+        self._advance(pend)
         self.buffers.end_write_back()
+        self._pending = None
 
     # -- steps in the background (delayed update, overlap with the next forward) --------------
     def _twin(self):
@@ -181,40 +184,56 @@ class HostPath(OffloadedPath):
 
     def _start_overlapped(self, factor: float) -> None:
         self.flush()
-        host = self._twin()
-        chunks = [self._select(c) for c in self.chunks]  # release() drops self._grads next
-        inf = _InFlight(len(self._waits))
-        cuda, side = self.buffers.cuda, self._copy_stream
-        waits, sharded = self._waits, self.sharded is not None
-        if cuda:
+        # release() drops self._grads next: the step keeps its own selection of them.
+        pend = self._pending = _Pending("overlap", self._twin(), [self._select(c) for c in self.chunks], factor)
+        inf = pend.inflight = _InFlight(len(self._waits))
+        if self.buffers.cuda:
             # The copies into the parameters come after everything queued so far (the backward
             # that read them).
             inf.start = torch.cuda.Event()
             inf.start.record(torch.cuda.current_stream(self.buffers.device))
 
         def body():
-            if cuda:
-                side.wait_event(inf.start)
+            if inf.start is not None:
+                self._copy_stream.wait_event(inf.start)
             self.buffers.wait_host_buffers()
-            k = 0  # the next wait to make ready
-            for i, g in enumerate(chunks):
-                with self.trace.span("cpu step (overlapped)", chunk=i):
-                    host.step(g, factor, self._lowp_out)
+            self._advance(pend)
+        self._inflight = inf
+        self._in_background("zspeed-overlapped-step", body, inf.finish)
+
+    def _advance(self, pend: "_Pending") -> None:
+        """Runs the step ``pend`` from where it stands to its last chunk. Each chunk is stepped
+        exactly once: when this raises (a failing kernel, a copy, a collective, a second Ctrl-C),
+        ``pend`` records how far it got (chunks stepped, chunks whose weights went out, units
+        all-gathered), and calling it again, from the training thread, completes the step
+        without repeating any of it. The per-chunk weight copies are repeated (they are copies)."""
+        cuda, side = self.buffers.cuda, self._copy_stream
+        waits, sharded = self._waits, self.sharded is not None
+        for i in range(pend.next, len(self.chunks)):
+            if pend.stepped <= i:
+                with self.trace.span(_STEP_SPAN[pend.mode], chunk=i, params=len(self.chunks[i])):
+                    pend.host.step(pend.grads[i], pend.factor, self._lowp_out)
+                pend.stepped = i + 1
+            if pend.mode == "sync":
+                with self.trace.span("copy back (queue)", chunk=i):
+                    self.buffers.write_back(self._out, self.chunks[i])
+            elif pend.mode == "overlap":
                 with self.trace.span("copy back (queue)", chunk=i), \
                         (torch.cuda.stream(side) if cuda else contextlib.nullcontext()), \
                         (self.trace.cuda_span("weights to GPU", side, chunk=i) if cuda else contextlib.nullcontext()):
                     self.buffers.write_back(self._out, self.chunks[i])
-                    while k < len(waits) and waits[k][0] <= i:
+                    while pend.k < len(waits) and waits[pend.k][0] <= i:
                         if sharded:  # every rank's new shard of this unit into every rank's model
-                            self.buffers.gather_unit(*waits[k][1], self._out, self._bg_group)
+                            self.buffers.gather_unit(*waits[pend.k][1], self._out, self._bg_group)
                         ev = None
                         if cuda:
                             ev = torch.cuda.Event()
                             ev.record(side)
-                        inf.finish_chunk(k, ev)
-                        k += 1
-        self._inflight = inf
-        self._in_background("zspeed-overlapped-step", body, inf.finish)
+                            pend.last_event = ev
+                        pend.k += 1
+                        if pend.inflight is not None:
+                            pend.inflight.finish_chunk(pend.k - 1, ev)
+            pend.next = i + 1
 
     def _in_background(self, name: str, body, done=None) -> None:
         """Runs body() in a thread; an exception it raises is kept for flush() (or wait_chunk())
@@ -240,6 +259,8 @@ class HostPath(OffloadedPath):
         stream's next kernels."""
         inf = self._inflight
         if inf is None:
+            if self._pending is not None:  # a step that failed in the background: complete it first
+                self.flush()
             return
         if not inf.wait(k):  # the step failed (or ended early): flush() raises its error
             self.flush()
@@ -265,41 +286,78 @@ class HostPath(OffloadedPath):
 
     def _start_delayed(self, factor: float) -> None:
         self.flush()
-        host = self._twin()
-        chunks = [self._select(c) for c in self.chunks]
+        pend = self._pending = _Pending("delayed", self._twin(), [self._select(c) for c in self.chunks], factor)
         self.buffers.swap_grads()  # the next backward must not overwrite what the step reads
 
         def body():
             self.buffers.wait_host_buffers()
-            for i, g in enumerate(chunks):
-                with self.trace.span("cpu step (delayed)", chunk=i):
-                    host.step(g, factor, self._lowp_out)
-        self._unwritten = True
+            self._advance(pend)
         self._in_background("zspeed-delayed-step", body)
+
+    @property
+    def step_pending(self) -> bool:
+        """Whether a step has started and not yet reached every chunk's weights (running in the
+        background, or stopped partway by an error until a retry completes it)."""
+        return self._pending is not None
 
     def flush(self) -> None:
         """Finishes a step running in the background (delayed or overlapped) and puts its
-        weights into the model (no-op otherwise)."""
+        weights into the model (no-op otherwise). A step that failed in the background raises
+        its error here once and stays pending; the next call completes it in this thread (the
+        retry), so no caller ever sees a half-applied step."""
         t, self._thread = self._thread, None
         if t is not None:
             with self.trace.span("wait for delayed step" if self.delayed else "wait for overlapped step"):
                 t.join()
-        inf, self._inflight = self._inflight, None
-        if inf is not None and inf.done:
-            last = inf.events[inf.done - 1]
-            if last is not None:  # what follows (the next backward, a checkpoint) sees every new weight
-                torch.cuda.current_stream(self.buffers.device).wait_event(last)
-                self.buffers.set_h2d_done(last)
+        self._inflight = None
+        pend = self._pending
+        if pend is None or pend.mode == "sync":
+            return  # a synchronous step that raised is completed by engine.step() (HostPath.apply)
         if self._thread_error is not None:
             err, self._thread_error = self._thread_error, None
-            self._unwritten = False
+            pend.inflight = None  # the retry runs in this thread: nothing waits on it
+            _note(err, f"the optimizer step running in the background stopped after {pend.stepped} of "
+                       f"{len(self.chunks)} chunks; the next forward, backward, engine.finish_step() or "
+                       f"save_checkpoint() completes it first (load_checkpoint discards it)")
             raise err
-        if self._unwritten:
-            self._unwritten = False
+        if pend.next < len(self.chunks):
+            with self.trace.span("complete the interrupted step"):
+                if pend.stepped == 0:
+                    self.buffers.wait_host_buffers()
+                self._advance(pend)
+        self._pending = None
+        if pend.last_event is not None:  # what follows (the next backward, a checkpoint) sees every new weight
+            torch.cuda.current_stream(self.buffers.device).wait_event(pend.last_event)
+            self.buffers.set_h2d_done(pend.last_event)
+        if pend.mode == "delayed":
             keys = [k for c in self.chunks for k in c]
             with self.trace.span("copy back (queue)"):
                 self.buffers.write_back(self._out, keys)
             self.buffers.end_write_back()
+
+    def step_failed(self) -> bool:
+        """Whether a step stopped partway (waiting first for one running in the background)."""
+        if self._thread is not None:
+            self._thread.join()
+        pend = self._pending
+        return pend is not None and (pend.mode == "sync" or self._thread_error is not None
+                                     or pend.next < len(self.chunks))
+
+    def abandon_step(self) -> None:
+        """Drops a step that stopped partway (a checkpoint load replaces what it touched); a
+        step that ran to its end in the background is finished as flush() finishes it."""
+        if not self.step_failed():
+            self.flush()
+            return
+        t, self._thread = self._thread, None
+        if t is not None:
+            t.join()
+        self._inflight = None
+        self._thread_error = None
+        pend, self._pending = self._pending, None
+        if pend is not None and pend.last_event is not None:  # copies it queued end before anything else
+            torch.cuda.current_stream(self.buffers.device).wait_event(pend.last_event)
+            self.buffers.set_h2d_done(pend.last_event)
 
     def before_backward(self, boundary: bool) -> None:
         if self.overlap:  # the backward reads every weight; its gradients overwrite the host buffers
@@ -315,6 +373,7 @@ class HostPath(OffloadedPath):
         if t is not None:
             t.join()
         self._inflight = None
+        self._pending = None
         super().close()
 
     def _select(self, chunk: list) -> list:
@@ -334,6 +393,28 @@ class HostPath(OffloadedPath):
         self.flush()
         copy_masters(self.host_masters, masters)
         self.buffers.refresh(self.host_masters, self._lowp_out)
+
+
+_STEP_SPAN = {"sync": "cpu step", "overlap": "cpu step (overlapped)", "delayed": "cpu step (delayed)"}
+
+
+def _note(err: BaseException, text: str) -> None:
+    if hasattr(err, "add_note"):  # Python 3.11+
+        err.add_note("zspeed: " + text)
+
+
+class _Pending:
+    """One optimizer step of the host path from its start until every chunk's weights are out:
+    how it runs ("sync", "overlap", "delayed"), the optimizer with the hyperparameters of its
+    start, each chunk's gradients, the factor, and how far it got (see HostPath._advance)."""
+
+    def __init__(self, mode: str, host, grads: list, factor: float):
+        self.mode, self.host, self.grads, self.factor = mode, host, grads, factor
+        self.stepped = 0       # chunks whose optimizer step ran
+        self.next = 0          # chunks whose weights also went to the model
+        self.k = 0             # overlap: waits made ready (units all-gathered with several ranks)
+        self.last_event = None  # overlap on CUDA: the copy event of the last wait made ready
+        self.inflight: _InFlight | None = None  # overlap in the background: what forwards wait on
 
 
 class _InFlight:
@@ -366,7 +447,7 @@ class _InFlight:
             return self.done > k
 
 
-class _WaitChunk:
+class _WaitChunk(EngineHook):
     """A forward pre-hook: the module's weights are this step's (weak reference to the path, so
     the hooks do not keep an engine alive)."""
 
@@ -375,12 +456,12 @@ class _WaitChunk:
 
     def __call__(self, module, args):
         path = self.path_ref()
-        if path is not None and path._inflight is not None:
+        if path is not None and (path._inflight is not None or path._pending is not None):
             with path.trace.span("wait for weights", chunk=self.k):
                 path.wait_chunk(self.k)
 
 
-class _FlushFirst:
+class _FlushFirst(EngineHook):
     """A state_dict pre-hook: module.state_dict() sees the finished step's weights."""
 
     def __init__(self, path_ref):

@@ -245,7 +245,13 @@ class GradReducer:
             self._next += 1
 
     def _issue(self, gi: int, ui: int) -> None:
-        buf = self._unit_bufs.pop((gi, ui))
+        # The unit's buffer is forgotten only once its collective is issued: if that raises (a
+        # peer is gone), a later _flush finds the unit still pending instead of a missing buffer.
+        buf = self._unit_bufs[(gi, ui)]
+        self._issue_unit(gi, ui, buf)
+        del self._unit_bufs[(gi, ui)]
+
+    def _issue_unit(self, gi: int, ui: int, buf: torch.Tensor) -> None:
         start, n = self.sm.local_range(gi, ui)
         dest = self.dests[gi][start:start + n]
         group = self.sm.group
@@ -555,6 +561,7 @@ class ShardedDevicePath(OptimizerPath):
         self.reducer = GradReducer(sm, self._gflat, stage=stage, overlap=overlap, comm_cpu=comm_cpu,
                                    comm_dtype=comm_dtype)
         self.comm_cpu = comm_cpu
+        self._phase = 0  # of the step under way: 1 gradients scaled, 2 stepped (see apply)
 
     def before_backward(self, boundary: bool) -> None:
         self.reducer.before_backward(boundary)
@@ -569,10 +576,18 @@ class ShardedDevicePath(OptimizerPath):
         return torch_grad_stats(self._gflat, scale)
 
     def apply(self, factor: float) -> None:
-        if factor != 1.0:
+        # Called again after it raised: each phase that ran is not repeated (the all-gather is).
+        if factor != 1.0 and self._phase == 0:
             torch._foreach_mul_(self._gflat, factor)
-        self.optimizer.step()
+        self._phase = max(self._phase, 1)
+        if self._phase == 1:
+            self.optimizer.step()
+            self._phase = 2
         self._to_model()
+        self._phase = 0
+
+    def abandon_step(self) -> None:
+        self._phase = 0
 
     def _to_model(self) -> None:
         host_out = None
@@ -586,6 +601,7 @@ class ShardedDevicePath(OptimizerPath):
         self.sm.all_gather(self.comm_cpu, host_out)
 
     def release(self) -> None:
+        self._phase = 0
         self.reducer.reset()
         self.zero_grad()
 

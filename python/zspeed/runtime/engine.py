@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .. import comm
+from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
 from .cpu import CHUNK_CAP, HostPath
 from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
@@ -47,11 +48,23 @@ from .nvme import NVMePath
 from .offload import HostBuffers
 from .optimizers import client_as_config, native_client
 from .paths import DevicePath, OptimizerPath
+from .hooks import ZERO3_COPY_MESSAGE, EngineHook, ZeRO3CopyError, guard_copies
+from .interrupts import interrupts_deferred
 from .replicate import broadcast_module
 
 log = logging.getLogger("zspeed.engine")
 
-__all__ = ["ZSpeedEngine", "DeepSpeedEngine", "initialize"]
+__all__ = ["ZSpeedEngine", "DeepSpeedEngine", "initialize", "StepIncompleteError", "EngineClosedError",
+           "ZeRO3CopyError"]
+
+
+class StepIncompleteError(ZSpeedError, RuntimeError):
+    """An optimizer step stopped partway (an error, or a second Ctrl-C) and was not yet
+    completed: call engine.step() again, or load a checkpoint."""
+
+
+class EngineClosedError(ZSpeedError, RuntimeError):
+    """The engine was closed (engine.close() / destroy())."""
 
 _BUCKET_CAP = 1 << 24  # elements per D2H bucket at most: large enough to amortize, small enough to overlap
 
@@ -131,6 +144,10 @@ class ZSpeedEngine(torch.nn.Module):
         self.skipped_steps = 0
         self._global_grad_norm: float | None = None
         self._last_overflow = False
+        # The factor of an optimizer step that raised partway (see step()), and what it raised.
+        self._unfinished: float | None = None
+        self._unfinished_error = ""
+        self._closed = False
         self.loss_scaler = build_loss_scaler(config.fp16, config.zero_stage)
         # The accumulation boundary as set_gradient_accumulation_boundary() fixed it (None:
         # counted from micro_steps), and the state of a backward the script started itself
@@ -202,6 +219,9 @@ class ZSpeedEngine(torch.nn.Module):
         self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
+        # module.state_dict() (what exports and EMA copies read) sees the finished step.
+        self._path_hooks.append(self.module.register_state_dict_pre_hook(_SettleFirst(self)))
+        guard_copies(self.module, _before_copy(weakref.ref(self)))  # EMA copies see the finished step
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -404,22 +424,24 @@ class ZSpeedEngine(torch.nn.Module):
         first. Outputs that carry a graph get backward hooks, so that ``loss.backward()``
         called by the script itself (instead of engine.backward) trains like
         engine.backward(loss): see _OutputHooks."""
+        self._check_open()
         if self._config.fp16["auto_cast"]:
             inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
-        if not torch.is_grad_enabled():  # evaluation sees the newest weights (delayed update: cpu.py)
-            self.optimizer_path.flush()
-        if self.dtype == torch.float32:
-            with self._trace.span("forward"):
-                out = self.module(*inputs, **kwargs)
-        else:
-            try:
+        with self._collectives("forward"):  # ZeRO-3 gathers and a step in the background communicate
+            if not torch.is_grad_enabled():  # evaluation sees the newest weights (delayed update: cpu.py)
+                self._settle()
+            if self.dtype == torch.float32:
                 with self._trace.span("forward"):
                     out = self.module(*inputs, **kwargs)
-            except RuntimeError as e:
-                hint = _dtype_mismatch_hint(e, inputs, kwargs, self.dtype)
-                if hint is None:
-                    raise
-                raise ConfigError(hint) from e
+            else:
+                try:
+                    with self._trace.span("forward"):
+                        out = self.module(*inputs, **kwargs)
+                except RuntimeError as e:
+                    hint = _dtype_mismatch_hint(e, inputs, kwargs, self.dtype)
+                    if hint is None:
+                        raise
+                    raise ConfigError(hint) from e
         if torch.is_grad_enabled():
             _OutputHooks(self).register(out)
         return out
@@ -442,24 +464,38 @@ class ZSpeedEngine(torch.nn.Module):
         """Backward of one micro-batch; returns the loss as averaged over the accumulation."""
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("engine.backward(loss) needs the scalar loss tensor of the micro-batch")
+        self._check_open()
+        self._refuse_if_unfinished("engine.backward()")
         if scale_wrt_gas and self._gas > 1:
             loss = loss / self._gas
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
-        self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
+        with self._collectives("backward"):  # a step still in the background finishes first
+            self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
         self._in_engine_backward = True
+        failed = True
         try:
             with self._collectives("backward"), self._trace.span("backward"):
                 scaled.backward(retain_graph=retain_graph)
+            failed = False
         finally:
             self._in_engine_backward = False
-            self.optimizer_path.after_backward()
-            if self._fetcher is not None:
-                self._fetcher.release_all()
+            try:
+                self.optimizer_path.after_backward()
+                if self._fetcher is not None:
+                    self._fetcher.release_all()
+            except BaseException:
+                if not failed:
+                    raise
+                # The backward's own error is what the script must see (a peer that died during
+                # it fails the clean-up's collectives too).
+                log.debug("zspeed: clean-up after a failed backward raised too", exc_info=True)
         return loss
 
     def _begin_direct_backward(self) -> None:
         """The first output hook of a backward the script started (loss.backward()): what
         engine.backward does before autograd runs, and its end queued after it."""
+        self._check_open()
+        self._refuse_if_unfinished("loss.backward()")
         self._direct_backward_active = True
         self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
         torch.autograd.Variable._execution_engine.queue_callback(self._end_direct_backward)
@@ -471,6 +507,26 @@ class ZSpeedEngine(torch.nn.Module):
         if self._fetcher is not None:
             self._fetcher.release_all()
 
+    def _refuse_if_unfinished(self, what: str) -> None:
+        if self._unfinished is not None:
+            raise StepIncompleteError(
+                f"{what}: optimizer step {self.global_steps + 1} stopped partway ({self._unfinished_error}); the "
+                f"gradients it reads must not be overwritten. Call engine.step() again to complete it (each "
+                f"parameter is stepped once), or engine.load_checkpoint(...) to return to a saved state.")
+
+    def _settle(self) -> None:
+        """Completes the optimizer step under way before anything reads the weights or the state:
+        one that raised partway (completed by step(), which raises again if it fails again) and
+        one running in the background (offload_optimizer overlap_forward / delayed_update)."""
+        if self._unfinished is not None:
+            self.step()
+        self.optimizer_path.flush()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("this engine was closed (engine.close() / destroy() released its buffers and "
+                                    "files); build a new one with zspeed.initialize to train again.")
+
     def _collectives(self, what: str):
         """Turns a failed collective into an error that says what probably happened."""
         return _CollectiveErrors(self, what)
@@ -481,15 +537,50 @@ class ZSpeedEngine(torch.nn.Module):
         self.optimizer_path.zero_grad()
 
     def step(self, lr_kwargs: dict | None = None) -> None:
-        """Ends a micro-batch; on the accumulation boundary runs the optimizer."""
-        if self.is_gradient_accumulation_boundary():
-            with self._collectives("step"), self._trace.span("optimizer step", step=self.global_steps):
-                self._take_model_step(lr_kwargs)
-            if self._trace.enabled and self.global_steps % 20 == 0:
-                self._trace.flush()
-        self.micro_steps += 1
+        """Ends a micro-batch; on the accumulation boundary runs the optimizer. A step is
+        all or nothing: Ctrl-C waits for it (interrupts.py), and when it raises partway (an
+        NVMe I/O error, a failing kernel) calling step() again completes it, each parameter
+        stepped once; until then backward and exports refuse to run."""
+        self._check_open()
+        boundary = self._unfinished is not None or self.is_gradient_accumulation_boundary()
+        with interrupts_deferred():
+            if boundary:
+                try:
+                    with self._collectives("step"), self._trace.span("optimizer step", step=self.global_steps):
+                        self._take_model_step(lr_kwargs)
+                except BaseException as e:
+                    if self._unfinished is not None:
+                        text = str(e).splitlines()[0] if str(e) else ""
+                        self._unfinished_error = f"{type(e).__name__}: {text}" if text else type(e).__name__
+                    raise
+            self.micro_steps += 1
+        if boundary and self._trace.enabled and self.global_steps % 20 == 0:
+            self._trace.flush()
 
     def _take_model_step(self, lr_kwargs) -> None:
+        path = self.optimizer_path
+        if self._unfinished is None:
+            factor = self._decide_step()
+            if factor is None:  # overflow: skipped
+                path.release()
+                self._count_step()
+                return
+            self._unfinished = factor
+        # The decision is taken once; a retry after an error below starts here. The path
+        # resumes where it stopped (each parameter is stepped once), and nothing after it has
+        # moved yet.
+        with self._trace.span("apply"):
+            path.apply(self._unfinished)
+        self._unfinished = None
+        self.loss_scaler.update_scale(False)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step(**(lr_kwargs or {}))
+        path.release()
+        self._count_step()
+
+    def _decide_step(self) -> float | None:
+        """Gathers the boundary's gradients and their statistics; None for a skipped step (fp16
+        overflow, with the scaler told), else the factor every gradient is multiplied by."""
         path = self.optimizer_path
         # With several ranks the gradients are sums over the ranks: the mean is folded into
         # the factor, and every rank adds up the statistics of the part it steps.
@@ -510,20 +601,15 @@ class ZSpeedEngine(torch.nn.Module):
             self._global_grad_norm = None
             log.info("zspeed: step %d skipped: gradient overflow; loss scale now %g", self.global_steps,
                      self.loss_scaler.loss_scale)
-        else:
-            norm = math.sqrt(sumsq) if math.isfinite(sumsq) else float("nan")
-            self._global_grad_norm = norm
-            coef = 1.0
-            if self._clip > 0 and norm > self._clip:
-                coef = self._clip / (norm + 1e-6)
-            with self._trace.span("apply"):
-                path.apply(inv_scale * coef)
-            # After the step: if it raised (an NVMe I/O error), nothing here has moved and
-            # engine.step() can simply be called again; the path then completes the step.
-            self.loss_scaler.update_scale(False)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
-        path.release()
+            return None
+        norm = math.sqrt(sumsq) if math.isfinite(sumsq) else float("nan")
+        self._global_grad_norm = norm
+        coef = 1.0
+        if self._clip > 0 and norm > self._clip:
+            coef = self._clip / (norm + 1e-6)
+        return inv_scale * coef
+
+    def _count_step(self) -> None:
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
         spp = self._config.top["steps_per_print"]
@@ -572,7 +658,9 @@ class ZSpeedEngine(torch.nn.Module):
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> bool:
         from .checkpoint import save_checkpoint
-        self.optimizer_path.flush()  # a delayed update in flight completes first (cpu.py)
+        self._check_open()
+        with self._collectives("save_checkpoint"):
+            self._settle()  # a step that stopped partway or runs in the background completes first
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
                                save_latest=save_latest)
 
@@ -580,9 +668,24 @@ class ZSpeedEngine(torch.nn.Module):
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False):
         from .checkpoint import load_checkpoint
+        self._check_open()
+        with_states = load_optimizer_states and not load_module_only
+        if self._unfinished is not None or self.optimizer_path.step_failed():
+            if not with_states:
+                raise StepIncompleteError(
+                    f"load_checkpoint without the optimizer states cannot replace optimizer step "
+                    f"{self.global_steps + 1 if self._unfinished is not None else self.global_steps}, which stopped "
+                    f"partway (some parameters' states were stepped, others not): load the optimizer states too, "
+                    f"or call engine.step() (engine.finish_step() for a step in the background) to complete it "
+                    f"first.")
+            # The load replaces every master, optimizer state and counter the torn step touched.
+            log.warning("zspeed: load_checkpoint discards an optimizer step that stopped partway.")
+            self.optimizer_path.abandon_step()
+            self.optimizer_path.release()
+            self._unfinished = None
         self.optimizer_path.flush()
         return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
-                               load_optimizer_states=load_optimizer_states and not load_module_only,
+                               load_optimizer_states=with_states,
                                load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only)
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
@@ -593,6 +696,7 @@ class ZSpeedEngine(torch.nn.Module):
         does. At ZeRO-3 it needs zero_optimization.stage3_gather_16bit_weights_on_model_save
         (DeepSpeed's rule: the gather costs memory); without it nothing is written and False is
         returned, with a warning."""
+        self._check_open()
         if self._stage3 and not self.zero_gather_16bit_weights_on_model_save():
             log.warning("zspeed: save_16bit_model did not save: at ZeRO stage 3 it needs "
                         "zero_optimization.stage3_gather_16bit_weights_on_model_save true (or use "
@@ -632,15 +736,23 @@ class ZSpeedEngine(torch.nn.Module):
     def finish_step(self) -> None:
         """Waits for an optimizer step still running in the background (offload_optimizer
         overlap_forward or delayed_update) and puts its weights into the model, so that the
-        parameters can be read directly; a no-op otherwise (docs/OFFLOAD.md)."""
-        self.optimizer_path.flush()
+        parameters can be read directly; a no-op otherwise (docs/OFFLOAD.md). A step that
+        stopped partway (it raised) is completed here too."""
+        self._check_open()
+        with self._collectives("finish_step"):
+            self._settle()
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
         """Releases what the engine holds outside Python's memory: with nvme offload the swap
         files under nvme_path are deleted (also done when the engine is garbage-collected).
-        The engine cannot train afterwards. Idempotent."""
-        self.optimizer_path.flush()
+        The engine cannot train afterwards (forward, backward, step and checkpoints raise
+        EngineClosedError). Idempotent. A step still running in the background is waited for
+        first; one that stopped partway is left as it is (its error was raised already)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.optimizer_path.abandon_step() if self.optimizer_path.step_failed() else self.optimizer_path.flush()
         self.optimizer_path.close()
         if self._frozen_sm is not None and hasattr(self._frozen_sm, "close"):
             self._frozen_sm.close()
@@ -713,7 +825,9 @@ class ZSpeedEngine(torch.nn.Module):
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict:
         """DeepSpeed's name: the whole model's state_dict in the training dtype, on rank 0 (other
-        ranks get {}); every rank must call it. Also works below stage 3."""
+        ranks get {}); every rank must call it. Also works below stage 3. The step under way
+        (delayed_update, overlap_forward, or one that raised partway) completes first."""
+        self._settle()
         sd = self._module_state_for_save() if self._stage3 else \
             {k: v.detach() for k, v in self.module.state_dict().items() if torch.is_tensor(v)}
         if exclude_frozen_parameters:
@@ -992,7 +1106,32 @@ class _OutputHooks:
         return None
 
 
-class _ParamGradHook:
+class _SettleFirst(EngineHook):
+    """A state_dict pre-hook on the engine's module: the optimizer step under way completes
+    first (ZSpeedEngine._settle; weakly bound to the engine)."""
+
+    def __init__(self, engine):
+        self._engine = weakref.ref(engine)
+
+    def __call__(self, module, prefix, keep_vars):
+        e = self._engine()
+        if e is not None and not e._closed:
+            e._settle()
+
+
+def _before_copy(engine_ref):
+    """What guard_copies runs before the engine's module is copied or pickled."""
+    def before():
+        e = engine_ref()
+        if e is None or e._closed:
+            return
+        if e._stage3:
+            raise ZeRO3CopyError(ZERO3_COPY_MESSAGE)
+        e._settle()
+    return before
+
+
+class _ParamGradHook(EngineHook):
     """Each parameter's gradient of a backward the script started itself, divided by
     gradient_accumulation_steps as engine.backward divides the loss (weakly bound to the
     engine, so the model's hooks do not keep a finished engine alive)."""

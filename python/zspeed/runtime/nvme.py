@@ -218,6 +218,9 @@ class NVMePath(OffloadedPath):
         self._stepped.clear()
         super().release()
 
+    def abandon_step(self) -> None:
+        self._stepped.clear()
+
     # -- masters and state (checkpoints) ----------------------------------------------------------
     def _state_keys(self) -> tuple:
         return self.swappers[0].state_keys

@@ -161,6 +161,16 @@ class OptimizerPath(abc.ABC):
         """Completes any optimizer work still in flight (the delayed update of cpu.py), so that
         the masters, the optimizer state and the model agree."""
 
+    def step_failed(self) -> bool:
+        """Whether an optimizer step running in the background stopped partway (flush() raised
+        its error, and the next flush() completes it)."""
+        return False
+
+    def abandon_step(self) -> None:
+        """Forgets a step that stopped partway, before a checkpoint load replaces the masters
+        and the optimizer state it touched (a step still running is waited for first)."""
+        self.flush()
+
     def hook_modules(self, module: torch.nn.Module) -> list:
         """Hooks the path needs on the model's modules (offload_optimizer.overlap_forward: cpu.py);
         returns their handles."""
@@ -192,6 +202,7 @@ class DevicePath(OptimizerPath):
         else:
             self.optimizer = build_device_optimizer(name, params, groups, device)
         self._grads: list = []
+        self._scaled = False  # the gradients of the step under way were multiplied by its factor
 
     def gather(self) -> None:
         self._grads = []
@@ -209,14 +220,21 @@ class DevicePath(OptimizerPath):
         return torch_grad_stats(self._grads, scale)
 
     def apply(self, factor: float) -> None:
-        if factor != 1.0 and self._grads:
+        # Called again after it raised: the gradients are scaled once.
+        if factor != 1.0 and self._grads and not self._scaled:
             torch._foreach_mul_(self._grads, factor)
+        self._scaled = True
         self.optimizer.step()
         if self._lowp:
             self._copy_to_model()
+        self._scaled = False
+
+    def abandon_step(self) -> None:
+        self._scaled = False
 
     def release(self) -> None:
         self._grads = []
+        self._scaled = False
         self.zero_grad()
 
     def zero_grad(self) -> None:

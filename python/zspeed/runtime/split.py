@@ -138,6 +138,7 @@ class SplitPath(OptimizerPath):
         defaults = (self.cpu or self.dev).optimizer.defaults
         self.optimizer = SplitOptimizer([dict(g) for g in layout.groups], dict(defaults), self)
         self._halves = [h for h in (self.dev, self.cpu) if h is not None]
+        self._dev_done = False  # the GPU's half of the step under way ran (see apply)
 
     # -- the step -----------------------------------------------------------------------------
     @property
@@ -178,13 +179,23 @@ class SplitPath(OptimizerPath):
 
     def apply(self, factor: float) -> None:
         self._sync_groups()
-        if self.dev is not None:
+        if self.dev is not None and not self._dev_done:  # a retry after the CPU's half raised: not again
             with self.trace.span("gpu step (split)"):
                 self.dev.apply(factor)  # queued on the GPU: runs while the CPU steps below
+        self._dev_done = True
         if self.cpu is not None:
             self.cpu.apply(factor)
+        self._dev_done = False
+
+    def step_failed(self) -> bool:
+        return any(h.step_failed() for h in self._halves)
+
+    def abandon_step(self) -> None:
+        self._dev_done = False
+        self._each("abandon_step")
 
     def release(self) -> None:
+        self._dev_done = False
         self._each("release")
 
     def zero_grad(self) -> None:

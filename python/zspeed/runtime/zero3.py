@@ -50,6 +50,7 @@ import torch.distributed as td
 from torch.overrides import TorchFunctionMode
 
 from .dp import ShardedModel
+from .hooks import ZERO3_COPY_MESSAGE, ZeRO3CopyError
 from .layout import FlatLayout
 from .offload import _unpin, alloc_host, pin_in_place
 from .partition import PartitionPlan
@@ -358,6 +359,14 @@ class ParamFetcher:
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
         self._busy = 0
         _FETCHERS.add(self)
+
+    # A module holding this fetcher's hooks (a submodule of a ZeRO-3 model) cannot be copied
+    # whole: its parameters are shards.
+    def __deepcopy__(self, memo):
+        raise ZeRO3CopyError(ZERO3_COPY_MESSAGE)
+
+    def __reduce_ex__(self, protocol):
+        raise ZeRO3CopyError(ZERO3_COPY_MESSAGE)
 
     @classmethod
     def from_zero(cls, sm: Stage3Model, module: torch.nn.Module, zero: dict, *, comm_cpu: bool,
