@@ -21,8 +21,6 @@ context and parameter access (runtime/zero3.py has the partitioning itself).
 from __future__ import annotations
 
 import functools
-import json
-import os
 
 import torch
 import torch.distributed as td
