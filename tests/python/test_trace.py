@@ -77,3 +77,69 @@ def test_activation_checkpointing_section_configures_checkpointing():
                                                                                 "profile": True}))
     assert checkpointing.is_configured() and checkpointing._setting("cpu_checkpointing") is True
     checkpointing.reset()
+
+
+# -- a trace path that someone else can write (issue 24, item 10) --------------------------------------
+@pytest.mark.parametrize("kind", ["folder", "fifo", "symlink", "device"])
+def test_a_trace_path_that_is_not_a_regular_file_is_refused_at_start(tmp_path, kind, monkeypatch):
+    import os
+    import stat
+    import sys
+    import engine_helpers as eh
+    import zspeed
+    from zspeed.runtime.config import ConfigError
+    monkeypatch.delenv("ZSPEED_TRACE", raising=False)
+    victim = tmp_path / "victim.json"
+    victim.write_text("precious")
+    p = tmp_path / "trace.json"
+    if kind == "folder":
+        p.mkdir()
+    elif kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs")
+        os.mkfifo(p)  # a start only looks at it (lstat): nothing can block
+    elif kind == "symlink":
+        if sys.platform == "win32":
+            pytest.skip("symlinks need privileges on Windows")
+        os.symlink(victim, p)
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full")
+        p = type(p)("/dev/full")
+    with pytest.raises(ConfigError, match="zspeed_trace.*not a regular file") as ei:
+        zspeed.initialize(model=eh.mlp(), config=eh.config(zspeed_trace=str(p)))
+    assert str(p) in str(ei.value)
+    assert victim.read_text() == "precious"
+    assert os.path.lexists(p) and not stat.S_ISREG(os.lstat(p).st_mode)
+    monkeypatch.setenv("ZSPEED_TRACE", str(p))
+    with pytest.raises(ConfigError, match="ZSPEED_TRACE.*not a regular file"):
+        trace.tracer_from(None)
+
+
+def test_the_trace_flush_never_writes_through_a_planted_name(tmp_path, monkeypatch):
+    import os
+    import sys
+    if sys.platform == "win32":
+        pytest.skip("symlinks need privileges on Windows")
+    victim = tmp_path / "victim.json"
+    victim.write_text("precious")
+    p = tmp_path / "trace.json"
+    monkeypatch.delenv("ZSPEED_TRACE", raising=False)
+    t = trace.tracer_from(str(p))
+    with t.span("a"):
+        pass
+    # The temporary name an older zspeed used, planted as a link to the victim.
+    os.symlink(victim, f"{p}.tmp-{os.getpid()}")
+    t.flush()
+    assert victim.read_text() == "precious" and json.loads(p.read_text())["traceEvents"]
+    # The trace path replaced by a folder or a symlink after the start: never replaced, and the
+    # flush (the engine's, every 20 steps) does not raise: training goes on.
+    p.unlink()
+    p.mkdir()
+    t.flush()
+    assert p.is_dir() and not p.is_symlink() and not os.listdir(p)
+    p.rmdir()
+    os.symlink(victim, p)
+    t.flush()
+    assert os.readlink(p) == str(victim) and victim.read_text() == "precious"
+    assert sorted(n for n in os.listdir(tmp_path) if "tmp" in n) == [f"trace.json.tmp-{os.getpid()}"]

@@ -15,15 +15,27 @@ share one clock: the first device event of the trace is tied to the host time at
 it was recorded.
 
 The file is rewritten by :meth:`Tracer.flush` (the engine calls it every 20 optimizer
-steps and on close), so a killed run still leaves the steps before the last one.
+steps and on close), so a killed run still leaves the steps before the last one. It is
+written as checkpoints write theirs: a temporary file created exclusively (never through a
+symbolic link) in the trace's folder, then renamed over the path; a path that is not a
+regular file (a folder, a device, a FIFO, a symbolic link) is refused when the engine
+starts, and never replaced if one appears there later (that flush is skipped, with a
+warning).
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import secrets
+import stat
 import threading
 import time
+
+log = logging.getLogger("zspeed.trace")
+_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0) |
+          getattr(os, "O_CLOEXEC", 0))
 
 __all__ = ["Tracer", "OFF", "tracer_from"]
 
@@ -145,20 +157,56 @@ class Tracer:
                      for name, tid in self._tracks.items()]
             doc = {"traceEvents": meta + sorted(self._events, key=lambda e: e["ts"]),
                    "displayTimeUnit": "ms"}
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, self.path)
+        if self._refused():
+            return
+        folder, name = os.path.split(os.path.abspath(self.path))
+        tmp = os.path.join(folder, f".{name}.zspeed-tmp-{secrets.token_hex(8)}")
+        fd = os.open(tmp, _FLAGS, 0o666)  # a new file of our own: never an existing name or link
+        try:
+            with open(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            if not self._refused():  # checked again: something may have appeared meanwhile
+                os.replace(tmp, self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _refused(self) -> bool:
+        problem = _not_regular(self.path)
+        if problem:
+            log.warning("zspeed: the trace file %s is now %s; this flush is skipped (a trace replaces only a "
+                        "regular file)", self.path, problem)
+        return problem is not None
 
     def close(self) -> None:
         self.flush()
 
 
+def _not_regular(path: str) -> str | None:
+    """What stands at ``path`` when it is something a trace must not replace (None: nothing,
+    or a regular file); never follows a symbolic link and never opens anything."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
 def tracer_from(config_path, rank: int = 0, world_size: int = 1):
-    """The tracer the engine uses: the config key's path, else ZSPEED_TRACE, else :data:`OFF`."""
+    """The tracer the engine uses: the config key's path, else ZSPEED_TRACE, else :data:`OFF`.
+    A path whose folder is missing, or that exists and is not a regular file, is a
+    ConfigError naming where the path came from."""
     path = config_path or os.environ.get("ZSPEED_TRACE") or None
     if not path:
         return OFF
+    key = "the config key zspeed_trace" if config_path else "the environment variable ZSPEED_TRACE"
     path = os.fspath(path)
     if world_size > 1:
         root, ext = os.path.splitext(path)
@@ -168,4 +216,10 @@ def tracer_from(config_path, rank: int = 0, world_size: int = 1):
         from .config import ConfigError
         raise ConfigError(f"the trace file '{path}' is in a folder that does not exist; create it or choose "
                           f"another path (zspeed_trace / ZSPEED_TRACE).")
+    problem = _not_regular(path)
+    if problem:
+        from .config import ConfigError
+        raise ConfigError(f"the trace file '{path}' ({key}) exists and is not a regular file: it is {problem}, "
+                          f"which the trace would replace. Give the path of a new or regular file (zspeed_trace "
+                          f"/ ZSPEED_TRACE).")
     return Tracer(path, pid=rank, process_name=f"zspeed rank {rank}")
