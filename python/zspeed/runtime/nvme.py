@@ -35,7 +35,10 @@ name per engine, so a restarted job never meets its predecessor's file (in a
 container a restarted job often gets the same PID). A live swapper holds its
 file (include/zspeed/swap.h, "Ownership"); a file nobody holds was left by a
 process that died, and the engine removes such files from ``nvme_path`` when
-it starts (:func:`reclaim_stale_swap_files`), never one a live run holds.
+it starts (:func:`reclaim_stale_swap_files`), never one a live run holds. In a
+shared scratch folder the sweep touches only regular files owned by this user:
+anything else of such a name (a FIFO, a device, a folder, a symbolic link,
+another user's file) is skipped, never opened or deleted.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import errno
 import logging
 import os
 import secrets
+import stat
 import weakref
 
 import numpy as np
@@ -410,24 +414,44 @@ def reclaim_stale_swap_files(nvme_path) -> tuple[int, int]:
     return removed, freed
 
 
+def _ours(st: os.stat_result) -> bool:
+    """Whether a swap-file name's entry is one the sweep may touch: a regular file (not a
+    FIFO, device, folder or symbolic link) owned by this user. Whoever can write a shared
+    scratch folder can plant such names; opening a FIFO would block the start, and deleting
+    another user's file is not this job's call."""
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    return os.name == "nt" or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+
+
 def _remove_if_unheld(path: str) -> int | None:
     """The size of the swap file at path if it was removed because no live swapper holds it,
-    else None (see include/zspeed/swap.h, "Ownership")."""
+    else None (see include/zspeed/swap.h, "Ownership"). Only a regular file of this user is
+    opened (without following a symbolic link, and non-blocking) or removed: see _ours."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    if not _ours(named):
+        log.debug("zspeed: %s is not a regular file of this user; the stale swap file sweep skips it", path)
+        return None
     if os.name == "nt":  # a live swapper's handle refuses deletion
         try:
-            size = os.stat(path).st_size
             os.remove(path)
-            return size
+            return named.st_size
         except OSError:
             return None
     import fcntl
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
+        held = os.fstat(fd)
+        if not _ours(held) or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            return None  # replaced since the stat above
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        named = os.stat(path, follow_symlinks=False)
         if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
             return None
         os.unlink(path)
