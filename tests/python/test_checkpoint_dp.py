@@ -210,6 +210,37 @@ def test_malformed_partition_metadata_is_refused(runs, tmp_path):
         e.close()
 
 
+def _edit_rank_meta(tag: Path, name: str, old: str, new: str) -> None:
+    """Replaces one value of a rank file's safetensors metadata (same length: the header keeps
+    its size) and the file's manifest entry, as a copy from another save would look."""
+    from checkpoint_helpers import rewrite
+    raw = (tag / name).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert len(old) == len(new) and raw[8:8 + n].count(old.encode()) == 1
+    rewrite(tag, name, raw[:8] + raw[8:8 + n].replace(old.encode(), new.encode()) + raw[8 + n:])
+
+
+def test_rank_files_of_another_save_or_rank_are_refused(runs, tmp_path):
+    import shutil
+    root, _ = runs
+    for case, name in (("save", "optim.rank1.safetensors"), ("save", "master.rank0.safetensors"),
+                       ("rank", "master.rank1.safetensors")):
+        d = tmp_path / f"{case}-{name}"
+        shutil.copytree(root / "cpu-fp32" / "two", d)
+        tag = d / "global_step3"
+        sid = json.loads((tag / "meta.json").read_text())["save_id"]
+        if case == "save":
+            _edit_rank_meta(tag, name, f'"save_id":"{sid}"', '"save_id":"0123456789abcdef"')
+            match = rf"{name}' belongs to save '0123456789abcdef'.*mixes two saves"
+        else:
+            _edit_rank_meta(tag, name, '"rank":"1"', '"rank":"0"')
+            match = rf"{name}' holds the partition of rank '0', not of rank 1"
+        e = h.make("cpu-fp32", str(tmp_path / "nvme"))
+        with pytest.raises(CheckpointError, match=match):
+            e.load_checkpoint(d)
+        e.close()
+
+
 def test_a_staging_folder_is_only_reopened_as_rank_0_created_it(tmp_path):
     from zspeed.runtime.checkpoint_files import SaveTransaction, StagingWriter
     with SaveTransaction(tmp_path, "t") as tx:

@@ -58,8 +58,9 @@ import torch
 
 from .._version import __version__
 from .zero3 import full_numel
-from .checkpoint_files import (_ST_DTYPES, CheckpointError, CheckpointReader, Deferred, SaveTransaction,
-                               StagingWriter, _Dir, _oserror, open_for_load, validate_tag)
+from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, CheckpointError, CheckpointReader, Deferred,
+                               SaveTransaction, StagingWriter, _Dir, _oserror, json_depth, open_for_load,
+                               validate_tag)
 from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
                                 piece_key, raise_failed, saved_world_size)
 from .loss_scaler import check_state_dict as _check_scaler_state
@@ -80,7 +81,16 @@ _MISSING = object()
 _REF, _WRAP = "__tensor__", "__dict__"
 
 
-def _encode_client(obj: Any, path: str, tensors: dict):
+# meta.json holds client_state one level down (what wrapping or tensor references add is
+# caught by the check of the whole meta.json in _prepare).
+_CLIENT_DEPTH = _MAX_JSON_DEPTH - 2
+
+
+def _encode_client(obj: Any, path: str, tensors: dict, depth: int = 0):
+    if depth > _CLIENT_DEPTH and isinstance(obj, (dict, list, tuple)):
+        raise CheckpointError(f"client_state at '{path}' is nested more than {_CLIENT_DEPTH} levels deep; a zspeed "
+                              f"checkpoint holds JSON nested at most {_MAX_JSON_DEPTH} levels (a load refuses "
+                              f"deeper). Flatten it, or store it as a tensor.")
     if torch.is_tensor(obj):
         key = f"client/{len(tensors)}"
         tensors[key] = obj
@@ -91,10 +101,10 @@ def _encode_client(obj: Any, path: str, tensors: dict):
             if not isinstance(k, str):
                 raise CheckpointError(f"client_state key {k!r} at '{path}' is not a string; "
                                       f"zspeed stores client_state as JSON (use string keys).")
-            out[k] = _encode_client(v, f"{path}.{k}", tensors)
+            out[k] = _encode_client(v, f"{path}.{k}", tensors, depth + 1)
         return {_WRAP: out} if len(out) == 1 and next(iter(out)) in (_REF, _WRAP) else out
     if isinstance(obj, (list, tuple)):
-        return [_encode_client(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]
+        return [_encode_client(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
@@ -102,6 +112,20 @@ def _encode_client(obj: Any, path: str, tensors: dict):
     raise CheckpointError(f"client_state value at '{path}' has type {type(obj).__name__}, which zspeed "
                           f"cannot store: client_state may hold dicts, lists, numbers, strings, None and "
                           f"torch tensors.")
+
+
+def _client_refs(obj: Any) -> set:
+    """The keys of client.safetensors that client_state refers to (the tensors a load reads)."""
+    refs, stack = set(), [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            if len(o) == 1 and isinstance(o.get(_REF), str):
+                refs.add(o[_REF])
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
+    return refs
 
 
 def _decode_client(obj: Any, tensors: dict, where: str):
@@ -213,6 +237,13 @@ def _prepare(engine, tag, client_state, *, shared: bool, sharded: bool) -> _Save
         sv.meta = json.dumps(meta, indent=1, default=_json_default).encode()
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint metadata is not JSON-serializable: {e}") from None
+    # Nothing is written that a load would refuse (checkpoint_files.parse_json's bounds).
+    if len(sv.meta) > _MAX_JSON:
+        raise CheckpointError(f"the checkpoint's meta.json would be {len(sv.meta)} bytes, more than a load accepts "
+                              f"({_MAX_JSON}); keep large values of client_state in tensors.")
+    if json_depth(json.loads(sv.meta)) > _MAX_JSON_DEPTH:
+        raise CheckpointError(f"the checkpoint's meta.json would nest more than {_MAX_JSON_DEPTH} levels deep, more "
+                              f"than a load accepts; flatten the config or client_state.")
     sv.client = client_tensors or None
     return sv
 
@@ -509,6 +540,20 @@ def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) ->
             raise _bad(where, f"{name}/step", None if step is _MISSING else step, "must be a number >= 0")
 
 
+def _groups_differ(saved: list, mine: list) -> str:
+    """What differs between the saved and the engine's parameter names by group (the first
+    difference)."""
+    if [len(r) for r in saved] != [len(r) for r in mine]:
+        def sizes(rows):
+            return ", ".join(str(len(r)) for r in rows) or "no"
+        return f"groups of {sizes(saved)} parameters in the checkpoint, of {sizes(mine)} in this engine"
+    for gi, (a, b) in enumerate(zip(saved, mine)):
+        for pi, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return f"parameter {pi} of group {gi} is {x!r} in the checkpoint, {y!r} in this engine"
+    return "the same names"  # not reached: the caller found a difference
+
+
 def _plan_groups(engine, meta: dict, where) -> tuple[str, list, dict]:
     """(the optimizer class, the param_groups for ``load_state_dict`` (the checkpoint's
     hyperparameters, the engine's run settings), the saved non-tensor state by parameter),
@@ -521,8 +566,9 @@ def _plan_groups(engine, meta: dict, where) -> tuple[str, list, dict]:
     if [len(r) for r in saved_names] != [len(r) for r in engine._names] or \
             [n for r in saved_names for n in r] != names:
         raise CheckpointError(f"optimizer state in '{where}' was saved for different parameter groups "
-                              f"({sum(map(len, saved_names))} parameters) than this engine has ({len(names)}); "
-                              f"pass load_optimizer_states=False to load the weights only.")
+                              f"({sum(map(len, saved_names))} parameters) than this engine has ({len(names)}): "
+                              f"{_groups_differ(saved_names, engine._names)}; pass load_optimizer_states=False "
+                              f"to load the weights only.")
     opt = _field(meta, where, "optimizer")
     if not isinstance(opt, dict):
         raise _bad(where, "optimizer", opt, "must be an object")
@@ -648,7 +694,7 @@ def _whole_params(engine, r: CheckpointReader, meta: dict, where, saved_model: d
     checkpoint of several ranks assembled from its pieces (8-bit states dequantized where a
     parameter spans pieces)."""
     if saved_world_size(meta, where) == 1 and meta.get("partition") is None:
-        return r.tensors("master.safetensors"), r.tensors("optim.safetensors"), None
+        return _whole_masters(engine, r), _whole_optim(engine, r, where), None
     masters, tensors, scalars = {}, {}, {}
     with PieceReader(r, meta, where) as src:
         for name in src.names():
@@ -661,6 +707,35 @@ def _whole_params(engine, r: CheckpointReader, meta: dict, where, saved_model: d
                 else:
                     scalars.setdefault(name, {})[k] = v
     return masters, tensors, scalars
+
+
+def _whole_masters(engine, r: CheckpointReader) -> dict:
+    """master.safetensors of a world-size-1 checkpoint: names, shapes and dtypes checked on
+    its header, then only this engine's masters read."""
+    mine = engine._master_shapes()
+    specs = r.specs("master.safetensors")
+    _check_shapes(f"fp32 master weights in '{r.path}'", mine, specs, True)
+    wrong = [k for k in mine if specs[k].dtype != torch.float32]
+    if wrong:
+        raise CheckpointError(f"'{r.path / 'master.safetensors'}': master weight {wrong[0]} has dtype "
+                              f"{specs[wrong[0]].dtype}, not float32; the checkpoint is corrupt.")
+    return r.tensors("master.safetensors", want=mine)
+
+
+def _whole_optim(engine, r: CheckpointReader, where) -> dict:
+    """optim.safetensors of a world-size-1 checkpoint ("<param name>/<state key>"), each tensor
+    checked on the header before anything is read: it belongs to a parameter of this engine
+    and has no more elements than the parameter (no optimizer state has more)."""
+    params = engine._master_shapes()
+    for k, t in r.specs("optim.safetensors").items():
+        pname = k.rpartition("/")[0]
+        if pname not in params:
+            raise CheckpointError(f"'{where}': optim.safetensors holds '{k}', which belongs to no parameter of "
+                                  f"this engine; the checkpoint is corrupt.")
+        if t.numel() > max(params[pname].numel(), 1):
+            raise CheckpointError(f"'{where}': optimizer state {k} has shape {tuple(t.shape)}, the parameter "
+                                  f"{tuple(params[pname].shape)}; the checkpoint is corrupt.")
+    return r.tensors("optim.safetensors")
 
 
 def _zero_state(key: str, v, n: int):
@@ -734,16 +809,20 @@ def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states:
     plan = _Plan()
 
     model_sd = engine._module_shapes()
-    saved = r.tensors("model.safetensors")
     aliases = _field(meta, where, "model_aliases")
     if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                 for k, v in aliases.items()):
         raise _bad(where, "model_aliases", aliases, "must map names to names")
+    # Names and shapes are checked on the header; only the tensors this model has are read.
+    specs = r.specs("model.safetensors")
+    stored = {k: k for k in specs}
     for alias, target in aliases.items():
-        if target in saved:
-            saved[alias] = saved[target]
+        if target in specs:
+            stored[alias] = target
+    saved = {k: specs[src] for k, src in stored.items()}
     _check_shapes(f"model weights in '{r.path}'", model_sd, saved, strict)
-    plan.model = {k: v for k, v in saved.items() if k in model_sd}
+    loaded = r.tensors("model.safetensors", want={stored[k] for k in saved if k in model_sd})
+    plan.model = {k: loaded[stored[k]] for k in saved if k in model_sd}
 
     plan.masters = plan.local_masters = plan.optimizer = plan.scaler = plan.counters = None
     if load_optimizer_states:
@@ -766,8 +845,9 @@ def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states:
         plan.counters = {k: _count(meta, where, k)
                          for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps")}
     plan.scheduler = _plan_scheduler(engine, meta, where) if load_lr_scheduler_states else None
-    client_t = r.tensors("client.safetensors") if r.has("client.safetensors") else {}
-    plan.client = _decode_client(meta.get("client_state", {}), client_t, where)
+    client = meta.get("client_state", {})
+    client_t = r.tensors("client.safetensors", want=_client_refs(client)) if r.has("client.safetensors") else {}
+    plan.client = _decode_client(client, client_t, where)
     return plan
 
 
@@ -872,18 +952,54 @@ def _load_ranks(engine, load_dir, tag, strict, load_optimizer_states, load_lr_sc
 
 
 # -- zspeed to-fp32 -----------------------------------------------------------------------------
+def _checkpoint_root(ckpt, tag) -> tuple[Path, str | None]:
+    """(the folder with ``latest``, the tag) for a tag folder itself or a folder with ``latest``."""
+    root = Path(ckpt)
+    if tag is None and os.path.lexists(root / "manifest.json"):
+        return root.parent, root.name
+    return root, tag
+
+
 def _open_checkpoint(ckpt, tag):
     """(reader, context) for a tag folder itself or a folder with ``latest``."""
-    root = Path(ckpt)
-    if tag is None and (root / "manifest.json").is_file():
-        return open_for_load(root.parent, root.name)
-    return open_for_load(root, tag)
+    return open_for_load(*_checkpoint_root(ckpt, tag))
+
+
+def _real(p) -> str:
+    return os.path.normcase(os.path.realpath(p))
+
+
+def _within(p: str, folder: str) -> bool:
+    return p == folder or p.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _refuse_output_inside(out, outp: Path, root: Path, tag_dir: Path | None) -> None:
+    """Refuses (before anything is written) an output that would land in the checkpoint being
+    read: the checkpoint folder itself, anything inside one of its folders (a tag, also one
+    reached through a symbolic link, a staging folder), or one of its own files (``latest``,
+    the lock, zspeed's temporary names). Paths are compared after resolving symbolic links.
+    A new file directly in the checkpoint folder, beside the tags, stays allowed."""
+    rroot = _real(root)
+    folders = [rroot] + ([_real(tag_dir)] if tag_dir is not None else [])
+    for given in (out, outp):
+        rp = _real(given)
+        inside = rp == rroot or any(_within(rp, f) for f in folders[1:])
+        if not inside and _within(rp, rroot):
+            rel = os.path.relpath(rp, rroot).split(os.sep)
+            inside = len(rel) > 1 or rel[0] == "latest" or rel[0].startswith(".zspeed-")
+        if inside:
+            raise CheckpointError(f"the output '{out}' is inside the checkpoint '{root}' that to-fp32 reads; writing "
+                                  f"it there could replace the checkpoint's own files (a tag's model.safetensors, "
+                                  f"'latest'). Write the output outside the tag folders, e.g. "
+                                  f"'{root.parent / (root.name + '-fp32.safetensors')}'; nothing was written.")
 
 
 def consolidate_fp32(ckpt: str | os.PathLike, out: str | os.PathLike, tag: str | None = None) -> Path:
     """One safetensors file with every model tensor in fp32 (masters where trained). ``out``
     is a file, or an existing folder (or a path ending in a separator) that receives
-    ``model.safetensors``. The file appears complete or not at all."""
+    ``model.safetensors``; an output inside the checkpoint read (a tag folder, ``latest``,
+    the checkpoint folder itself) is refused before anything is written. The file appears
+    complete or not at all."""
     return _consolidate(ckpt, out, tag)[0]
 
 
@@ -897,12 +1013,15 @@ def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
     outp = Path(out)
     if outp.is_dir() or str(out).endswith(("/", os.sep)):
         outp = outp / "model.safetensors"
+    root, want_tag = _checkpoint_root(ckpt, tag)
+    _refuse_output_inside(out, outp, root, None)
     if outp.is_dir():
         raise CheckpointError(f"'{outp}' is a folder; give the output file's name.")
-    with _open_checkpoint(ckpt, tag) as r:
+    with open_for_load(root, want_tag) as r:
         if r is None:
             raise CheckpointError(f"no checkpoint at '{ckpt}': expected a tag folder (with manifest.json) or a "
                                   f"folder with a 'latest' file.")
+        _refuse_output_inside(out, outp, root, r.path)  # the tag read may be a symlink to a folder elsewhere
         where = r.path / "meta.json"
         meta = r.json("meta.json")
         if not isinstance(meta, dict):
@@ -965,7 +1084,8 @@ def main_to_fp32(argv: list[str] | None = None) -> int:
                                  description="Consolidate a zspeed checkpoint's weights (saved by any number "
                                              "of ranks) into one fp32 safetensors file.")
     ap.add_argument("checkpoint", help="checkpoint folder (with 'latest') or one tag folder")
-    ap.add_argument("output", help="output .safetensors file, or a folder that receives model.safetensors")
+    ap.add_argument("output", help="output .safetensors file, or a folder that receives model.safetensors "
+                                   "(not inside the checkpoint's tag folders, nor 'latest')")
     ap.add_argument("--tag", default=None, help="tag to read (default: the one in 'latest')")
     a = ap.parse_args(argv)
     try:

@@ -23,6 +23,14 @@ What this module guarantees (docs/CHECKPOINTS.md states it for users):
 - Reads verify each file's size and CRC-32 against the manifest before its
   contents are used, so a truncated, torn or bit-flipped file is an error
   naming the file, never silently loaded.
+- A folder that others can write cannot make a read hang, exhaust memory or
+  write elsewhere: every file is opened only after its stat says it is a
+  regular file, and with O_NONBLOCK (a FIFO swapped in between cannot block
+  the open); JSON is bounded in size and nesting; a safetensors header is
+  validated whole (dtypes, shapes, offsets inside the file, no overlaps, gaps
+  or trailing bytes, its length bounded) before any tensor is read, and the
+  callers read only the tensors they expect, after checking their shapes.
+  Recovery renames back only real folders (never a symbolic link).
 
 Several ranks (data-parallel ZeRO) share one transaction: rank 0 opens it
 (lock, clean-up, staging folder) and tells the others the staging folder's
@@ -43,6 +51,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -74,7 +83,9 @@ _TMP = ".zspeed-tmp-"
 # 255-byte name limit of common file systems.
 MAX_TAG_BYTES = 200
 _CHUNK = 16 << 20           # bytes per write call and per checksum update
-_MAX_JSON = 1 << 30         # manifest.json / meta.json larger than this is not a zspeed file
+_MAX_JSON = 256 << 20       # manifest.json / meta.json larger than this is not a zspeed file
+_MAX_JSON_DEPTH = 64        # nor is JSON nested deeper (meta.json's own fields are 4 deep)
+_MAX_HEADER = 100_000_000   # a safetensors header larger than this is malformed (safetensors' own bound)
 _MAX_LATEST = 4096
 _WIN_BAD = set('<>:"|?*')   # characters Windows refuses in file names
 
@@ -140,8 +151,58 @@ def _oserror(e: OSError, doing: str) -> CheckpointError:
 # -- directories addressed through a descriptor --------------------------------------------------
 _DIR_FD = os.open in os.supports_dir_fd and os.rename in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _BINARY = getattr(os, "O_BINARY", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return what
+    return "not a plain file"
+
+
+def _require_regular(st: os.stat_result, where) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"'{where}' is not a regular file ({_kind(st.st_mode)}); a checkpoint folder holds "
+                              f"regular files only, so zspeed did not read it. Remove it, or load another "
+                              f"checkpoint.")
+
+
+def _open_regular(name: str, where, dir_fd: int | None = None, follow: bool = True) -> int:
+    """A descriptor for reading the regular file ``name`` (relative to ``dir_fd`` when given).
+    Anything else (a FIFO, a device, a folder; a symbolic link when ``follow`` is off) is a
+    CheckpointError naming ``where``, decided on its stat before it is opened; the open
+    itself uses O_NONBLOCK (cleared after it), so a FIFO swapped in meanwhile cannot block
+    it, and the descriptor is checked again. A missing file is FileNotFoundError."""
+    kw = {"dir_fd": dir_fd} if dir_fd is not None else {}
+    _require_regular(os.stat(name, follow_symlinks=follow, **kw), where)
+    fd = os.open(name, os.O_RDONLY | _NONBLOCK | _BINARY | _CLOEXEC | (0 if follow else _NOFOLLOW), **kw)
+    try:
+        _require_regular(os.fstat(fd), where)
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_at(fd: int, n: int, offset: int) -> bytes:
+    """n bytes at ``offset`` (fewer only at the end of the file)."""
+    parts, got = [], 0
+    if not hasattr(os, "pread"):  # Windows
+        os.lseek(fd, offset, os.SEEK_SET)
+    while got < n:
+        b = os.pread(fd, n - got, offset + got) if hasattr(os, "pread") else os.read(fd, n - got)
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
 
 
 class _Dir:
@@ -178,7 +239,9 @@ class _Dir:
         return os.open(self._p(name), flags, 0o666, **self._kw())
 
     def open_read(self, name: str) -> int:
-        return os.open(self._p(name), os.O_RDONLY | _NOFOLLOW | _BINARY | _CLOEXEC, **self._kw())
+        """A regular file of this folder for reading, never through a symbolic link (see
+        :func:`_open_regular`)."""
+        return _open_regular(self._p(name), self.path / name, dir_fd=self.fd, follow=False)
 
     def mkdir(self, name: str) -> None:
         os.mkdir(self._p(name), 0o777, **self._kw())
@@ -261,8 +324,20 @@ class _Lock:
     process dies, so a killed save never blocks the next one."""
 
     def __init__(self, d: _Dir):
-        self.fd = os.open(d._p(LOCK), os.O_RDWR | os.O_CREAT | _NOFOLLOW | _BINARY | _CLOEXEC, 0o666,
+        where = d.path / LOCK
+        with contextlib.suppress(FileNotFoundError):  # a FIFO or device there is never opened
+            st = d.lstat(LOCK)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):  # a symlink: O_NOFOLLOW refuses it
+                _require_regular(st, where)
+        self.fd = os.open(d._p(LOCK), os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _BINARY | _CLOEXEC, 0o666,
                           **d._kw())
+        try:
+            _require_regular(os.fstat(self.fd), where)
+            if _NONBLOCK:
+                os.set_blocking(self.fd, True)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.held = False
 
     def acquire(self, exclusive: bool, block: bool) -> bool:
@@ -325,9 +400,12 @@ def _recover_and_clean(d: _Dir) -> None:
             tag = name[len(_OLD) + 17:]
             try:
                 validate_tag(tag)
-            except CheckpointError:
+                # Only a real folder is what a save renamed aside; a symbolic link (or anything
+                # else) of that name was planted, and is removed below, never made a tag.
+                real = stat.S_ISDIR(d.lstat(name).st_mode)
+            except (CheckpointError, OSError):
                 continue
-            if not _exists(d, tag):
+            if real and not _exists(d, tag):
                 d.rename(name, tag)
                 d.fsync()
                 log.warning("zspeed: restored checkpoint tag %s from %s (a save replacing it was killed)",
@@ -650,15 +728,155 @@ def _crc_of(fd: int, size: int) -> int:
         return crc
 
 
+def json_depth(obj, limit: int = _MAX_JSON_DEPTH) -> int:
+    """How deeply ``obj`` (parsed JSON) nests lists and objects (a scalar: 0), counted without
+    recursion; the count stops early once it passes ``limit``."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        o, depth = stack.pop()
+        children = o.values() if isinstance(o, dict) else o if isinstance(o, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the name {k!r} appears twice")
+        out[k] = v
+    return out
+
+
+def parse_json(raw, where, what: str, unique: bool = False):
+    """JSON text read from a checkpoint (bytes or str), bounded: at most ``_MAX_JSON`` bytes
+    and ``_MAX_JSON_DEPTH`` levels of nesting; any problem is a CheckpointError naming
+    ``where``. ``unique``: a name twice in one object is an error too."""
+    if len(raw) > _MAX_JSON:
+        raise CheckpointError(f"'{where}' is larger than {_MAX_JSON} bytes: not a zspeed {what}.")
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"'{where}' is not UTF-8 text (byte {e.start}); the file is corrupt.") from None
+    deep = CheckpointError(f"'{where}' is nested more than {_MAX_JSON_DEPTH} levels deep: not a zspeed {what} "
+                           f"(zspeed writes at most {_MAX_JSON_DEPTH}); the file is corrupt or was crafted.")
+    try:
+        obj = json.loads(raw, object_pairs_hook=_no_duplicates if unique else None)
+    except RecursionError:  # the parser's own guard, for nesting deeper than the interpreter allows
+        raise deep from None
+    except ValueError as e:
+        raise CheckpointError(f"'{where}' is not valid JSON ({e}); the file is corrupt.") from None
+    if json_depth(obj) > _MAX_JSON_DEPTH:
+        raise deep
+    return obj
+
+
+def _json_file(p: Path, what: str):
+    """A JSON file not listed in a manifest (the manifest itself)."""
+    try:
+        fd = _open_regular(str(p), p)
+    except OSError as e:
+        raise _oserror(e, f"cannot read '{p}'") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size > _MAX_JSON:
+            raise CheckpointError(f"'{p}' is larger than {_MAX_JSON} bytes: not a zspeed {what}.")
+        raw = _read_at(fd, size, 0)
+    except OSError as e:
+        raise _oserror(e, f"cannot read '{p}'") from None
+    finally:
+        os.close(fd)
+    return parse_json(raw, p, what)
+
+
+# safetensors dtype codes zspeed reads: the ones it writes (this torch's), with their item sizes.
+_FROM_ST = {code: dt for dt, code in _ST_DTYPES.items()}
+_ST_SIZE = {code: torch.empty((), dtype=dt).element_size() for code, dt in _FROM_ST.items()}
+_MAX_DIMS = 64
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _short_repr(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def safetensors_index(fd: int, size: int, where) -> tuple[dict, dict]:
+    """(tensor name -> (dtype code, shape), the ``__metadata__``) of the safetensors file open
+    as ``fd`` (``size`` bytes), after validating its whole header without reading any tensor:
+    the header's length (within the file and at most ``_MAX_HEADER``), its JSON (bounded, no
+    name twice), every dtype (one zspeed reads), shape (at most 64 dimensions of sizes >= 0)
+    and byte range (its length the shape's, inside the file), and that the ranges tile the
+    data exactly: no overlap, no gap, nothing after the last tensor."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"'{where}' is not a valid safetensors file: {why}; the file is corrupt or not a "
+                               f"zspeed checkpoint file.")
+    if size < 8:
+        raise bad(f"it has {size} bytes, fewer than the 8 of a header length")
+    n = struct.unpack("<Q", _read_at(fd, 8, 0))[0]
+    if n > _MAX_HEADER:
+        raise bad(f"its header claims {n} bytes, more than the {_MAX_HEADER} a header may have")
+    if n > size - 8:
+        raise bad(f"its header claims {n} bytes, but the file has {size - 8} after the header length")
+    head = parse_json(_read_at(fd, n, 8), where, "safetensors header", unique=True)
+    if not isinstance(head, dict):
+        raise bad("its header is not a JSON object")
+    meta = head.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise bad("its __metadata__ is not an object of strings")
+    data = size - 8 - n
+    index, ranges = {}, []
+    for name, e in head.items():
+        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"the entry of tensor '{name}' is malformed ({_short_repr(e)})")
+        code, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+        if code not in _ST_SIZE:
+            raise bad(f"tensor '{name}' has dtype {_short_repr(code)}, which zspeed does not read")
+        if not isinstance(shape, list) or len(shape) > _MAX_DIMS or not all(_is_count(d) for d in shape):
+            raise bad(f"tensor '{name}' has an invalid shape {_short_repr(shape)}")
+        if not isinstance(offs, list) or len(offs) != 2 or not all(_is_count(o) for o in offs) or offs[0] > offs[1]:
+            raise bad(f"tensor '{name}' has invalid data_offsets {_short_repr(offs)}")
+        if offs[1] > data:
+            raise bad(f"tensor '{name}' ends at byte {offs[1]} of the data, beyond the end of the file "
+                      f"({data} bytes of data)")
+        numel = math.prod(shape)
+        if numel * _ST_SIZE[code] != offs[1] - offs[0]:
+            raise bad(f"tensor '{name}' holds {numel} elements of {code} ({numel * _ST_SIZE[code]} bytes), but its "
+                      f"data_offsets span {offs[1] - offs[0]} bytes")
+        index[name] = (code, tuple(shape))
+        ranges.append((offs[0], offs[1], name))
+    at = 0
+    for lo, hi, name in sorted(ranges):
+        if lo < at:
+            raise bad(f"tensor '{name}' (bytes {lo}-{hi} of the data) overlaps the tensor before it")
+        if lo > at:
+            raise bad(f"bytes {at}-{lo} of the data, before tensor '{name}', belong to no tensor")
+        at = hi
+    if at != data:
+        raise bad(f"it has {data - at} bytes after its last tensor")
+    return index, meta
+
+
 class CheckpointReader:
     """A committed tag folder: its manifest, and files read only after their size and
-    checksum matched it."""
+    checksum matched it (and, for safetensors files, their header was validated)."""
 
     def __init__(self, path: Path):
         self.path = path
         self._verified: set = set()
+        self._index: dict = {}      # safetensors file -> (tensor name -> (dtype code, shape), metadata)
+        self._ids: dict = {}        # verified file -> the identity of what was verified (see _same_file)
         mp = path / MANIFEST
-        if not mp.is_file():
+        if not os.path.lexists(mp):
             detail = ("it holds meta.json without a manifest: it was written by an older zspeed, whose "
                       "checkpoints cannot be verified; re-save it with that version's weights loaded"
                       if (path / "meta.json").is_file() else "it is not a zspeed checkpoint folder")
@@ -682,16 +900,14 @@ class CheckpointReader:
     def has(self, name: str) -> bool:
         return name in self.files
 
-    def verify(self, name: str) -> Path:
-        """The path of a listed file whose size and CRC-32 match the manifest."""
+    def _open_listed(self, name: str) -> tuple[int, Path, dict]:
+        """(descriptor, path, manifest entry) of a listed regular file whose size matches."""
         p = self.path / name
-        if name in self._verified:
-            return p
         if name not in self.files:
             raise CheckpointError(f"checkpoint '{self.path}' has no {name} (its manifest does not list it).")
         want = self.files[name]
         try:
-            fd = os.open(str(p), os.O_RDONLY | _BINARY | _CLOEXEC)
+            fd = _open_regular(str(p), p)
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint '{self.path}' is incomplete: {name}, listed in its manifest, "
                                   f"is missing.") from None
@@ -699,28 +915,97 @@ class CheckpointReader:
             raise _oserror(e, f"cannot open '{p}'") from None
         try:
             size = os.fstat(fd).st_size
-            if size != want["bytes"]:
-                raise CheckpointError(f"'{p}' has {size} bytes, its manifest says {want['bytes']}: the file is "
-                                      f"truncated or was changed after the save. Load another tag.")
-            crc = f"{_crc_of(fd, size):08x}"
+        except OSError as e:
+            os.close(fd)
+            raise _oserror(e, f"cannot read '{p}'") from None
+        if size != want["bytes"]:
+            os.close(fd)
+            raise CheckpointError(f"'{p}' has {size} bytes, its manifest says {want['bytes']}: the file is "
+                                  f"truncated or was changed after the save. Load another tag.")
+        return fd, p, want
+
+    def _check_crc(self, p: Path, crc: int, want: dict) -> None:
+        if f"{crc:08x}" != want["crc32"]:
+            raise CheckpointError(f"'{p}' is corrupt: its CRC-32 is {crc:08x}, its manifest says {want['crc32']} "
+                                  f"(the data changed after the save: a disk or copy error). Load another tag.")
+
+    def verify(self, name: str) -> Path:
+        """The path of a listed file whose size and CRC-32 match the manifest; for a
+        safetensors file, whose header is valid and whose save id (when it records one) is
+        the manifest's."""
+        p = self.path / name
+        if name in self._verified:
+            return p
+        fd, p, want = self._open_listed(name)
+        try:
+            size = want["bytes"]
+            self._ids[name] = _identity(os.fstat(fd))
+            self._check_crc(p, _crc_of(fd, size), want)
+            if name.endswith(".safetensors"):
+                index, meta = safetensors_index(fd, size, p)
+                sid = meta.get("save_id")
+                if sid is not None and sid != self.save_id:
+                    raise CheckpointError(f"'{p}' belongs to save {sid!r}, the manifest to {self.save_id!r}: the "
+                                          f"folder mixes two saves (a file copied from another checkpoint). Load "
+                                          f"another tag.")
+                self._index[name] = (index, meta)
         except OSError as e:
             raise _oserror(e, f"cannot read '{p}'") from None
         finally:
             os.close(fd)
-        if crc != want["crc32"]:
-            raise CheckpointError(f"'{p}' is corrupt: its CRC-32 is {crc}, its manifest says {want['crc32']} "
-                                  f"(the data changed after the save: a disk or copy error). Load another tag.")
         self._verified.add(name)
         return p
 
     def json(self, name: str):
-        return _json_file(self.verify(name), name)
+        """A listed JSON file, read once (size bounded before reading), checked and parsed."""
+        fd, p, want = self._open_listed(name)
+        try:
+            if want["bytes"] > _MAX_JSON:
+                raise CheckpointError(f"'{p}' is larger than {_MAX_JSON} bytes: not a zspeed {name}.")
+            raw = _read_at(fd, want["bytes"], 0)
+        except OSError as e:
+            raise _oserror(e, f"cannot read '{p}'") from None
+        finally:
+            os.close(fd)
+        self._check_crc(p, zlib.crc32(raw), want)
+        self._verified.add(name)
+        return parse_json(raw, p, name)
+
+    def index(self, name: str) -> dict:
+        """The verified safetensors file's tensors, name -> (dtype code, shape), nothing read."""
+        self.verify(name)
+        return self._index[name][0]
+
+    def metadata(self, name: str) -> dict:
+        """The verified safetensors file's ``__metadata__``."""
+        self.verify(name)
+        return self._index[name][1]
+
+    def specs(self, name: str) -> dict:
+        """The verified safetensors file's tensors as meta tensors (dtype and shape, no data),
+        for checking names and shapes before anything is read."""
+        return {k: torch.empty(shape, dtype=_FROM_ST[code], device="meta")
+                for k, (code, shape) in self.index(name).items()}
+
+    def _same_file(self, name: str) -> Path:
+        """The verified file's path, after checking (without opening it) that the name still
+        holds the regular file that was verified: safetensors opens files by path."""
+        p = self.verify(name)
+        try:
+            st = os.stat(p)
+        except OSError as e:
+            raise _oserror(e, f"cannot read '{p}'") from None
+        _require_regular(st, p)
+        if _identity(st) != self._ids[name]:
+            raise CheckpointError(f"'{p}' was replaced or changed after zspeed verified it (another process is "
+                                  f"writing into the checkpoint folder?). Load again.")
+        return p
 
     @contextlib.contextmanager
     def open_tensors(self, name: str):
         """The verified safetensors file ``name`` opened lazily (safetensors' ``safe_open``):
         tensors and slices are read when asked for. A malformed file is a CheckpointError."""
-        p = self.verify(name)
+        p = self._same_file(name)
         safe_open = _safe_open()
         try:
             f = safe_open(str(p), framework="pt", device="cpu")
@@ -729,17 +1014,24 @@ class CheckpointReader:
         with f:
             yield f
 
-    def tensors(self, name: str) -> dict:
-        p = self.verify(name)
+    def tensors(self, name: str, want=None) -> dict:
+        """The tensors of the verified safetensors file whose names are in ``want`` (default:
+        all), each read into memory of its own; the others are never read."""
+        p = self._same_file(name)
+        keys = [k for k in self._index[name][0] if want is None or k in want]
         safe_open = _safe_open()
         try:
             # get_tensor may return a view of the file's memory mapping; a copy owns its memory,
             # so nothing loaded keeps the file mapped (which would pin it, and on Windows stop
             # the next save from replacing the tag).
             with safe_open(str(p), framework="pt", device="cpu") as f:
-                return {k: f.get_tensor(k).clone() for k in f.keys()}
+                return {k: f.get_tensor(k).clone() for k in keys}
         except Exception as e:  # safetensors raises its own error types for malformed files
             raise CheckpointError(f"cannot read '{p}' as safetensors: {e}.") from None
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _safe_open():
@@ -749,22 +1041,6 @@ def _safe_open():
         raise CheckpointError("zspeed checkpoints need the 'safetensors' package: pip install "
                               "safetensors") from None
     return safe_open
-
-
-def _json_file(p: Path, what: str):
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(_MAX_JSON + 1)
-    except OSError as e:
-        raise _oserror(e, f"cannot read '{p}'") from None
-    if len(raw) > _MAX_JSON:
-        raise CheckpointError(f"'{p}' is larger than {_MAX_JSON} bytes: not a zspeed {what}.")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"'{p}' is not UTF-8 text (byte {e.start}); the file is corrupt.") from None
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"'{p}' is not valid JSON ({e}); the file is corrupt.") from None
 
 
 def _read_latest(d: _Dir) -> str | None:

@@ -34,13 +34,12 @@ CheckpointError on every rank.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 
 import torch
 
 from .._signatures.optim import OPTIM_QBLOCK
-from .checkpoint_files import CheckpointError, CheckpointReader
+from .checkpoint_files import CheckpointError, CheckpointReader, parse_json
 from .partition import GroupPlan, PartitionPlan
 
 __all__ = ["SavedLayout", "PieceReader", "piece_key", "master_file", "optim_file", "partition_meta",
@@ -203,16 +202,25 @@ class PieceReader:
             keys.setdefault(prefix, {})[sub] = k
         scalars: dict = {}
         if rank is not None:
+            # Every rank file belongs to the save that meta.json and the manifest belong to, as
+            # the rank its name says: a file copied in from another save is refused.
+            meta = self.r.metadata(name)
+            if meta.get("save_id") != self.r.save_id:
+                raise CheckpointError(f"'{where}' belongs to save {meta.get('save_id')!r}, the manifest and meta.json "
+                                      f"to {self.r.save_id!r}: the folder mixes two saves. Load another tag.")
+            if meta.get("rank") != str(rank):
+                raise CheckpointError(f"'{where}' holds the partition of rank {meta.get('rank')!r}, not of rank "
+                                      f"{rank}; the checkpoint is corrupt.")
             mine = self.layout.owned_by(rank)
             strange = [k for k in keys if k not in mine]
             if strange:
                 raise CheckpointError(f"'{where}' holds '{strange[0]}', which is no piece of rank {rank}'s "
                                       f"partition in this checkpoint's layout; the checkpoint is corrupt.")
             if optim:
-                raw = (handle.metadata() or {}).get("scalars", "{}")
+                raw = meta.get("scalars", "{}")
                 try:
-                    scalars = json.loads(raw)
-                except ValueError:
+                    scalars = parse_json(raw, where, "metadata 'scalars'")
+                except CheckpointError:
                     scalars = None
                 if not isinstance(scalars, dict) or not all(isinstance(v, dict) for v in scalars.values()):
                     raise CheckpointError(f"'{where}': its metadata 'scalars' is not a JSON object of objects; "
@@ -308,9 +316,9 @@ class PieceReader:
         saved; {} when the checkpoint has no state for them."""
         srcs = self._sources(name, off, n)
         if len(srcs) == 1 and srcs[0][3] == 0 and srcs[0][4] == srcs[0][2]:
-            rk, so, _, _, _ = srcs[0]
-            _, f, tensors, scalars = self._piece_state(rk, name, so)
-            out = {k: f.f.get_tensor(full).clone() for k, full in tensors.items()}
+            rk, so, sn, _, _ = srcs[0]
+            fname, f, tensors, scalars = self._piece_state(rk, name, so)
+            out = {k: self._whole_state(fname, f, full, sn) for k, full in tensors.items()}
             out.update(scalars)
             return out
         parts = [(*self._piece_state(rk, name, so), sn, lo, hi) for rk, so, sn, lo, hi in srcs]
@@ -329,6 +337,15 @@ class PieceReader:
             out["exp_avg_sq"] = torch.cat([v for _, v in ranges])
         return out
 
+    def _whole_state(self, fname: str, f: _File, key: str, sn: int) -> torch.Tensor:
+        """The state tensor ``key`` of a saved piece of sn elements, read whole after checking on
+        the header that it has no more elements than the piece (no optimizer state has more)."""
+        shape = self.r.index(fname)[key][1]
+        if math.prod(shape) > max(sn, 1):
+            raise CheckpointError(f"'{self.r.path / fname}': optimizer state '{key}' has shape {list(shape)}, more "
+                                  f"elements than its piece ({sn}); the checkpoint is corrupt.")
+        return f.f.get_tensor(key).clone()
+
     def _join(self, name: str, k: str, parts: list):
         """State ``k`` over several saved pieces: per-element tensors cut and joined (in their
         dtype, fp32 if the pieces disagree), any other value taken once after checking that
@@ -343,7 +360,7 @@ class PieceReader:
             if len(shape) >= 1 and math.prod(shape) == sn:
                 vals.append(("elements", _flat_slice(sl, lo, hi), fname))
             else:
-                vals.append(("value", f.f.get_tensor(tensors[k]).clone(), fname))
+                vals.append(("value", self._whole_state(fname, f, tensors[k], sn), fname))
         kinds = {v[0] for v in vals}
         if kinds == {"elements"}:
             ts = [v[1] for v in vals]
