@@ -371,3 +371,32 @@ def test_different_parameter_names_are_named_in_the_error(tmp_path):
                                config={"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW"}})
     with pytest.raises(CheckpointError, match=r"groups of 3 parameters in the checkpoint, of 2, 1 in this engine"):
         e2.load_checkpoint(tmp_path)
+
+
+# -- save_16bit_model never writes through a planted name ----------------------------------------------
+@needs_symlink
+@pytest.mark.parametrize("name", ["m.safetensors", "pytorch_model.bin"])
+def test_save_16bit_model_never_writes_through_a_symlink(tmp_path, name):
+    e = make()
+    train(e, data(1), loss=lm_loss)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep me")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / name).symlink_to(outside)
+    for stale in (name + ".tmp",):  # the name the old code wrote to first
+        (folder / stale).symlink_to(outside)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        e.save_16bit_model(str(folder), name)
+    assert outside.read_bytes() == b"keep me"
+    (folder / name).unlink()
+    assert e.save_16bit_model(str(folder), name)  # a plain target: written, and again over itself
+    assert e.save_16bit_model(str(folder), name)
+    assert outside.read_bytes() == b"keep me" and (folder / name).is_file() and not (folder / name).is_symlink()
+    if name.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        got = load_file(str(folder / name))
+    else:
+        import torch
+        got = torch.load(str(folder / name))
+    assert set(got) >= {"mid.weight", "emb.weight"}

@@ -50,6 +50,7 @@ import logging
 import math
 import os
 import secrets
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -1055,6 +1056,23 @@ def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
 
 def _write_output(outp: Path, tensors: dict, metadata: dict) -> None:
     """One safetensors file that appears complete or not at all (temporary name, rename)."""
+    _atomic_output(outp, lambda d, tmp: StagingWriter(d).write_tensors(tmp, tensors, metadata))
+
+
+def write_torch_output(outp: Path, obj) -> None:
+    """``torch.save(obj)`` into ``outp`` under the same rules as :func:`_write_output`."""
+    def body(d, tmp):
+        with os.fdopen(d.create(tmp), "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    _atomic_output(outp, body)
+
+
+def _atomic_output(outp: Path, write) -> None:
+    """``write(folder, temporary name)`` makes the file, which then replaces ``outp``: the
+    temporary file is created exclusively without following a symbolic link (a name planted
+    there cannot redirect the write), and ``outp`` appears complete or not at all."""
     try:
         outp.parent.mkdir(parents=True, exist_ok=True)
         d = _Dir.open(outp.parent)
@@ -1062,7 +1080,14 @@ def _write_output(outp: Path, tensors: dict, metadata: dict) -> None:
         raise _oserror(e, f"cannot create the output folder '{outp.parent}'") from None
     tmp = f".{outp.name}.zspeed-tmp-{secrets.token_hex(8)}"
     try:
-        StagingWriter(d).write_tensors(tmp, tensors, metadata)
+        try:
+            st = d.lstat(outp.name)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"cannot write '{outp}': it exists and is not a regular file (a folder, a "
+                                  f"symbolic link, a FIFO or a device); remove it or choose another name.")
+        write(d, tmp)
         d.replace(tmp, outp.name)
         d.fsync()
     except BaseException as e:

@@ -704,19 +704,18 @@ class ZSpeedEngine(torch.nn.Module):
             return False
         sd = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
         if self.global_rank == 0:
-            os.makedirs(save_dir, exist_ok=True)
-            path = os.path.join(save_dir, save_filename)
-            tmp = path + ".tmp"
+            # Written under a temporary name created exclusively (a symlink planted at it cannot
+            # redirect the write), then renamed over the target: complete or not there at all.
+            from pathlib import Path
+            from .checkpoint import _dedupe, _write_output, write_torch_output
+            path = Path(save_dir) / save_filename
             if save_filename.endswith(".safetensors"):
                 import json
-                from safetensors.torch import save_file
-                from .checkpoint import _dedupe
                 out, aliases = _dedupe(sd)  # safetensors refuses shared storage: tied weights once
-                save_file({k: v.contiguous().cpu() for k, v in out.items()}, tmp,
-                          metadata={"format": "pt", "aliases": json.dumps(aliases)})
+                _write_output(path, {k: v.contiguous().cpu() for k, v in out.items()},
+                              {"format": "pt", "aliases": json.dumps(aliases)})
             else:
-                torch.save({k: v.cpu() for k, v in sd.items()}, tmp)
-            os.replace(tmp, path)
+                write_torch_output(path, {k: v.cpu() for k, v in sd.items()})
         if self.world_size > 1:
             torch.distributed.barrier()
         return True
