@@ -66,6 +66,16 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - report every case
                     bad += 1
                     print(f"FAIL {backend} overlap_forward {case}: {str(e)[-1500:]}", flush=True)
+        # Every rank starts from rank 0's weights (replicate.py: the broadcast runs on the
+        # device with NCCL, from host memory through Gloo).
+        import test_replicate as R
+        try:
+            R.test_every_rank_starts_from_rank_0s_weights_at_every_stage(
+                env={"ZSPEED_DIST_BACKEND": backend, "ZSPEED_DEVICE": forced or ""})
+            print(f"PASS {backend} ranks start from rank 0's weights", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every case
+            bad += 1
+            print(f"FAIL {backend} ranks start from rank 0's weights: {str(e)[-1500:]}", flush=True)
     return 1 if bad else 0
 
 

@@ -1,6 +1,6 @@
 """GPU check of ZeRO-3 (run on a CUDA machine): the single-process cases of
-tests/python/test_zero3.py, test_inference.py and test_split.py (the optimizer split between
-GPU and CPU) on the GPU, then the
+tests/python/test_zero3.py, test_inference.py, test_split.py (the optimizer split between
+GPU and CPU), test_overlap_forward.py and test_step_atomic.py on the GPU, then the
 multi-rank cases with CUDA models: 2 ranks sharing GPU 0 through Gloo (Windows' backend),
 and with two or more GPUs 2 ranks on NCCL, one GPU each.
 
@@ -30,7 +30,8 @@ def main() -> int:
     env = dict(os.environ, ZSPEED_DEVICE="cuda:0")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
                         str(TESTS / "test_zero3.py"), str(TESTS / "test_inference.py"),
-                        str(TESTS / "test_split.py"), str(TESTS / "test_overlap_forward.py")], env=env,
+                        str(TESTS / "test_split.py"), str(TESTS / "test_overlap_forward.py"),
+                        str(TESTS / "test_step_atomic.py")], env=env,
                        capture_output=True, text=True)
     print(("PASS" if r.returncode == 0 else "FAIL") + " single-process cases on cuda:0: " +
           r.stdout.strip().splitlines()[-1], flush=True)

@@ -51,7 +51,7 @@ for name, zero, prec in CASES:
     print(name, "START", "ok" if not bad else "differs: " + ",".join(bad))
     g = torch.Generator().manual_seed(5 + r)  # each rank its own data
     for _ in range(2):
-        x = torch.randn(4, 13, generator=g).to(dt)
+        x = torch.randn(4, 13, generator=g).to(engine.device, dt)
         loss = engine(x).float().pow(2).mean()
         engine.backward(loss)
         engine.step()
@@ -66,8 +66,9 @@ for name, zero, prec in CASES:
 """
 
 
-def test_every_rank_starts_from_rank_0s_weights_at_every_stage():
-    res = run_ranks(2, SCRIPT.format(cases=CASES), timeout=240)
+def test_every_rank_starts_from_rank_0s_weights_at_every_stage(env=None):
+    # tests/gpu/check_dp_cuda.py runs this with CUDA models (Gloo and NCCL) through ``env``.
+    res = run_ranks(2, SCRIPT.format(cases=CASES), timeout=240, env=env)
     for r in res:
         assert r.returncode == 0, r
     for r in res:
@@ -109,7 +110,7 @@ model = torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.GELU(), torch.nn.L
 eng = zspeed.init_inference(model, config={"dtype": torch.float32, "zero": {"stage": 3,
                                            "offload_param": {"device": "cpu"}}})
 x = torch.randn(3, 13, generator=torch.Generator().manual_seed(1))
-print("SAME" if torch.equal(eng(x), ref(x)) else "DIFFERENT")
+print("SAME" if torch.equal(eng(x.to(eng.device)).cpu(), ref(x)) else "DIFFERENT")
 """
 
 
