@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 from zspeed.runtime.config import schema_rows  # noqa: E402
+from zspeed.runtime.plan import combinations_table  # noqa: E402
 
 HEADER = """# Supported DeepSpeed config keys
 
@@ -30,11 +31,23 @@ the same way and checks only the `fp16`/`bf16` sections (no batch sizes needed).
 """
 
 
+COMBINATIONS = """
+## Combinations
+
+Which settings combine with what, from the run plan's table (`python/zspeed/runtime/plan.py`,
+`FEATURES`): the same rows write every refusal of a combination, so this table and the
+errors cannot disagree. "any": the row puts no condition there.
+
+"""
+
+
 def render() -> str:
     lines = [HEADER]
     for key, typ, default, meaning in schema_rows():
         d = "" if default is None else f"`{default!r}`"
         lines.append(f"| `{key}` | {typ.replace('|', ' or ')} | {d} | {meaning} |\n")
+    lines.append(COMBINATIONS)
+    lines.append(combinations_table())
     return "".join(lines)
 
 

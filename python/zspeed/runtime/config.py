@@ -27,13 +27,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._native import ZSpeedError
+from .errors import ConfigError
+from .plan import Facts, check as check_combinations
 
 __all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "parse_precision", "load_json_config", "SCHEMA",
            "schema_rows", "world_size_from_env"]
-
-
-class ConfigError(ZSpeedError, ValueError):
-    """The DeepSpeed config is invalid or asks for something zspeed cannot do."""
 
 
 # "auto" handling, per key (HF accelerate/Trainer writes "auto" and fills it in
@@ -884,41 +882,18 @@ class ZSpeedConfig:
         if self.fp16["fp16_master_weights_and_grads"]:
             raise ConfigError("fp16.fp16_master_weights_and_grads is not supported by zspeed (master "
                               "weights are always fp32); remove the key or set it to false.")
-        stage = self.zero["stage"]
         if self.zero["cpu_offload"]:  # DeepSpeed's deprecated boolean
             if self.offload["device"] not in ("none", "cpu"):
                 raise ConfigError("zero_optimization.cpu_offload=true conflicts with "
                                   f"offload_optimizer.device={self.offload['device']!r}; keep only one.")
             self.offload["device"] = "cpu"
-        pdev = self.offload_param["device"]
-        if pdev != "none" and stage != 3:
-            raise ConfigError(f"zero_optimization.offload_param.device '{pdev}' needs zero_optimization.stage 3 "
-                              f"(only stage 3 partitions and offloads parameters; this config runs stage "
-                              f"{stage}): set \"stage\": 3, or remove offload_param.")
-        if pdev == "nvme":
+        # Which settings combine (offload under ZeRO, parameter offload at stage 3, the CPU
+        # step's modes): the run plan's table (plan.py), the rows the config alone decides.
+        check_combinations(Facts.from_config(self, world_size=self.world_size))
+        if self.offload_param["device"] == "nvme":
             self._validate_nvme_path(self.offload_param, "zero_optimization.offload_param", "parameter")
-        dev = self.offload["device"]
-        if dev == "nvme":
+        if self.offload["device"] == "nvme":
             self._validate_nvme_path(self.offload, "zero_optimization.offload_optimizer", "swap")
-        if dev != "none" and stage == 0:
-            raise ConfigError(f"zero_optimization.offload_optimizer.device '{dev}' needs "
-                              "zero_optimization.stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO); "
-                              "set \"stage\": 2.")
-        # zspeed's ways of running the CPU optimizer's step: each needs it (device cpu), and
-        # delayed_update (its own background step) excludes the others.
-        ratio = self.offload["ratio"]
-        cpu_modes = {"delayed_update": (self.offload["delayed_update"], "the step it delays is the CPU optimizer's"),
-                     "overlap_forward": (self.offload["overlap_forward"], "the step it overlaps is the CPU optimizer's"),
-                     "ratio": (ratio != 1.0, "it splits the CPU optimizer's work with the GPU")}
-        for key, (on, why) in cpu_modes.items():
-            if on and dev != "cpu":
-                shown = f" = {ratio!r}" if key == "ratio" else ""
-                raise ConfigError(f"zero_optimization.offload_optimizer.{key}{shown} needs offload_optimizer.device "
-                                  f"\"cpu\" ({why}); this config has {dev!r}. Remove the key or offload to cpu.")
-        for key in ("overlap_forward", "ratio"):
-            if cpu_modes[key][0] and self.offload["delayed_update"]:
-                raise ConfigError(f"zero_optimization.offload_optimizer.{key} and delayed_update cannot be combined "
-                                  f"(delayed_update runs the CPU step one step stale in the background); choose one.")
         if self.aio["use_gds"]:
             raise ConfigError("aio.use_gds (GPUDirect Storage) is not supported by zspeed; remove it.")
         if self.aio["thread_count"] is not None:

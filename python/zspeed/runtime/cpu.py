@@ -66,13 +66,14 @@ class HostPath(OffloadedPath):
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
                  client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int,
-                 num_threads: int | None = None, delayed: bool = False, overlap: bool = False):
+                 num_threads: int | None = None, timing: str = "sync"):
         super().__init__(layout, buffers)
         lowp = buffers.model_dtype != torch.float32
-        if delayed and overlap:
-            raise ValueError("delayed and overlap are two ways of running the step in the background; choose one")
-        self.delayed = delayed
-        self.overlap = overlap
+        if timing not in ("sync", "overlap", "delayed"):
+            raise ValueError(f"timing {timing!r} is not sync, overlap or delayed")
+        self.timing = timing
+        delayed = self.delayed = timing == "delayed"
+        overlap = self.overlap = timing == "overlap"
         self._inflight: _InFlight | None = None  # overlap: the step running in the background
         self._copy_stream = torch.cuda.Stream(device=buffers.device) if overlap and buffers.cuda else None
         self._thread: threading.Thread | None = None

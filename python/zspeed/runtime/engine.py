@@ -35,19 +35,14 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
-from .cpu import CHUNK_CAP, HostPath
-from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
-from .partition import PartitionPlan
+from .assemble import client_kind, optimizer_path
+from .plan import RunPlan
 from .trace import tracer_from
 from .zero3 import full_numel, full_shape
 from .layout import FlatLayout
 from .engine_optimizer import EngineOptimizer, needs_wrapper
 from .loss_scaler import build_loss_scaler
 from .lr_schedules import build_scheduler
-from .nvme import NVMePath
-from .offload import HostBuffers
-from .optimizers import client_as_config, native_client
-from .paths import DevicePath, OptimizerPath
 from .hooks import ZERO3_COPY_MESSAGE, EngineHook, ZeRO3CopyError, guard_copies
 from .interrupts import interrupts_deferred
 from .replicate import broadcast_module
@@ -66,7 +61,6 @@ class StepIncompleteError(ZSpeedError, RuntimeError):
 class EngineClosedError(ZSpeedError, RuntimeError):
     """The engine was closed (engine.close() / destroy())."""
 
-_BUCKET_CAP = 1 << 24  # elements per D2H bucket at most: large enough to amortize, small enough to overlap
 
 
 def _pick_device() -> torch.device:
@@ -180,6 +174,9 @@ class ZSpeedEngine(torch.nn.Module):
         if optimizer is not None:
             self._check_client_optimizer(optimizer, config)
 
+        self.plan = RunPlan.build(config, world_size=self.world_size, rank=self.global_rank, device=self.device,
+                                  dtype=self.dtype, backend=comm.get_backend() if self.world_size > 1 else None,
+                                  client=client_kind(optimizer))
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
         self._frozen_sm = None
@@ -200,8 +197,7 @@ class ZSpeedEngine(torch.nn.Module):
         if self.world_size > 1:  # every rank starts from rank 0's weights (replicate.py)
             broadcast_module(self.module, self._comm_device())
         self._check_memory(config)
-        self.optimizer_path = _build_path(config, self._layout, self.device, self.dtype, optimizer,
-                                          self.global_rank, self.world_size)
+        self.optimizer_path = optimizer_path(self.plan, config, self._layout, optimizer)
         self._fetcher = None
         if self._stage3:
             from .zero3 import ParamFetcher, build_store
@@ -637,7 +633,7 @@ class ZSpeedEngine(torch.nn.Module):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             by_dtype.setdefault(p.grad.dtype, []).append(p)
-        cap = max(1, min(int(self._config.zero["reduce_bucket_size"]), _BUCKET_CAP))
+        cap = max(1, self.plan.bucket_elems)
         for dtype in sorted(by_dtype, key=str):
             params = by_dtype[dtype]
             i = 0
@@ -925,121 +921,6 @@ def _move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
             for name, b in m._buffers.items():
                 if b is not None:
                     m._buffers[name] = b.to(device, dtype if b.is_floating_point() else b.dtype)
-
-
-_COMM_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-                "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-
-
-def _comm_dtype(config: ZSpeedConfig, dtype: torch.dtype) -> torch.dtype:
-    name = config.top["communication_data_type"]
-    if name is None:
-        return dtype
-    name = name.lower()
-    if name not in _COMM_DTYPES:
-        raise ConfigError(f"communication_data_type = {name!r} is not one of fp32, fp16, bf16.")
-    return _COMM_DTYPES[name]
-
-
-def _host_threads(world_size: int, share: float | None = None) -> int | None:
-    """Threads of this rank's CPU optimizer: the cores shared by the ranks on this host
-    (times ``share``, SuperOffload's cpuadam_cores_perc, when given), unless
-    ZSPEED_NUM_THREADS decides (None: the library's default pool, all cores)."""
-    if (world_size == 1 and share is None) or os.environ.get("ZSPEED_NUM_THREADS"):
-        return None
-    local = max(1, comm.get_local_world_size())
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, int(cores // local * (1.0 if share is None else share)))
-
-
-def _build_path(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, dtype: torch.dtype,
-                client, rank: int = 0, world_size: int = 1) -> OptimizerPath:
-    """The optimizer path of zero_optimization.offload_optimizer.device (none, cpu, nvme); with
-    several ranks and ZeRO stage 1 or 2, over this rank's shards (dp.py)."""
-    name, params = config.optimizer_name, config.optimizer_params
-    if client is not None:
-        name, params = None, {}  # the client's optimizer replaces the config's (DeepSpeed's rule)
-        if config.offload_device == "nvme" and native_client(client):
-            # The NVMe swapper runs zspeed's kernels itself: the client's settings, not its object.
-            name, params = client_as_config(client)
-            client = None
-    bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
-    overlap = bool(config.offload["overlap_forward"])
-    if overlap and config.zero_stage == 3:
-        raise ConfigError("zero_optimization.offload_optimizer.overlap_forward runs at ZeRO stage 1 or 2 (at stage 3 "
-                          "each module's parameters are gathered when it runs, from the step's host shards); "
-                          "remove the key (the step is then synchronous, and exact as well).")
-    if config.offload_device == "cpu" and config.offload["ratio"] != 1.0:
-        split = _build_split(config, layout, device, dtype, name, params, client, world_size, bucket)
-        if split is not None:  # "auto" may choose 1: the ordinary cpu path
-            return split
-    if config.zero_stage == 3:
-        # One unit per parameter (unit_elems 1): each is gathered and reduced on its own.
-        from .zero3 import build_store
-        sm = build_store(layout, world_size, rank, device, dtype, config.offload_param)
-    elif world_size > 1 and config.zero_stage >= 1:
-        plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=bucket)
-        sm = ShardedModel(layout, plan, device, dtype)
-    if config.zero_stage == 3 or (world_size > 1 and config.zero_stage >= 1):
-        kw = dict(stage=config.zero_stage, overlap=bool(config.zero["overlap_comm"]),
-                  comm_cpu=world_size > 1 and comm.get_backend() != "nccl", comm_dtype=_comm_dtype(config, dtype))
-        if not config.offloaded:
-            return ShardedDevicePath(sm, name, params, client, **kw)
-        buffers = ShardedBuffers(sm, pin_memory=config.offload["pin_memory"], **kw)
-        layout = sm.local_layout
-    elif not config.offloaded:
-        return DevicePath(layout, device, dtype, name, params, client)
-    else:
-        buffers = HostBuffers(layout, device, dtype, config.offload["pin_memory"], bucket,
-                              flat_grads=config.offload_device == "nvme" or bool(config.offload["delayed_update"]))
-    nvme = config.offload_device == "nvme"
-    threads = _host_threads(world_size, float(config.offload["cpuadam_cores_perc"])
-                            if config.offload["super_offload"] else None)
-    if threads is not None and rank == 0:
-        log.info("zspeed: %d rank(s) on this host share its cores: %d CPU optimizer threads per rank "
-                 "(set ZSPEED_NUM_THREADS to choose)", comm.get_local_world_size(), threads)
-    if nvme:
-        return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
-                        aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
-    return HostPath(layout, buffers, name, params, client=client,
-                    force_native=bool(config.top["zero_force_ds_cpu_optimizer"]),
-                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP), num_threads=threads,
-                    delayed=bool(config.offload["delayed_update"]), overlap=overlap)
-
-
-def _build_split(config: ZSpeedConfig, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name,
-                 params: dict, client, world_size: int, bucket: int) -> OptimizerPath:
-    """offload_optimizer.ratio < 1 (or "auto"): the optimizer split between the GPU and the CPU (split.py)."""
-    from . import memory
-    from .split import SplitPath, choose_ratio, measure_rates
-    ratio = config.offload["ratio"]
-    if world_size > 1 or config.zero_stage == 3:
-        raise ConfigError(f"offload_optimizer.ratio = {ratio!r} splits the optimizer of one rank at ZeRO stage 1 or 2; "
-                          f"this run has {world_size} rank(s) at stage {config.zero_stage}. Use ratio 1 here.")
-    if client is not None:
-        raise ConfigError("offload_optimizer.ratio < 1 builds its own Adam/AdamW on both sides from the config's "
-                          "optimizer section; do not pass an optimizer to initialize(), or use ratio 1.")
-    threads = _host_threads(world_size, None)
-    force = bool(config.top["zero_force_ds_cpu_optimizer"])
-    if ratio == "auto":
-        room = memory.gpu_room(device)
-        if room is not None:
-            room -= torch.cuda.memory_allocated(device)
-        cpu_s, gpu_s = measure_rates(device, name, params, force, threads) if room is not None else (None, None)
-        ratio = choose_ratio(sum(layout.totals), room, cpu_s, gpu_s)
-        msg = (f"zspeed: offload_optimizer.ratio \"auto\" -> {ratio:.3f}: the CPU steps {100 * ratio:.1f}% of the "
-               f"parameters, the GPU {100 * (1 - ratio):.1f}%" +
-               (f" (GPU room {room / 2**30:.1f} GiB, CPU {cpu_s * 1e9:.2f} ns/element, GPU "
-                f"{gpu_s * 1e9:.3f} ns/element)" if room is not None and cpu_s and gpu_s else " (no GPU)"))
-        log.warning(msg)
-        if ratio >= 1.0:
-            return None
-    return SplitPath(layout, device, dtype, name, params, float(ratio), pin_memory=config.offload["pin_memory"],
-                     bucket=bucket, force_native=force, chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
-                     num_threads=threads, overlap=bool(config.offload["overlap_forward"]))
 
 
 # The optimizer classes DeepSpeed's ZeRO accepts from a script without

@@ -131,13 +131,7 @@ class NVMePath(OffloadedPath):
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):
         super().__init__(layout, buffers)
-        if client is not None:
-            raise ConfigError("a client optimizer was passed to zspeed.initialize with offload_optimizer.device "
-                              "'nvme': configure the optimizer in the config's 'optimizer' section instead "
-                              "(nvme offload runs zspeed's own Adam/AdamW/Adagrad/Lion kernels).")
-        if params.get("torch_adam"):
-            raise ConfigError("optimizer.params.torch_adam cannot be used with offload_optimizer.device 'nvme': "
-                              "the NVMe swapper runs zspeed's own kernels; remove torch_adam.")
+        # A client optimizer of another kind and torch_adam were refused by the run plan (plan.py).
         from ..ops.swap import NVMeOptimizerSwapper
         from ..ops import grad_stats
         self._grad_stats = grad_stats

@@ -33,7 +33,6 @@ import weakref
 
 import torch
 
-from .config import ConfigError
 from .cpu import HostPath
 from .layout import FlatLayout
 from .offload import HostBuffers
@@ -99,11 +98,8 @@ class SplitPath(OptimizerPath):
 
     def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
                  ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
-                 num_threads: int | None, overlap: bool = False):
+                 num_threads: int | None, timing: str = "sync"):
         super().__init__(layout)
-        if name not in ("Adam", "AdamW"):
-            raise ConfigError(f"offload_optimizer.ratio < 1 splits Adam/AdamW between the GPU and the CPU; the "
-                              f"config's optimizer is {name!r}. Use Adam or AdamW, or ratio 1.")
         total = sum(layout.totals)
         gpu_left = (1.0 - float(ratio)) * total
         self.where: list[list] = []  # per group, per parameter: ("dev" | "cpu", sub-group, index)
@@ -134,7 +130,7 @@ class SplitPath(OptimizerPath):
             cl = FlatLayout(cpu_groups)
             self.buffers = HostBuffers(cl, device, dtype, pin_memory, bucket, flat_grads=False)
             self.cpu = HostPath(cl, self.buffers, name, params, client=None, force_native=force_native,
-                                chunk_elems=chunk_elems, num_threads=num_threads, overlap=overlap)
+                                chunk_elems=chunk_elems, num_threads=num_threads, timing=timing)
         defaults = (self.cpu or self.dev).optimizer.defaults
         self.optimizer = SplitOptimizer([dict(g) for g in layout.groups], dict(defaults), self)
         self._halves = [h for h in (self.dev, self.cpu) if h is not None]

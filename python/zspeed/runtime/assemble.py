@@ -1,0 +1,131 @@
+"""Assembling the engine's parts from its run plan (plan.py): the one place where the plan's
+decisions pick classes. Each part is then used through its own interface, whatever the
+stage, the rank count or the tiering:
+
+- the parameter store: the model's own parameters (replicated), one flat buffer per unit
+  with this rank's shards (sharded, dp.ShardedModel), or only the shards, on a medium
+  (partitioned, zero3.Stage3Model; NVMe for parameters nothing trains);
+- the optimizer path over the store's local space (paths.py, cpu.py, nvme.py, split.py),
+  with its host buffers and gradient reducer where it needs them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .. import comm
+from .cpu import HostPath
+from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
+from .layout import FlatLayout
+from .nvme import NVMePath
+from .offload import HostBuffers
+from .optimizers import client_as_config, native_client
+from .partition import PartitionPlan
+from .paths import DevicePath, OptimizerPath
+from .plan import RunPlan
+
+log = logging.getLogger("zspeed.engine")
+
+__all__ = ["client_kind", "host_threads", "optimizer_path", "param_store"]
+
+
+def client_kind(client) -> str:
+    """The plan's fact about an optimizer passed to initialize(): "none", "native" (one of
+    zspeed's CPU optimizers, whose settings the NVMe swapper can take) or "other"."""
+    if client is None:
+        return "none"
+    return "native" if native_client(client) else "other"
+
+
+def host_threads(world_size: int, share: float | None = None) -> int | None:
+    """Threads of this rank's CPU optimizer: the cores shared by the ranks on this host
+    (times ``share``, SuperOffload's cpuadam_cores_perc, when given), unless
+    ZSPEED_NUM_THREADS decides (None: the library's default pool, all cores)."""
+    if (world_size == 1 and share is None) or os.environ.get("ZSPEED_NUM_THREADS"):
+        return None
+    local = max(1, comm.get_local_world_size())
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, int(cores // local * (1.0 if share is None else share)))
+
+
+def param_store(plan: RunPlan, config, layout: FlatLayout):
+    """The store of the trained parameters: None for the model's own (replicated) parameters."""
+    if plan.store == "partitioned":
+        # One unit per parameter (unit_elems 1): each is gathered and reduced on its own.
+        from .zero3 import build_store
+        return build_store(layout, plan.world_size, plan.rank, plan.device, plan.dtype, config.offload_param)
+    if plan.store == "sharded":
+        part = PartitionPlan(layout.numels, plan.world_size, plan.rank, unit_elems=plan.unit_elems)
+        return ShardedModel(layout, part, plan.device, plan.dtype)
+    return None
+
+
+def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client) -> OptimizerPath:
+    """The optimizer path of the plan (``client``: the optimizer passed to initialize, or None)."""
+    name, params = config.optimizer_name, config.optimizer_params
+    if client is not None:
+        name, params = None, {}  # the client's optimizer replaces the config's (DeepSpeed's rule)
+        if plan.optimizer == "nvme":
+            # The NVMe swapper runs zspeed's kernels itself: the client's settings, not its object
+            # (another client was refused by the plan).
+            name, params = client_as_config(client)
+            client = None
+    force = bool(config.top["zero_force_ds_cpu_optimizer"])
+    if plan.optimizer == "split":
+        split = _split_path(plan, config, layout, name, params, force)
+        if split is not None:  # "auto" may choose 1: the ordinary cpu path
+            return split
+    store = param_store(plan, config, layout)
+    if store is not None:
+        kw = dict(stage=plan.stage, overlap=plan.reduce_overlap, comm_cpu=plan.host_comm,
+                  comm_dtype=plan.comm_dtype)
+        if plan.optimizer == "device":
+            return ShardedDevicePath(store, name, params, client, **kw)
+        buffers = ShardedBuffers(store, pin_memory=plan.pin_memory, **kw)
+        layout = store.local_layout
+    elif plan.optimizer == "device":
+        return DevicePath(layout, plan.device, plan.dtype, name, params, client)
+    else:
+        buffers = HostBuffers(layout, plan.device, plan.dtype, plan.pin_memory, plan.bucket_elems,
+                              flat_grads=plan.optimizer == "nvme" or plan.timing == "delayed")
+    threads = host_threads(plan.world_size, float(config.offload["cpuadam_cores_perc"])
+                           if config.offload["super_offload"] else None)
+    if threads is not None and plan.rank == 0:
+        log.info("zspeed: %d rank(s) on this host share its cores: %d CPU optimizer threads per rank "
+                 "(set ZSPEED_NUM_THREADS to choose)", comm.get_local_world_size(), threads)
+    if plan.optimizer == "nvme":
+        return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
+                        aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
+    return HostPath(layout, buffers, name, params, client=client, force_native=force,
+                    chunk_elems=plan.chunk_elems, num_threads=threads, timing=plan.timing)
+
+
+def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, force: bool):
+    """offload_optimizer.ratio < 1 (or "auto"): the optimizer split between the GPU and the CPU
+    (split.py); None when "auto" chooses to step everything on the CPU."""
+    from . import memory
+    from .split import SplitPath, choose_ratio, measure_rates
+    ratio = plan.ratio
+    threads = host_threads(plan.world_size, None)
+    device = plan.device
+    if ratio == "auto":
+        room = memory.gpu_room(device)
+        if room is not None:
+            room -= torch.cuda.memory_allocated(device)
+        cpu_s, gpu_s = measure_rates(device, name, params, force, threads) if room is not None else (None, None)
+        ratio = choose_ratio(sum(layout.totals), room, cpu_s, gpu_s)
+        msg = (f"zspeed: offload_optimizer.ratio \"auto\" -> {ratio:.3f}: the CPU steps {100 * ratio:.1f}% of the "
+               f"parameters, the GPU {100 * (1 - ratio):.1f}%" +
+               (f" (GPU room {room / 2**30:.1f} GiB, CPU {cpu_s * 1e9:.2f} ns/element, GPU "
+                f"{gpu_s * 1e9:.3f} ns/element)" if room is not None and cpu_s and gpu_s else " (no GPU)"))
+        log.warning(msg)
+        if ratio >= 1.0:
+            return None
+    return SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
+                     bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
+                     num_threads=threads, timing=plan.timing)

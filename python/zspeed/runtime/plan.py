@@ -1,0 +1,272 @@
+"""The run plan: the config and the launch turned, once, into the decisions every part of the
+engine is built from, and the one table of the combinations zspeed runs.
+
+Two things live here and nowhere else:
+
+- :data:`FEATURES`, the table of legal combinations. Each row is a setting (a config key, or
+  an argument of ``initialize``) with what it requires of the run: ZeRO stages, rank counts,
+  where the optimizer state lives, the optimizer, and the settings it excludes. Every refusal
+  of a combination is a row's message (:func:`check`), and the combinations table of
+  docs/CONFIG.md is the same rows rendered (:func:`combinations_table`), so the two cannot
+  disagree. The config parser checks the rows it can decide from the config alone (config.py);
+  the engine checks all of them once it knows the launch (world size, a client optimizer).
+- :class:`RunPlan`, a frozen record of what the engine assembles (assemble.py): which
+  parameter store (replicated, sharded over the ranks, or partitioned over a medium at ZeRO-3),
+  which communication strategy (none, on the device, on the host, or staged through the host
+  from the device), where the optimizer state lives (device, host, NVMe, or split between
+  the GPU and the host), and how the step is timed (synchronous, overlapped with the next
+  forward, or delayed by one step). Nothing downstream reads the raw config section again
+  for these decisions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .errors import ConfigError
+
+__all__ = ["Facts", "Requirement", "Feature", "FEATURES", "check", "RunPlan", "combinations_table"]
+
+_UNKNOWN = None  # a fact the config alone does not decide (known once the engine is built)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the table's rows look at. ``client`` and ``world_size`` may be unknown (None) at
+    config time."""
+    stage: int
+    offload: str             # offload_optimizer.device: none | cpu | nvme
+    param_offload: str       # offload_param.device: none | cpu | nvme
+    delayed: bool
+    overlap: bool
+    ratio: object            # 1.0 (no split), a float in (0, 1), or "auto"
+    optimizer: str | None    # the config's optimizer type (canonical), or the client's class
+    torch_adam: bool
+    world_size: int | None = _UNKNOWN
+    client: str | None = _UNKNOWN   # "none", "native" (zspeed's own CPU optimizers) or "other"
+
+    @classmethod
+    def from_config(cls, cfg, *, world_size: int | None = None, client: str | None = None) -> "Facts":
+        return cls(stage=cfg.zero_stage, offload=cfg.offload_device, param_offload=cfg.offload_param["device"],
+                   delayed=bool(cfg.offload["delayed_update"]), overlap=bool(cfg.offload["overlap_forward"]),
+                   ratio=cfg.offload["ratio"], optimizer=cfg.optimizer_name,
+                   torch_adam=bool((cfg.optimizer_params or {}).get("torch_adam")),
+                   world_size=world_size, client=client)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One condition of a row: ``fact`` must be one of ``allowed``. ``says`` follows the setting's
+    name in the refusal ("needs ...", "runs at ..."), ``why`` explains it, ``fix`` says what to do;
+    ``doc`` is the cell of the docs' table."""
+    fact: str
+    allowed: frozenset
+    says: str
+    why: str
+    fix: str
+    doc: str
+    column: str
+
+
+def _has(f: Facts, name: str) -> str:
+    """How a fact reads in a refusal ("this run has ...")."""
+    v = getattr(f, name)
+    return {"stage": f"stage {v}", "world_size": f"{v} rank(s)", "offload": f"offload_optimizer.device {v!r}",
+            "client": {"native": "a zspeed CPU optimizer passed to initialize()", "other":
+                       "an optimizer passed to initialize()", "none": "no optimizer passed"}.get(v, str(v)),
+            "optimizer": f"optimizer {v!r}", "delayed": "delayed_update on", "overlap": "overlap_forward on",
+            "split": "ratio < 1", "torch_adam": "torch_adam on"}.get(name, f"{name} {v!r}")
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A row of the table: a setting, when it is on, and what it requires."""
+    name: str                                   # the docs' first column
+    key: str                                    # the config path (or initialize's argument)
+    on: Callable[[Facts], bool]
+    requires: tuple
+    shown: Callable[[Facts], str] = field(default=lambda f: "")  # the value after the key
+
+    def refusal(self, f: Facts, req: Requirement) -> str:
+        return (f"{self.key}{self.shown(f)} {req.says} ({req.why}); this config has {_has(f, req.fact)}. "
+                f"{req.fix}")
+
+
+def _req(fact, allowed, says, why, fix, doc, column) -> Requirement:
+    return Requirement(fact, frozenset(allowed), says, why, fix, doc, column)
+
+
+def _cpu_offload(why: str) -> Requirement:
+    return _req("offload", {"cpu"}, "needs offload_optimizer.device \"cpu\"", why,
+                "Remove the key or offload to cpu.", "cpu", "optimizer offload")
+
+
+def _not_with_delayed() -> Requirement:
+    return _req("delayed", {False}, "and delayed_update cannot be combined",
+                "delayed_update runs the CPU step one step stale in the background",
+                "Turn one of them off: choose one.", "delayed_update", "not with")
+
+
+def _split(f: Facts) -> bool:
+    return f.ratio != 1.0
+
+
+FEATURES: tuple = (
+    Feature("parameter offload", "zero_optimization.offload_param.device",
+            lambda f: f.param_offload != "none",
+            (_req("stage", {3}, "needs zero_optimization.stage 3",
+                  "only stage 3 partitions and offloads parameters", "Set \"stage\": 3, or remove offload_param.",
+                  "3", "ZeRO stages"),),
+            shown=lambda f: f" {f.param_offload!r}"),
+    Feature("optimizer offload", "zero_optimization.offload_optimizer.device",
+            lambda f: f.offload != "none",
+            (_req("stage", {1, 2, 3}, "needs zero_optimization.stage 1, 2 or 3", "DeepSpeed offloads only under ZeRO",
+                  "Set \"stage\": 2.", "1-3", "ZeRO stages"),),
+            shown=lambda f: f" {f.offload!r}"),
+    Feature("optimizer on NVMe", "zero_optimization.offload_optimizer.device 'nvme'",
+            lambda f: f.offload == "nvme",
+            (_req("client", {"none", "native"}, "with a client optimizer passed to zspeed.initialize",
+                  "nvme offload runs zspeed's own Adam/AdamW/Adagrad/Lion kernels",
+                  "Configure the optimizer in the config's 'optimizer' section instead.",
+                  "config's or zspeed's", "optimizer"),
+             _req("torch_adam", {False}, "cannot use optimizer.params.torch_adam",
+                  "the NVMe swapper runs zspeed's own kernels", "Remove torch_adam.", "not torch_adam", "not with"))),
+    Feature("delayed update", "zero_optimization.offload_optimizer.delayed_update",
+            lambda f: f.delayed,
+            (_cpu_offload("the step it delays is the CPU optimizer's"),)),
+    Feature("overlap with the next forward", "zero_optimization.offload_optimizer.overlap_forward",
+            lambda f: f.overlap,
+            (_cpu_offload("the step it overlaps is the CPU optimizer's"),
+             _not_with_delayed(),
+             _req("stage", {1, 2}, "runs at ZeRO stage 1 or 2",
+                  "at stage 3 each module's parameters are gathered when it runs, from the step's host shards",
+                  "Remove the key (the step is then synchronous, and exact as well).", "1-2", "ZeRO stages"))),
+    Feature("GPU/CPU optimizer split", "zero_optimization.offload_optimizer.ratio",
+            _split,
+            (_cpu_offload("it splits the CPU optimizer's work with the GPU"),
+             _not_with_delayed(),
+             _req("stage", {1, 2}, "splits the optimizer of one rank at ZeRO stage 1 or 2",
+                  "the split of a ZeRO-3 partition is not built yet", "Use ratio 1 here.", "1-2", "ZeRO stages"),
+             _req("world_size", {1}, "splits the optimizer of one rank at ZeRO stage 1 or 2",
+                  "the split of each rank's shard is not built yet", "Use ratio 1 here.", "1", "ranks"),
+             _req("client", {"none"}, "builds its own Adam/AdamW on both sides from the config's optimizer "
+                  "section, so do not pass an optimizer to initialize()",
+                  "the GPU's half is torch's fused AdamW, the CPU's zspeed's",
+                  "Remove optimizer= (configure it in the 'optimizer' section), or use ratio 1.", "config's",
+                  "optimizer"),
+             _req("optimizer", {"Adam", "AdamW"}, "splits Adam/AdamW between the GPU and the CPU",
+                  "both halves must run the same algorithm", "Use Adam or AdamW, or ratio 1.", "Adam, AdamW",
+                  "optimizer")),
+            shown=lambda f: f" = {f.ratio!r}"),
+)
+
+
+def check(f: Facts) -> None:
+    """Raises the ConfigError of the first row ``f`` breaks (rows whose facts are unknown yet are
+    skipped: the engine checks them again once it knows them)."""
+    for feat in FEATURES:
+        if not feat.on(f):
+            continue
+        for req in feat.requires:
+            v = getattr(f, req.fact)
+            if v is _UNKNOWN:
+                continue
+            if v not in req.allowed:
+                raise ConfigError(feat.refusal(f, req))
+
+
+def combinations_table() -> str:
+    """The table's rows as markdown (docs/CONFIG.md, "Combinations")."""
+    cols = ["ZeRO stages", "ranks", "optimizer offload", "optimizer", "not with"]
+    lines = ["| setting | key | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    for feat in FEATURES:
+        cells = {c: [] for c in cols}
+        for req in feat.requires:
+            cells[req.column].append(req.doc)
+        lines.append(f"| {feat.name} | `{feat.key}` | " +
+                     " | ".join(", ".join(cells[c]) or "any" for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the plan ------------------------------------------------------------------------------------
+_COMM_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+                "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+_BUCKET_CAP = 1 << 24  # elements per bucket at most: large enough to amortize, small enough to overlap
+CHUNK_CAP = 1 << 26    # elements per CPU optimizer chunk at most
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the engine is assembled from (see the module docstring)."""
+    stage: int
+    world_size: int
+    rank: int
+    device: torch.device
+    dtype: torch.dtype            # the model's training dtype
+    store: str                    # "replicated" | "sharded" | "partitioned"
+    param_medium: str             # where a partitioned store keeps its shards: "device" | "host"
+    frozen_medium: str            # ... and the shards of parameters nothing trains: also "nvme"
+    comm: str                     # "none" | "device" (NCCL) | "host" (Gloo, host model) | "staged" (Gloo, CUDA)
+    optimizer: str                # "device" | "host" | "nvme" | "split"
+    timing: str                   # "sync" | "overlap" | "delayed"
+    ratio: object                 # the CPU's share with optimizer "split" (a float, or "auto")
+    unit_elems: int               # elements per unit of the partition (stage 3: one parameter per unit)
+    bucket_elems: int             # elements per gradient bucket (copies to the host)
+    chunk_elems: int              # elements per chunk of the CPU optimizer's step
+    reduce_overlap: bool          # zero_optimization.overlap_comm
+    comm_dtype: torch.dtype
+    pin_memory: bool
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this rank steps only its part of the parameters (stages 1-2 on several ranks,
+        and stage 3)."""
+        return self.store != "replicated"
+
+    @property
+    def host_comm(self) -> bool:
+        """Collectives on host tensors (Gloo), also with a CUDA model."""
+        return self.comm in ("host", "staged")
+
+    @classmethod
+    def build(cls, config, *, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
+              backend: str | None, client: str) -> "RunPlan":
+        """The plan of ``config`` for this launch (after :func:`check` of every row)."""
+        check(Facts.from_config(config, world_size=world_size, client=client))
+        stage = config.zero_stage
+        if stage == 3:
+            store = "partitioned"
+        elif world_size > 1 and stage >= 1:
+            store = "sharded"
+        else:
+            store = "replicated"
+        if world_size == 1:
+            comm = "none"
+        elif backend == "nccl":
+            comm = "device"
+        else:
+            comm = "staged" if device.type == "cuda" else "host"
+        pdev = config.offload_param["device"]
+        param_medium = "host" if pdev in ("cpu", "nvme") else "device"
+        off = config.offload
+        if config.offload_device == "nvme":
+            opt = "nvme"
+        elif config.offload_device == "cpu":
+            opt = "split" if off["ratio"] != 1.0 else "host"
+        else:
+            opt = "device"
+        timing = "delayed" if off["delayed_update"] else "overlap" if off["overlap_forward"] else "sync"
+        name = config.top["communication_data_type"]
+        if name is not None and name.lower() not in _COMM_DTYPES:
+            raise ConfigError(f"communication_data_type = {name!r} is not one of fp32, fp16, bf16.")
+        bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
+        return cls(stage=stage, world_size=world_size, rank=rank, device=device, dtype=dtype, store=store,
+                   param_medium=param_medium, frozen_medium="nvme" if pdev == "nvme" else param_medium,
+                   comm=comm, optimizer=opt, timing=timing, ratio=off["ratio"],
+                   unit_elems=1 if stage == 3 else bucket, bucket_elems=bucket,
+                   chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
+                   reduce_overlap=bool(config.zero["overlap_comm"]),
+                   comm_dtype=dtype if name is None else _COMM_DTYPES[name.lower()],
+                   pin_memory=bool(off["pin_memory"]))
