@@ -3,6 +3,7 @@ first access; needs torch) and :func:`adagrad_step` (numpy, no torch).
 torch.optim.Adagrad semantics with lr_decay = 0 (the only value supported)."""
 from __future__ import annotations
 
+from .. import _require_torch
 from . import _kernels
 
 __all__ = ["CPUAdagrad", "adagrad_step"]
@@ -25,6 +26,7 @@ def adagrad_step(param, grad, state_sum, *, lr=1e-2, weight_decay=0.0,
 
 def __getattr__(name):
     if name == "CPUAdagrad":
+        _require_torch(f"zspeed.ops.adagrad.{name}")
         from ._torch_optim import CPUAdagrad
         return CPUAdagrad
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@ rounding (nearest even) and the 8-bit state format.
 """
 from __future__ import annotations
 
+from .. import _require_torch
 from . import _kernels
 
 __all__ = ["CPUAdam", "DeepSpeedCPUAdam", "FusedAdam", "adam_step", "q8_quantize", "q8_dequantize"]
@@ -51,9 +52,11 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3,
 
 def __getattr__(name):
     if name == "CPUAdam":
+        _require_torch(f"zspeed.ops.adam.{name}")
         from ._torch_optim import CPUAdam
         return CPUAdam
     if name in ("DeepSpeedCPUAdam", "FusedAdam"):
+        _require_torch(f"zspeed.ops.adam.{name}")
         from . import _ds_optim
         return getattr(_ds_optim, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

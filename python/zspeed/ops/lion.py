@@ -6,6 +6,7 @@ DeepSpeed's names ``DeepSpeedCPULion`` (CPULion with DeepSpeed's defaults) and
 too; see zspeed.ops._ds_optim."""
 from __future__ import annotations
 
+from .. import _require_torch
 from . import _kernels
 
 __all__ = ["CPULion", "DeepSpeedCPULion", "FusedLion", "lion_step"]
@@ -24,9 +25,11 @@ def lion_step(param, grad, exp_avg, *, lr=1e-4, betas=(0.9, 0.99),
 
 def __getattr__(name):
     if name == "CPULion":
+        _require_torch(f"zspeed.ops.lion.{name}")
         from ._torch_optim import CPULion
         return CPULion
     if name in ("DeepSpeedCPULion", "FusedLion"):
+        _require_torch(f"zspeed.ops.lion.{name}")
         from . import _ds_optim
         return getattr(_ds_optim, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
