@@ -1,13 +1,17 @@
 """The ``zspeed`` command (``python -m zspeed``).
 
 Subcommands: ``report`` (environment report, ``--json``), ``to-fp32``
-(consolidate a checkpoint's fp32 weights, like DeepSpeed's zero_to_fp32) and
-``launch`` (DeepSpeed's launcher command line, see launch.py).
+(consolidate a checkpoint's fp32 weights, like DeepSpeed's zero_to_fp32),
+``launch`` (DeepSpeed's launcher command line, see launch.py) and ``bench``
+(the native command's benchmarks: adam, io, swap).
 """
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ._native import ZSpeedError
@@ -46,7 +50,37 @@ def _cmd_launch(argv: List[str]) -> int:
     return launch_main(argv)
 
 
+def native_command() -> Optional[Path]:
+    """The native ``zspeed`` executable (src/cli) that goes with this package: the wheel
+    carries it in ``zspeed/bin/``; a source checkout's package (python/zspeed, used in
+    place) finds the one CMake built in ``build/``. None when neither exists."""
+    exe = "zspeed.exe" if os.name == "nt" else "zspeed"
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "bin" / exe, here.parent.parent / "build" / exe):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _cmd_bench(argv: List[str]) -> int:
+    """``zspeed bench ...`` runs the native command's benchmarks (they time the C library
+    with no Python in the loop), so the command is the same however zspeed was installed."""
+    exe = native_command()
+    if exe is None:
+        sys.stderr.write(
+            "zspeed bench: the native benchmark command is not part of this installation. It comes "
+            "with the wheel (pip install . from a zspeed checkout) or with a CMake build of the "
+            "checkout (cmake -S . -B build && cmake --build build, then build/zspeed bench ...).\n")
+        return 2
+    try:
+        return subprocess.run([str(exe), "bench", *argv]).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
 COMMANDS: Dict[str, tuple] = {
+    "bench": (_cmd_bench, "run a benchmark of the C library: bench adam | io | swap ... "
+                          "(bench --help lists them)"),
     "launch": (_cmd_launch, "start a training script on several processes (DeepSpeed's "
                             "`deepspeed` launcher, over torchrun)"),
     "report": (_cmd_report, "print the environment report (--json for JSON)"),
