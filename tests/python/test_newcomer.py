@@ -101,3 +101,118 @@ def test_wheel_carries_the_native_command():
     if exe[0].filename.endswith("zspeed"):
         assert (exe[0].external_attr >> 16) & 0o111, oct(exe[0].external_attr >> 16)
 
+
+# -- the summary block of initialize() -----------------------------------------------------------
+
+def _engine(**zero):
+    cfg = config(zero_optimization=zero or dict(OFFLOAD))
+    engine, *_ = zspeed.initialize(model=mlp(), config=cfg)
+    return engine
+
+
+def _blocks(caplog) -> list:
+    return [r.getMessage() for r in caplog.records if r.name == "zspeed.summary" and r.levelno == logging.INFO]
+
+
+@needs_native
+def test_summary_block_names_what_the_run_is_made_of(caplog):
+    """One INFO block whose first line has DeepSpeed's format ("DeepSpeed info: version=...,
+    git-hash=..., git-branch=..."), then stage, offload, state dtype, timing, threads, SIMD
+    level, I/O backend, world size and memory per tier."""
+    from zspeed.runtime.summary import log_summary
+    engine = _engine(stage=2, offload_optimizer={"device": "cpu", "pin_memory": True})
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="zspeed"):
+            log_summary(engine)
+        blocks = _blocks(caplog)
+        assert len(blocks) == 1, blocks
+        text = blocks[0]
+        first = text.splitlines()[0]
+        assert re.fullmatch(r"\[Rank 0\] zspeed info: version=" + re.escape(zspeed.__version__)
+                            + r", git-hash=\S+, git-branch=\S+", first), first
+        simd = zspeed._native.lib.zs_simd_name(zspeed._native.lib.zs_simd_active()).decode() \
+            if hasattr(zspeed._native.lib, "zs_simd_active") else None
+        for needle in ("ZeRO stage ........ 2", "world size 1", "optimizer cpu (pinned)", "parameters none",
+                       "state fp32", "step synchronous", "SIMD", "threads", "I/O backend", "host ",
+                       "fp32 masters", "optimizer state (fp32)"):
+            assert needle in text, (needle, text)
+        if simd:
+            assert f"{simd} SIMD" in text, text
+    finally:
+        engine.close()
+
+
+@needs_native
+def test_summary_says_the_cpu_share_and_timing(caplog):
+    """offload_optimizer.ratio: the CPU's share of the parameters (the summary says whose share
+    the number is); overlap_forward and int8 states are named."""
+    from zspeed.runtime.summary import log_summary
+    engine = _engine(stage=2, offload_optimizer={"device": "cpu", "ratio": 0.5, "overlap_forward": True})
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="zspeed"):
+            log_summary(engine)
+        text = _blocks(caplog)[0]
+        m = re.search(r"ratio \.+ ([0-9.]+) \(given 0\.5\): the CPU steps ([0-9.]+)% of the parameters", text)
+        assert m, text
+        assert 0.0 < float(m.group(1)) < 1.0 and abs(float(m.group(1)) * 100 - float(m.group(2))) < 0.06, text
+        assert "overlap_forward" in text, text
+    finally:
+        engine.close()
+
+
+@needs_native
+def test_summary_quiet_on_other_ranks_and_with_the_config_key(caplog):
+    from zspeed.runtime.summary import log_summary
+    engine = _engine()
+    try:
+        with caplog.at_level(logging.INFO, logger="zspeed"):
+            caplog.clear()
+            engine._config.top["zspeed_summary"] = False
+            log_summary(engine)
+            assert _blocks(caplog) == []
+            engine._config.top["zspeed_summary"] = True
+            engine.global_rank = 1
+            log_summary(engine)
+            assert _blocks(caplog) == []
+    finally:
+        engine.close()
+
+
+@needs_native
+def test_initialize_logs_the_summary_once(caplog):
+    """Once ZSpeedEngine.__init__ calls log_summary, initialize() logs exactly one block."""
+    with caplog.at_level(logging.INFO, logger="zspeed"):
+        engine = _engine()
+    try:
+        blocks = _blocks(caplog)
+        if not blocks:
+            from zspeed.runtime import engine as engine_module
+            assert "log_summary" not in Path(engine_module.__file__).read_text(), "called but logged nothing"
+            pytest.skip("ZSpeedEngine.__init__ does not call runtime.summary.log_summary yet")
+        assert len(blocks) == 1 and "zspeed info: version=" in blocks[0], blocks
+    finally:
+        engine.close()
+
+
+@needs_native
+def test_summary_shows_without_logging_setup_and_a_level_hides_it(tmp_path):
+    """With no logging configured the block reaches stderr (as DeepSpeed's start-up lines do);
+    a WARNING level on the zspeed logger hides it."""
+    res = run_script(tmp_path, "summary.py", textwrap.dedent("""
+        import logging
+        import zspeed
+        from engine_helpers import OFFLOAD, config, mlp
+        from zspeed.runtime.summary import log_summary
+        engine, *_ = zspeed.initialize(model=mlp(), config=config(zero_optimization=OFFLOAD))
+        log_summary(engine)
+        logging.getLogger("zspeed").setLevel(logging.WARNING)
+        log_summary(engine)
+        engine.close()
+    """))
+    assert res.returncode == 0, res.stderr
+    # One block from log_summary, and one more once initialize() calls it itself.
+    assert res.stderr.count("zspeed info: version=") in (1, 2), res.stderr
+    assert "optimizer cpu" in res.stderr and res.stdout == "", res
+
