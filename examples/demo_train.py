@@ -5,13 +5,16 @@ A character-level GPT (examples/gpt.py, ~0.8M parameters by default) learns
 weights and the AdamW state live in CPU memory and are updated by zspeed's native
 CPU optimizer (ZeRO-2 with offload_optimizer cpu); the model runs on the GPU if
 there is one (bf16), else on the CPU (fp32). A progress bar shows loss, tokens/s
-and memory; at the end a text sample is generated and the checkpoint location printed.
+and memory; at the end a text sample is generated, the loss curve is saved next to the
+checkpoint (loss.csv, and loss.svg to look at in a browser) and the checkpoint location
+printed with the command that consolidates its fp32 weights.
 
     python examples/demo_train.py [--steps 1200] [--out runs/demo]
 """
 import argparse
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -44,6 +47,47 @@ def memory_text(device) -> str:
         return f"{rss / (2**20 if sys.platform == 'darwin' else 2**10):.0f}MiB rss"
     except ImportError:  # Windows has no resource module
         return "n/a"
+
+
+def write_loss_curve(out_dir: str, losses: list) -> tuple:
+    """Saves the per-step training loss as loss.csv (step, loss, its running average) and
+    loss.svg (a plain line chart: no plotting package needed); returns both paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path, svg_path = os.path.join(out_dir, "loss.csv"), os.path.join(out_dir, "loss.svg")
+    ema, rows = None, []
+    for i, lv in enumerate(losses, 1):
+        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        rows.append((i, lv, ema))
+    with open(csv_path, "w", encoding="utf-8") as f:
+        f.write("step,loss,loss_ema\n" + "".join(f"{i},{lv:.5f},{e:.5f}\n" for i, lv, e in rows))
+    w, h, left, bottom, top, right = 640, 360, 56, 40, 16, 16
+    hi = max(lv for _, lv, _ in rows) if rows else 1.0
+    n = max(1, len(rows))
+    def xy(i, v):
+        return (left + (w - left - right) * (i - 1) / max(1, n - 1), top + (h - top - bottom) * (1 - v / hi))
+    def line(pts, color, width):
+        return (f'<polyline fill="none" stroke="{color}" stroke-width="{width}" points="'
+                + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+    raw = [xy(i, lv) for i, lv, _ in rows]
+    avg = [xy(i, e) for i, _, e in rows]
+    ticks = "".join(f'<text x="{left - 6}" y="{xy(1, v)[1] + 4:.1f}" text-anchor="end">{v:.1f}</text>'
+                    f'<line x1="{left}" x2="{w - right}" y1="{xy(1, v)[1]:.1f}" y2="{xy(1, v)[1]:.1f}" '
+                    f'stroke="#ddd"/>' for v in [hi * k / 4 for k in range(5)])
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+           f'font-size="12"><rect width="100%" height="100%" fill="white"/>{ticks}'
+           f'{line(raw, "#9ecae1", 1)}{line(avg, "#08519c", 2)}'
+           f'<text x="{(w + left) / 2}" y="{h - 8}" text-anchor="middle">step (1 to {len(rows)})</text>'
+           f'<text x="{left + 8}" y="{top + 14}">training loss, nats/char (light: per step; dark: running '
+           f'average)</text></svg>\n')
+    with open(svg_path, "w", encoding="utf-8") as f:
+        f.write(svg)
+    return csv_path, svg_path
+
+
+def _shown(path: str) -> str:
+    """``path`` as the user can type it from the current folder."""
+    rel = os.path.relpath(path)
+    return shlex.quote(rel if not rel.startswith("..") else path)
 
 
 def main(argv=None):
@@ -105,13 +149,14 @@ def main(argv=None):
 
     tokens_per_step = args.batch * args.ctx
     bar = tqdm(range(args.steps), desc="train", unit="step", dynamic_ncols=True)
-    t0, ema = time.perf_counter(), None
+    t0, ema, losses = time.perf_counter(), None, []
     for step in bar:
         x, y = batch(train)
         loss = engine(x, y)
         engine.backward(loss)
         engine.step()
         lv = loss.item()
+        losses.append(lv)
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
         tps = tokens_per_step * (step + 1) / (time.perf_counter() - t0)
         bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}", mem=memory_text(dev))
@@ -130,7 +175,12 @@ def main(argv=None):
     ckpt = os.path.join(args.out, "checkpoints")
     engine.save_checkpoint(ckpt, client_state={"chars": "".join(chars), "gpt_config": gcfg.to_dict()})
     print(f"checkpoint: {os.path.abspath(os.path.join(ckpt, open(os.path.join(ckpt, 'latest')).read()))}")
-    print(f"  fp32 weights: zspeed to-fp32 {ckpt} {os.path.join(args.out, 'model_fp32.safetensors')}")
+    csv_path, svg_path = write_loss_curve(args.out, losses)
+    print(f"loss curve: {_shown(svg_path)} (open it in a browser; the numbers: {_shown(csv_path)})")
+    # The interpreter running this script has zspeed: its `-m zspeed` works whether or not
+    # the venv's bin folder is on PATH.
+    print(f"fp32 weights: {_shown(sys.executable)} -m zspeed to-fp32 {_shown(ckpt)} "
+          f"{_shown(os.path.join(args.out, 'model_fp32.safetensors'))}")
     return 0
 
 

@@ -216,3 +216,30 @@ def test_summary_shows_without_logging_setup_and_a_level_hides_it(tmp_path):
     assert res.stderr.count("zspeed info: version=") in (1, 2), res.stderr
     assert "optimizer cpu" in res.stderr and res.stdout == "", res
 
+
+# -- the demo's closing lines --------------------------------------------------------------------
+
+@needs_native
+def test_demo_prints_commands_that_work_and_saves_its_loss_curve(tmp_path):
+    """The to-fp32 hint runs as printed (no `zspeed` on PATH needed), and the loss curve is
+    next to the checkpoint (CSV and an SVG chart)."""
+    import shlex
+    import xml.dom.minidom
+    out = tmp_path / "demo"
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PATH="/usr/bin:/bin")
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_train.py"), "--steps", "6",
+                          "--sample-chars", "8", "--out", str(out)], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    hint = next(line for line in res.stdout.splitlines() if line.startswith("fp32 weights: "))
+    cmd = shlex.split(hint[len("fp32 weights: "):])
+    assert cmd[1:4] == ["-m", "zspeed", "to-fp32"], cmd
+    conv = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert conv.returncode == 0, conv.stderr
+    assert (out / "model_fp32.safetensors").is_file()
+    rows = (out / "loss.csv").read_text().splitlines()
+    assert rows[0] == "step,loss,loss_ema" and len(rows) == 7, rows
+    assert all(float(r.split(",")[1]) > 0 for r in rows[1:])
+    xml.dom.minidom.parse(str(out / "loss.svg"))
+    assert "loss curve: " in res.stdout
+
