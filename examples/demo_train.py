@@ -103,6 +103,8 @@ def main(argv=None):
     ap.add_argument("--sample-chars", type=int, default=400)
     ap.add_argument("--delayed-update", action="store_true",
                     help="offload_optimizer.delayed_update: the CPU step overlaps the next step (one step stale)")
+    ap.add_argument("--overlap-forward", action="store_true",
+                    help="offload_optimizer.overlap_forward: the CPU step runs during the next forward (exact)")
     args = ap.parse_args(argv)
 
     text = open(CORPUS, encoding="utf-8").read()
@@ -124,7 +126,8 @@ def main(argv=None):
                                                            "warmup_type": "linear", "cos_min_ratio": 0.1}},
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True,
-                                                               "delayed_update": args.delayed_update}},
+                                                               "delayed_update": args.delayed_update,
+                                                               "overlap_forward": args.overlap_forward}},
         "bf16": {"enabled": bool(cuda and torch.cuda.is_bf16_supported())},
         "steps_per_print": 0,
     }
