@@ -243,3 +243,32 @@ def test_demo_prints_commands_that_work_and_saves_its_loss_curve(tmp_path):
     xml.dom.minidom.parse(str(out / "loss.svg"))
     assert "loss curve: " in res.stdout
 
+
+# -- the README's numbers ------------------------------------------------------------------------
+
+def test_readme_numbers_come_from_the_results_table():
+    """Every number in the README's results section is in bench/RESULTS.md's table of quoted
+    numbers, each row naming machine, date, commit and command (bench/plots.py reads the same
+    table for the pictures), and every picture the README shows exists."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import plots
+    finally:
+        sys.path.pop(0)
+    rows = plots.quoted_rows(ROOT / "bench" / "RESULTS.md")
+    assert rows, "no table of quoted numbers in bench/RESULTS.md"
+    for r in rows:
+        for col in ("machine", "date", "commit", "command"):
+            assert r[col].strip() and r[col].strip() != "-", (col, r)
+        assert re.fullmatch(r"[0-9a-f]{7,40}", r["commit"].strip("` ")), r
+    values = {v for r in rows for v in plots.numbers(" ".join(r[c] for c in ("what", "value", "gpu_memory",
+                                                                           "machine", "date")))}
+    readme = (ROOT / "README.md").read_text()
+    sections = re.findall(r"<!-- numbers:begin -->(.*?)<!-- numbers:end -->", readme, re.S)
+    assert len(sections) >= 2, "the README's quick-start times and results are marked <!-- numbers:begin/end -->"
+    section = "\n".join(sections)
+    quoted = plots.numbers(re.sub(r"\([^)]*RESULTS[^)]*\)|`[^`]*`|\[[^\]]*\]\([^)]*\)", "", section))
+    missing = sorted(set(quoted) - values)
+    assert not missing, f"README numbers not in bench/RESULTS.md's table: {missing}"
+    for img in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
+        assert (ROOT / img).is_file(), img
