@@ -123,8 +123,9 @@ def summary_text(engine) -> str:
         backend = comm.get_backend() if comm.is_initialized() else "no process group"
     except Exception:  # noqa: BLE001
         local, backend = 1, "unknown"
+    plan = _get(engine, "plan")
     where = {"device": ", collectives on the device", "host": ", collectives on host tensors",
-             "staged": ", collectives staged through host memory"}.get(_get(_get(engine, "plan"), "comm"), "")
+             "staged": ", collectives staged through host memory"}.get(_get(plan, "comm"), "")
 
     layout = _get(engine, "_layout")
     total = sum(layout.totals) if layout is not None else sum(p.numel() for p in engine.module.parameters())
@@ -135,7 +136,6 @@ def summary_text(engine) -> str:
     params = dict(getattr(cfg, "optimizer_params", {}) or {})
     name = getattr(cfg, "optimizer_name", None) or (type(basic).__name__ if basic is not None else "none")
     state = str(params.get("state_dtype", "fp32"))
-    plan = _get(engine, "plan")
     how = _get(plan, "timing") or ("overlap" if off.get("overlap_forward") else
                                    "delayed" if off.get("delayed_update") else "sync")
     timing = {"overlap": "overlap_forward (the CPU step runs during the next forward)",
