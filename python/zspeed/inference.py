@@ -130,14 +130,16 @@ class InferenceEngine(torch.nn.Module):
     def _partition(self, model, zero: dict, off: dict) -> None:
         from .runtime.engine import _move_except
         from .runtime.layout import FlatLayout
-        from .runtime.zero3 import ParamFetcher, build_store
+        from .runtime.assemble import build_store
+        from .runtime.zero3 import ParamFetcher
         layout = FlatLayout([{"params": [p for p in model.parameters() if p.is_floating_point()]}])
         _move_except(model, self.device, self.dtype, layout.index)
         if comm.get_world_size() > 1:  # every rank's shard is cut from rank 0's weights
             _broadcast_from_rank0(model, self.device)
-        self._sm = build_store(layout, comm.get_world_size(), comm.get_rank(), self.device, self.dtype, off,
+        coll = _collectives(self.device)
+        self._sm = build_store(layout, comm.get_world_size(), comm.get_rank(), self.device, self.dtype, off, coll,
                                trained=False)
-        self._fetcher = ParamFetcher.from_zero(self._sm, model, zero, comm_cpu=comm.get_backend() != "nccl")
+        self._fetcher = ParamFetcher.from_zero(self._sm, model, zero, comm=coll)
 
     def forward(self, *args, **kwargs):
         with torch.no_grad():
@@ -155,6 +157,16 @@ class InferenceEngine(torch.nn.Module):
             sm.close()
 
     destroy = close
+
+
+def _collectives(device: torch.device):
+    """The comm strategy of this process group for a model on ``device`` (runtime/collectives.py)."""
+    from .runtime.collectives import Collectives
+    if comm.get_world_size() == 1:
+        return Collectives("none", device)
+    if comm.get_backend() == "nccl":
+        return Collectives("device", device)
+    return Collectives("staged" if device.type == "cuda" else "host", torch.device("cpu"))
 
 
 def _broadcast_from_rank0(model: torch.nn.Module, device: torch.device) -> None:

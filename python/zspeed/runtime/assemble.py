@@ -3,8 +3,8 @@ decisions pick classes. Each part is then used through its own interface, whatev
 stage, the rank count or the tiering:
 
 - the parameter store: the model's own parameters (replicated), one flat buffer per unit
-  with this rank's shards (sharded, dp.ShardedModel), or only the shards, on a medium
-  (partitioned, zero3.Stage3Model; NVMe for parameters nothing trains);
+  with this rank's shards (sharded, store.ShardedStore), or only the shards, on a medium
+  (partitioned, store.PartitionedStore; NVMe for parameters nothing trains: zero3_nvme.py);
 - the optimizer path over the store's local space (paths.py, cpu.py, nvme.py, split.py),
   with its host buffers and gradient reducer where it needs them.
 """
@@ -16,8 +16,9 @@ import os
 import torch
 
 from .. import comm
+from .collectives import Collectives
 from .cpu import HostPath
-from .dp import ShardedBuffers, ShardedDevicePath, ShardedModel
+from .dp import ShardedBuffers, ShardedDevicePath
 from .layout import FlatLayout
 from .nvme import NVMePath
 from .offload import HostBuffers
@@ -25,10 +26,11 @@ from .optimizers import client_as_config, native_client
 from .partition import PartitionPlan
 from .paths import DevicePath, OptimizerPath
 from .plan import RunPlan
+from .store import PartitionedStore, ShardedStore
 
 log = logging.getLogger("zspeed.engine")
 
-__all__ = ["client_kind", "host_threads", "optimizer_path", "param_store"]
+__all__ = ["client_kind", "host_threads", "optimizer_path", "param_store", "build_store"]
 
 
 def client_kind(client) -> str:
@@ -53,20 +55,42 @@ def host_threads(world_size: int, share: float | None = None) -> int | None:
     return max(1, int(cores // local * (1.0 if share is None else share)))
 
 
-def param_store(plan: RunPlan, config, layout: FlatLayout):
+def param_store(plan: RunPlan, config, layout: FlatLayout, coll: Collectives):
     """The store of the trained parameters: None for the model's own (replicated) parameters."""
     if plan.store == "partitioned":
-        # One unit per parameter (unit_elems 1): each is gathered and reduced on its own.
-        from .zero3 import build_store
-        return build_store(layout, plan.world_size, plan.rank, plan.device, plan.dtype, config.offload_param)
+        return build_store(layout, plan.world_size, plan.rank, plan.device, plan.dtype, config.offload_param, coll)
     if plan.store == "sharded":
         part = PartitionPlan(layout.numels, plan.world_size, plan.rank, unit_elems=plan.unit_elems)
-        return ShardedModel(layout, part, plan.device, plan.dtype)
+        return ShardedStore(layout, part, plan.device, plan.dtype, coll)
     return None
 
 
-def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client) -> OptimizerPath:
-    """The optimizer path of the plan (``client``: the optimizer passed to initialize, or None)."""
+def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
+                offload_param: dict, coll: Collectives, *, trained: bool = True, aio: dict | None = None):
+    """The ZeRO-3 store of ``layout`` (one unit per parameter: each is gathered and reduced on
+    its own) with its shards where the offload_param section says: host memory (page-locked on
+    CUDA with pin_memory), the device, or, for parameters nothing trains (``trained`` False), a
+    file under nvme_path (zero3_nvme.py; trained parameters stay in host memory with nvme, as
+    that module says)."""
+    part = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
+    where = offload_param.get("device", "none")
+    pin = where in ("cpu", "nvme") and device.type == "cuda" and bool(offload_param.get("pin_memory", False))
+    if where == "nvme" and not trained:
+        from .zero3_nvme import NVMeParamStore
+        return NVMeParamStore(layout, part, device, dtype, coll, nvme_path=offload_param["nvme_path"],
+                              buffer_count=int(offload_param.get("buffer_count", 5)),
+                              buffer_size=int(offload_param.get("buffer_size", 100_000_000)),
+                              max_in_cpu=int(offload_param.get("max_in_cpu", 1_000_000_000)), pin=pin, aio=aio)
+    if where == "nvme":
+        log.info("zspeed zero3: offload_param nvme keeps the trained parameters' shards in host memory (the "
+                 "optimizer writes their new weights there every step); parameters nothing trains go to NVMe")
+    param_device = torch.device("cpu") if where in ("cpu", "nvme") else device
+    return PartitionedStore(layout, part, device, dtype, coll, param_device=param_device, pin=pin)
+
+
+def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client, coll: Collectives) -> OptimizerPath:
+    """The optimizer path of the plan (``client``: the optimizer passed to initialize, or None),
+    over the parameter store it needs."""
     name, params = config.optimizer_name, config.optimizer_params
     if client is not None:
         name, params = None, {}  # the client's optimizer replaces the config's (DeepSpeed's rule)
@@ -80,10 +104,9 @@ def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client) -> Optimiz
         split = _split_path(plan, config, layout, name, params, force)
         if split is not None:  # "auto" may choose 1: the ordinary cpu path
             return split
-    store = param_store(plan, config, layout)
+    store = param_store(plan, config, layout, coll)
     if store is not None:
-        kw = dict(stage=plan.stage, overlap=plan.reduce_overlap, comm_cpu=plan.host_comm,
-                  comm_dtype=plan.comm_dtype)
+        kw = dict(stage=plan.stage, overlap=plan.reduce_overlap, comm=coll, comm_dtype=plan.comm_dtype)
         if plan.optimizer == "device":
             return ShardedDevicePath(store, name, params, client, **kw)
         buffers = ShardedBuffers(store, pin_memory=plan.pin_memory, **kw)

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from .zero3 import full_numel
+from .store import full_numel
 from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, CheckpointError, CheckpointReader, Deferred,
                                SaveTransaction, StagingWriter, _Dir, _oserror, json_depth, open_for_load,
                                validate_tag)

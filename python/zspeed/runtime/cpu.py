@@ -121,8 +121,7 @@ class HostPath(OffloadedPath):
         if sm is None:
             self._waits = [(i, None) for i in range(len(self.chunks))]
             return
-        import torch.distributed as td
-        self._bg_group = td.new_group(ranks=list(range(sm.world_size)), backend=td.get_backend(sm.group))
+        self._bg_group = sm.comm.new_group()
         units = sm.entry_units()
         last: dict = {}
         for (gi, ei), ci in self._chunk_of.items():

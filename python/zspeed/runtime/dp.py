@@ -1,32 +1,25 @@
-"""Data parallelism: ZeRO stages 1 and 2 over several ranks (torch.distributed).
+"""Data parallelism: the gradient reducer of ZeRO stages 1-3 over several ranks, and the
+optimizer paths' pieces that go with it (torch.distributed, through collectives.py).
 
-Every rank holds the whole model (on its GPU, or the CPU) and trains it on its own
-micro-batches. The partition plan (partition.py) cuts each parameter group into
-units of whole parameters and every unit into one shard per rank. Three pieces
-build on it:
+The parameter store (store.py) holds the partition plan: each parameter group is cut into
+units of whole parameters and every unit into one shard per rank; this rank's shards are its
+local space, which the optimizer paths step. Here:
 
-:class:`ShardedModel`
-    flattens the parameters of each unit into one buffer on the model's device
-    (each parameter becomes a view of it, so an all-gather into the buffer updates
-    the model in place), and describes this rank's *local space*: its shards of
-    the group's units, laid out as a :class:`~zspeed.runtime.layout.FlatLayout`
-    whose "parameters" are the pieces of real parameters it owns plus the padding
-    at the end of a shard. The optimizer paths (cpu.py, nvme.py and
-    :class:`ShardedDevicePath` below) work on that layout exactly as they work on
-    the whole model in one process: pieces are stepped like parameters (padding
-    stays zero: zero gradient, zero weight, zero state).
 :class:`GradReducer`
     reduce-scatters each unit's gradients into this rank's shard: on the boundary
     micro-batch a hook per parameter copies its gradient into the unit's buffer;
     with stage 2 a unit's collective starts as soon as all its gradients are there
     (asynchronously with overlap_comm, else waited for before backward goes on),
-    with stage 1 every unit is reduced after backward. Collectives are issued in one
-    fixed order (descending unit index, the order backward usually produces them), so
-    every rank issues the same sequence whatever order its hooks fire in.
+    with stage 1 every unit is reduced after backward, and with stage 3 during every
+    micro-batch's backward, the reduced shards accumulated in the destination. Collectives
+    are issued in one fixed order (descending unit index, the order backward usually
+    produces them), so every rank issues the same sequence whatever order its hooks fire in.
 :class:`ShardedBuffers`
-    the interface of offload.HostBuffers for the offloaded paths: host buffers in the
-    local space, the reduced gradients, and the way back: the updated shard goes into
-    the unit buffer and one all-gather per unit gives every rank every weight.
+    offload.HostBuffers for a store: host buffers in the local space, the reduced
+    gradients, and the way back: the store publishes the new shards (an all-gather per
+    unit at stages 1-2, the shards themselves at stage 3).
+:class:`ShardedDevicePath`
+    torch's optimizer on the device over the local space (offload_optimizer none).
 
 Gradient accumulation sums on the device between boundaries (no communication);
 the boundary's backward reduces the sum. Gradients are summed across ranks and the
@@ -35,136 +28,24 @@ unscale/clip multiplier), so no extra pass runs over them; the sum of squares an
 overflow flag each rank computes over its shard are all-reduced by the engine, so
 every rank takes the same skip/clip decision.
 
-Communication device: NCCL reduces on the GPU, and only the shard crosses to the host
-(offload); Gloo reduces host tensors, so with a CUDA model (Windows) the unit's
-gradients are copied to the host first and reduced there, after backward (Gloo cannot
-overlap with the GPU's work here). On a CPU-only run everything is host memory.
+Where a reduced shard lands: with the collective on the GPU (NCCL, or one rank of a CUDA
+model) on a side stream, whose kernels also take each shard's norm (nearly free there, and
+the step then needs no CPU pass over the gradients); with the collective on the host (Gloo)
+in host memory, after the collective completes. With a CUDA model on Gloo (Windows) the
+unit's gradients are copied to the host and reduced there after backward (Gloo cannot
+overlap with the GPU's work here).
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
-import torch.distributed as td
 
-from .layout import FlatLayout
-from .offload import HostBuffers, _unpin, alloc_host
-from .partition import PartitionPlan
+from .collectives import Collectives
+from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
+from .store import ParamStore, flat_base
 
-
-__all__ = ["ShardedModel", "GradReducer", "ShardedBuffers", "ShardedDevicePath"]
-
-
-class ShardedModel:
-    """The model's parameters flattened per unit on its device, and this rank's local space."""
-
-    def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
-                 group=None):
-        self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
-        self.group = group
-        self.rank, self.world_size = plan.rank, plan.world_size
-        # Per group, per unit: one flat buffer holding the unit's parameters.
-        self.bufs: list[list[torch.Tensor]] = []
-        with torch.no_grad():
-            for gi, gp in enumerate(plan.groups):
-                row = []
-                for u in gp.units:
-                    buf = torch.zeros(u.padded, dtype=dtype, device=device)
-                    at = 0
-                    for pi in range(u.first, u.first + u.count):
-                        p = layout.params[gi][pi]
-                        n = p.numel()
-                        view = buf[at:at + n]
-                        view.copy_(p.detach().reshape(-1))
-                        p.data = view.view(p.shape)
-                        at += n
-                    row.append(buf)
-                self.bufs.append(row)
-        self._build_local()
-
-    def _build_local(self) -> None:
-        """The local space: per group, the pieces (plus padding) in local order, as views of
-        this rank's shards (:meth:`shard`)."""
-        layout, plan = self.layout, self.plan
-        self.pieces: list[list] = []      # per group: (Piece or None for padding, local start, length)
-        local_params: list[list[torch.Tensor]] = []
-        for gi, gp in enumerate(plan.groups):
-            entries, tensors = [], []
-            by_unit: dict = {}
-            for pc in plan.pieces(gi):
-                by_unit.setdefault(pc.unit, []).append(pc)
-            for ui, u in enumerate(gp.units):
-                shard0 = gp.local_start[ui]
-                at = shard0
-                for pc in by_unit.get(ui, ()):
-                    entries.append((pc, pc.at, pc.length))
-                    tensors.append(self.shard(gi, ui)[pc.at - shard0:pc.at - shard0 + pc.length])
-                    at = pc.at + pc.length
-                if at < shard0 + u.shard:  # padding (or a shard holding nothing real)
-                    entries.append((None, at, shard0 + u.shard - at))
-                    tensors.append(self.shard(gi, ui)[at - shard0:])
-            self.pieces.append(entries)
-            local_params.append(tensors)
-        self.local_layout = FlatLayout(layout.with_params(local_params))
-
-    def cut(self, full) -> list:
-        """Per group, per entry of the local space (ShardedModel.pieces), the piece of
-        ``full(gi, pi)`` (parameter pi of group gi, flattened) as fp32, or zeros for padding."""
-        rows = []
-        for gi, entries in enumerate(self.pieces):
-            rows.append([torch.zeros(n, dtype=torch.float32) if pc is None else
-                         full(gi, pc.param).reshape(-1)[pc.offset:pc.offset + n].to("cpu", torch.float32)
-                         for pc, _at, n in entries])
-        return rows
-
-    def shard(self, gi: int, ui: int) -> torch.Tensor:
-        """This rank's shard of unit ui of group gi (a view of the unit's buffer)."""
-        u = self.plan.groups[gi].units[ui]
-        return self.bufs[gi][ui].narrow(0, self.rank * u.shard, u.shard)
-
-    def local_range(self, gi: int, ui: int) -> tuple[int, int]:
-        """(start, length) of unit ui's shard in the local space of group gi."""
-        gp = self.plan.groups[gi]
-        return gp.local_start[ui], gp.units[ui].shard
-
-    def all_gather(self, comm_cpu: bool, host_out: list | None = None) -> None:
-        """Every rank's updated shards into every unit buffer (so into the parameters).
-
-        comm_cpu with a CUDA model (Gloo): the shards are gathered from ``host_out`` (per
-        group, the flat local-space host buffer holding the new weights) on the host and
-        the whole unit is then copied to the device."""
-        for gi, row in enumerate(self.bufs):
-            for ui in range(len(row)):
-                self.all_gather_unit(gi, ui, comm_cpu, host_out)
-
-    def all_gather_unit(self, gi: int, ui: int, comm_cpu: bool, host_out: list | None = None,
-                        group=None) -> None:
-        """:meth:`all_gather` for unit ui of group gi alone, on ``group`` (default: the model's)."""
-        group = self.group if group is None else group
-        buf, (start, n) = self.bufs[gi][ui], self.local_range(gi, ui)
-        with torch.no_grad():
-            if comm_cpu and self.device.type == "cuda":
-                full = torch.empty(buf.numel(), dtype=buf.dtype)
-                td.all_gather_into_tensor(full, host_out[gi][start:start + n].contiguous(), group=group)
-                buf.copy_(full, non_blocking=False)
-            elif self.device.type == "cuda":
-                td.all_gather_into_tensor(buf, self.shard(gi, ui), group=group)
-            else:  # Gloo on host tensors: the input must not alias the output
-                td.all_gather_into_tensor(buf, self.shard(gi, ui).clone(), group=group)
-
-    def entry_units(self) -> list:
-        """Per group, for each entry of the local space (:attr:`pieces`), the unit it lies in."""
-        out = []
-        for gi, entries in enumerate(self.pieces):
-            gp, row, ui = self.plan.groups[gi], [], 0
-            for _pc, at, _n in entries:  # in local order
-                while ui + 1 < len(gp.units) and gp.local_start[ui + 1] <= at:
-                    ui += 1
-                row.append(ui)
-            out.append(row)
-        return out
+__all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath"]
 
 
 class GradReducer:
@@ -172,26 +53,28 @@ class GradReducer:
     (see the module docstring). ``dests``: per group, a flat buffer of the local space
     (host or device, any float dtype) that receives the summed shard."""
 
-    def __init__(self, sharded: ShardedModel, dests: list, *, stage: int, overlap: bool, comm_cpu: bool,
+    def __init__(self, store: ParamStore, dests: list, *, stage: int, overlap: bool, comm: Collectives,
                  comm_dtype: torch.dtype):
-        self.sm, self.dests = sharded, dests
-        self.layout = sharded.layout
-        self.device = sharded.device
+        self.sm, self.dests = store, dests
+        self.layout = store.layout
+        self.device = store.device
         self.cuda = self.device.type == "cuda"
-        self.comm_cpu = comm_cpu
+        self.comm = comm
         self.comm_dtype = comm_dtype
         # Stage 1 reduces after backward; stage 2 during it (Gloo with a CUDA model after,
         # as the copies to the host must complete first). Stage 3 reduces during every
         # micro-batch's backward (the device keeps no gradient between micro-batches) and
         # accumulates the reduced shards in ``dests``.
         self.accumulate = stage >= 3
-        if sharded.world_size == 1:
-            comm_cpu = self.comm_cpu = False  # nothing to communicate
-        self.eager = self.accumulate or (stage >= 2 and not (comm_cpu and self.cuda))
+        self.eager = self.accumulate or (stage >= 2 and comm.kind != "staged")
         self.overlap = overlap
-        self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
+        # Where a reduced shard lands (the module docstring), decided once.
+        on_device = comm.device.type == "cuda"
+        self.device_norms = on_device
+        self._land = self._land_on_device if on_device else self._land_on_host
+        self.side = torch.cuda.Stream(device=self.device) if on_device else None
         self._armed = False
-        self._order = [(gi, ui) for gi, gp in enumerate(sharded.plan.groups) for ui in range(len(gp.units))]
+        self._order = [(gi, ui) for gi, gp in enumerate(store.plan.groups) for ui in range(len(gp.units))]
         self._order.reverse()
         self.reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -254,89 +137,59 @@ class GradReducer:
     def _issue_unit(self, gi: int, ui: int, buf: torch.Tensor) -> None:
         start, n = self.sm.local_range(gi, ui)
         dest = self.dests[gi][start:start + n]
-        group = self.sm.group
+        first = True  # stage 3 adds into dest after its first micro-batch since the last step
         if self.accumulate:
-            self._issue_accumulate(gi, ui, buf, dest, n)
-            return
-        if self.comm_cpu and self.cuda:
-            host = torch.empty(buf.numel(), dtype=buf.dtype, pin_memory=False)
-            host.copy_(buf)
-            out = torch.empty(n, dtype=buf.dtype)
-            td.reduce_scatter_tensor(out, host, group=group)
-            dest.copy_(out)
-            return
-        if not self.cuda:  # host tensors (Gloo)
-            same = dest.dtype == buf.dtype and dest.is_contiguous()
-            out = dest if same else torch.empty(n, dtype=buf.dtype)
-            work = td.reduce_scatter_tensor(out, buf, group=group, async_op=True)
-            self._works.append((work, None if same else (lambda o=out, d=dest: d.copy_(o)), buf))
-            if not self.overlap:
-                self._finish_all()
-            return
-        # CUDA with NCCL: reduce on the device, then the shard goes where dests says.
-        out = torch.empty(n, dtype=buf.dtype, device=self.device)
-        work = td.reduce_scatter_tensor(out, buf, group=group, async_op=True)
-        with torch.cuda.stream(self.side):
-            work.wait()  # the side stream waits for the collective
-            self._norms.append(torch.linalg.vector_norm(out, 2, dtype=torch.float32))
-            dest.copy_(out, non_blocking=True)
-            out.record_stream(self.side)
-            buf.record_stream(self.side)
-        if not self.overlap:
-            torch.cuda.current_stream(self.device).wait_stream(self.side)
+            first = (gi, ui) not in self._fresh
+            self._fresh.add((gi, ui))
+        # Summed straight into dest where the collective can write it (host memory, same dtype).
+        into = None if self.accumulate else dest
+        out, work, keep = self.comm.reduce_scatter(buf, n, out=into)
+        self._land(out, work, dest, first, (buf, keep))
 
-    def _reduce(self, buf: torch.Tensor, n: int, device) -> tuple:
-        """(the reduced shard of ``buf`` as a tensor on ``device``, the collective's work or None)."""
-        if self.sm.world_size == 1:
-            return buf, None
-        out = torch.empty(n, dtype=buf.dtype, device=device)
-        return out, td.reduce_scatter_tensor(out, buf, group=self.sm.group, async_op=True)
-
-    def _issue_accumulate(self, gi: int, ui: int, buf: torch.Tensor, dest: torch.Tensor, n: int) -> None:
-        """Stage 3: the unit's reduced shard added into ``dest`` (copied on its first micro-batch
-        since the last step); the norm is taken of the sum, on the boundary micro-batch."""
-        first = (gi, ui) not in self._fresh
-        self._fresh.add((gi, ui))
-        if self.comm_cpu and self.cuda:  # Gloo with a CUDA model: reduce on the host, synchronously
-            host = buf.to("cpu")
-            out, work = self._reduce(host, n, "cpu")
-            if work is not None:
-                work.wait()
-            dest.copy_(out) if first else dest.add_(out)
-            return
-        if not self.cuda:
-            out, work = self._reduce(buf, n, "cpu")
-
-            def finish(o=out, d=dest, f=first):
+    def _land_on_host(self, out, work, dest, first: bool, keep) -> None:
+        """The reduced shard ``out`` (host memory) into ``dest`` once the collective is done."""
+        def finish(o=out, d=dest, f=first):
+            if o is not d:
                 d.copy_(o) if f else d.add_(o)
-            if work is None:
-                finish()
-            else:
-                self._works.append((work, finish, buf))
-                if not self.overlap:
-                    self._finish_all()
+        if work is None:
+            finish()
             return
-        out, work = self._reduce(buf, n, self.device)
+        self._works.append((work, finish, keep))
+        if not self.overlap:
+            self._finish_all()
+
+    def _land_on_device(self, out, work, dest, first: bool, keep) -> None:
+        """The reduced shard ``out`` (on the GPU) into ``dest`` on the side stream, with its norm
+        (stage 3: of the sum, on the boundary micro-batch)."""
         producer = torch.cuda.current_stream(self.device)  # where the unit's gradients were copied
         with torch.cuda.stream(self.side):
-            self.side.wait_stream(producer)
+            if self.accumulate:
+                self.side.wait_stream(producer)
             if work is not None:
-                work.wait()
-            if dest.device.type == "cuda":
-                dest.copy_(out) if first else dest.add_(out)
-                val = dest
-            elif first:
-                val = out
+                work.wait()  # the side stream waits for the collective
+            if not self.accumulate:
+                self._norms.append(torch.linalg.vector_norm(out, 2, dtype=torch.float32))
+                dest.copy_(out, non_blocking=True)
             else:
-                val = dest.to(self.device, non_blocking=True)
-                val.add_(out)
-            if self._boundary:
-                self._norms.append(torch.linalg.vector_norm(val, 2, dtype=torch.float32))
-            if val is not dest:
-                dest.copy_(val, non_blocking=True)
-                val.record_stream(self.side)
+                if dest.device.type == "cuda":
+                    dest.copy_(out) if first else dest.add_(out)
+                    val = dest
+                elif first:
+                    val = out
+                else:
+                    val = dest.to(self.device, non_blocking=True)
+                    val.add_(out)
+                if self._boundary:
+                    self._norms.append(torch.linalg.vector_norm(val, 2, dtype=torch.float32))
+                if val is not dest:
+                    dest.copy_(val, non_blocking=True)
+                    val.record_stream(self.side)
             out.record_stream(self.side)
-            buf.record_stream(self.side)
+            for t in keep:
+                if torch.is_tensor(t) and t.is_cuda:
+                    t.record_stream(self.side)
+        if not self.overlap and not self.accumulate:
+            producer.wait_stream(self.side)
 
     def _flush(self) -> None:
         """Every unit not issued yet is reduced now, in the fixed order (stage 3: at the end of
@@ -371,7 +224,7 @@ class GradReducer:
         if not self.accumulate:
             self._flush()
         self._finish_all()
-        if self.cuda:
+        if self.side is not None:
             self.side.synchronize()
         if self.accumulate:
             for gi, gp in enumerate(self.sm.plan.groups):
@@ -400,17 +253,6 @@ class GradReducer:
         self._taken: set = set()    # (group, param) whose gradient is in its unit buffer
 
 
-def _flat_base(views: list, flats: list) -> list | None:
-    """Per group, the flat tensor whose per-piece views ``views`` are (None if not among ``flats``)."""
-    out = []
-    for gi, row in enumerate(views):
-        hit = next((f for f in flats if row and f.data_ptr() == row[0].data_ptr()), None)
-        if hit is None:
-            return None
-        out.append(hit)
-    return out
-
-
 class _ShardedSource:
     """offload.HostBuffers' gradient source for several ranks: the GradReducer's shards."""
 
@@ -437,42 +279,28 @@ class _ShardedSource:
 
 
 class ShardedBuffers(HostBuffers):
-    """offload.HostBuffers for several ranks (see the module docstring): host buffers in this
-    rank's local space, gradients reduce-scattered into them, weights all-gathered back. What
-    does not depend on the ranks (pinning, the gradient source's calls, waiting for the last
-    step's copies) is HostBuffers' own."""
+    """offload.HostBuffers over a parameter store (see the module docstring): host buffers in
+    this rank's local space, gradients reduce-scattered into them, new weights published by
+    the store. What does not depend on the store (pinning, the gradient source's calls,
+    waiting for the last step's copies) is HostBuffers' own."""
 
-    def __init__(self, sm: ShardedModel, *, pin_memory: bool, stage: int, overlap: bool, comm_cpu: bool,
+    def __init__(self, store: ParamStore, *, pin_memory: bool, stage: int, overlap: bool, comm: Collectives,
                  comm_dtype: torch.dtype):
-        self.sm = sm
-        self.layout = sm.local_layout
-        self.device = sm.device
-        self.cuda = self.device.type == "cuda"
-        self.model_dtype = sm.dtype
-        self.comm_cpu = comm_cpu
-        self._pin = self.cuda and pin_memory
-        self._pinned_ptrs: list[int] = []
-        self._pinned_any = False
-        weakref.finalize(self, _unpin, self._pinned_ptrs)
-        self._flats: list = []
-        self.flat_grads, self.grads = self.alloc(sm.dtype)
-        self.reducer = GradReducer(sm, self.flat_grads, stage=stage, overlap=overlap, comm_cpu=comm_cpu,
-                                   comm_dtype=comm_dtype)
-        self._source = _ShardedSource(self.reducer, self.grads, device_norms=self.cuda and not comm_cpu)
-        self._h2d_done = None
+        self.sm = store
+        self._reducer_args = dict(stage=stage, overlap=overlap, comm=comm, comm_dtype=comm_dtype)
         self._pending_src = None
+        super().__init__(store.local_layout, store.device, store.dtype, pin_memory, 0, flat_grads=True)
+
+    def _gradient_source(self, bucket_elems: int):
+        self.reducer = GradReducer(self.sm, self.flat_grads, **self._reducer_args)
+        return _ShardedSource(self.reducer, self.grads, device_norms=self.reducer.device_norms)
 
     def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
-        """(one flat zeroed host buffer per group of the local space, per group the per-piece
-        views), page-locked on CUDA with pin_memory."""
-        flats = []
-        for total in self.layout.totals:
-            t, pinned = alloc_host(total, dtype, self._pin, self._pinned_ptrs)
-            t.zero_()  # padding stays zero
-            self._pinned_any = self._pinned_any or pinned
-            flats.append(t)
-        self._flats.extend(flats)
-        return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
+        """As HostBuffers.alloc, zeroed: the padding of the local space stays zero."""
+        flats, views = super().alloc(dtype)
+        for t in flats:
+            t.zero_()
+        return flats, views
 
     # -- gradients (the source's calls are HostBuffers') -------------------------------------------
     def _retarget(self, flat: list, views: list) -> None:
@@ -487,40 +315,28 @@ class ShardedBuffers(HostBuffers):
 
     # -- weights ----------------------------------------------------------------------------------
     def write_back(self, src: list, keys: list) -> None:
-        """Puts the new weights of the pieces ``keys`` into this rank's shards of the unit
-        buffers (on the host path with Gloo and a CUDA model: remembered for the all-gather,
-        which then runs on the host)."""
+        """The new weights of the pieces ``keys`` are in ``src``: the store publishes them (at
+        :meth:`end_write_back`, or unit by unit with :meth:`gather_unit`)."""
         self._pending_src = src
-        if self.comm_cpu and self.cuda:
-            return
-        with torch.no_grad():
-            for gi, pi in keys:
-                p, s = self.layout.params[gi][pi], src[gi][pi]
-                if s.data_ptr() != p.data_ptr():
-                    p.copy_(s, non_blocking=self.cuda)
 
     def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
-        """After :meth:`write_back` of every piece of unit ui (group gi): its all-gather on
-        ``group`` (offload_optimizer.overlap_forward runs it from the step's own thread, on a
-        process group of its own, so it never interleaves with the training thread's
-        collectives)."""
-        host_out = _flat_base(src, self._flats) if self.comm_cpu and self.cuda else None
-        self.sm.all_gather_unit(gi, ui, self.comm_cpu, host_out, group)
+        """Once every piece of unit ui (group gi) is stepped: its new shard published, with the
+        collective on ``group`` (offload_optimizer.overlap_forward runs it from the step's own
+        thread, on a process group of its own, so it never interleaves with the training
+        thread's collectives)."""
+        self.sm.publish_unit(gi, ui, flat_base(src, self._flats), group)
 
     def end_write_back(self) -> None:
-        """One all-gather per unit: every rank's new shard into every rank's parameters."""
-        host_out = None
-        if self.comm_cpu and self.cuda:
-            host_out = _flat_base(self._pending_src, self._flats)
-        self.sm.all_gather(self.comm_cpu, host_out)
-        self._pending_src = None
+        """Every rank's new shards into every rank's parameters (the store's publish)."""
+        src, self._pending_src = self._pending_src, None
+        self.sm.publish(None if src is None else flat_base(src, self._flats))
         if self.cuda:
             self._h2d_done = torch.cuda.Event()
             self._h2d_done.record(torch.cuda.current_stream(self.device))
 
     def refresh(self, masters: list, outs: list | None) -> None:
         """After a checkpoint load replaced this rank's masters: its shards, its weight buffers
-        and then, by all-gather, every parameter follow them."""
+        and then, by the store's publish, every parameter follow them."""
         with torch.no_grad():
             for ps, ms in zip(self.layout.params, masters):
                 for p, m in zip(ps, ms):
@@ -530,8 +346,7 @@ class ShardedBuffers(HostBuffers):
                 for m, o in zip(ms, os_):
                     if o.data_ptr() != m.data_ptr():
                         o.copy_(m.reshape(-1))
-        src = outs if outs is not None else masters
-        self._pending_src = src
+        self._pending_src = outs if outs is not None else masters
         self.end_write_back()
         self.wait_host_buffers()
 
@@ -541,8 +356,8 @@ class ShardedDevicePath(OptimizerPath):
     several ranks): one flat fp32 master per group (the local space), reduced gradients
     in fp32 beside it, updated weights into the shards and all-gathered."""
 
-    def __init__(self, sm: ShardedModel, name: str | None, params: dict, client, *, stage: int,
-                 overlap: bool, comm_cpu: bool, comm_dtype: torch.dtype):
+    def __init__(self, sm: ParamStore, name: str | None, params: dict, client, *, stage: int,
+                 overlap: bool, comm: Collectives, comm_dtype: torch.dtype):
         super().__init__(sm.local_layout)
         self.sm = sm
         dev = sm.device
@@ -558,9 +373,7 @@ class ShardedDevicePath(OptimizerPath):
             self.optimizer = rebuild_like(client, flat_groups)
         else:
             self.optimizer = build_device_optimizer(name, params, sm.layout.with_params(flat_groups), dev)
-        self.reducer = GradReducer(sm, self._gflat, stage=stage, overlap=overlap, comm_cpu=comm_cpu,
-                                   comm_dtype=comm_dtype)
-        self.comm_cpu = comm_cpu
+        self.reducer = GradReducer(sm, self._gflat, stage=stage, overlap=overlap, comm=comm, comm_dtype=comm_dtype)
         self._phase = 0  # of the step under way: 1 gradients scaled, 2 stepped (see apply)
 
     def before_backward(self, boundary: bool) -> None:
@@ -590,15 +403,12 @@ class ShardedDevicePath(OptimizerPath):
         self._phase = 0
 
     def _to_model(self) -> None:
-        host_out = None
         with torch.no_grad():
             for gi, gp in enumerate(self.sm.plan.groups):
                 for ui in range(len(gp.units)):
                     start, n = self.sm.local_range(gi, ui)
                     self.sm.shard(gi, ui).copy_(self._flat[gi][start:start + n])
-            if self.comm_cpu and self.sm.device.type == "cuda":
-                host_out = [f.to("cpu", self.sm.dtype) for f in self._flat]
-        self.sm.all_gather(self.comm_cpu, host_out)
+        self.sm.publish()
 
     def release(self) -> None:
         self._phase = 0
@@ -611,7 +421,7 @@ class ShardedDevicePath(OptimizerPath):
                 p.grad = None
 
     @property
-    def sharded(self) -> ShardedModel:
+    def sharded(self) -> ParamStore:
         return self.sm
 
     def param_states(self) -> list:

@@ -35,10 +35,11 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
-from .assemble import client_kind, optimizer_path
+from .assemble import build_store, client_kind, optimizer_path
+from .collectives import for_plan
 from .plan import RunPlan
 from .trace import tracer_from
-from .zero3 import full_numel, full_shape
+from .store import full_numel, full_shape
 from .layout import FlatLayout
 from .engine_optimizer import EngineOptimizer, needs_wrapper
 from .loss_scaler import build_loss_scaler
@@ -177,6 +178,7 @@ class ZSpeedEngine(torch.nn.Module):
         self.plan = RunPlan.build(config, world_size=self.world_size, rank=self.global_rank, device=self.device,
                                   dtype=self.dtype, backend=comm.get_backend() if self.world_size > 1 else None,
                                   client=client_kind(optimizer))
+        self.collectives = for_plan(self.plan)
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
         self._frozen_sm = None
@@ -195,17 +197,18 @@ class ZSpeedEngine(torch.nn.Module):
                 p.register_hook(hook)
         self._check_ranks_agree()
         if self.world_size > 1:  # every rank starts from rank 0's weights (replicate.py)
-            broadcast_module(self.module, self._comm_device())
+            broadcast_module(self.module, self.collectives.device)
         self._check_memory(config)
-        self.optimizer_path = optimizer_path(self.plan, config, self._layout, optimizer)
+        self.optimizer_path = optimizer_path(self.plan, config, self._layout, optimizer, self.collectives)
         self._fetcher = None
         if self._stage3:
-            from .zero3 import ParamFetcher, build_store
+            from .zero3 import ParamFetcher
             if frozen_layout is not None:  # parameters nothing trains: partitioned the same way
                 self._frozen_sm = build_store(frozen_layout, self.world_size, self.global_rank, self.device,
-                                              self.dtype, config.offload_param, trained=False, aio=config.aio)
+                                              self.dtype, config.offload_param, self.collectives, trained=False,
+                                              aio=config.aio)
             self._fetcher = ParamFetcher.from_zero(self.optimizer_path.sharded, self.module, config.zero,
-                                                   comm_cpu=comm.get_backend() != "nccl", frozen=self._frozen_sm)
+                                                   comm=self.collectives, frozen=self._frozen_sm)
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
@@ -613,21 +616,18 @@ class ZSpeedEngine(torch.nn.Module):
             log.info("step=%d lr=%s loss_scale=%g grad_norm=%s skipped=%d", self.global_steps, self.get_lr(),
                      self.loss_scaler.loss_scale, self._global_grad_norm, self.skipped_steps)
 
-    def _comm_device(self) -> torch.device:
-        return self.device if comm.get_backend() == "nccl" else torch.device("cpu")
-
     def _reduce_stats(self, sumsq: float, nonfinite: bool) -> tuple[float, bool]:
         """Every rank's (sum of squares, any inf/NaN) added up, so all take the same decision."""
         t = torch.tensor([sumsq if math.isfinite(sumsq) else 0.0, 1.0 if nonfinite or not math.isfinite(sumsq)
-                          else 0.0], dtype=torch.float64, device=self._comm_device())
-        torch.distributed.all_reduce(t)
+                          else 0.0], dtype=torch.float64, device=self.collectives.device)
+        self.collectives.all_reduce(t)
         total, bad = float(t[0]), float(t[1]) > 0
         return (float("inf") if bad else total), bad
 
     def _all_reduce_grads(self) -> None:
         """ZeRO stage 0 with several ranks (plain data parallelism): every gradient summed over
         the ranks in place, in flat buckets of one dtype; a missing gradient counts as zeros."""
-        cdev = self._comm_device()
+        cdev = self.collectives.device
         by_dtype: dict = {}
         for p in (p for ps in self._model_params for p in ps):
             if p.grad is None:
@@ -644,7 +644,7 @@ class ZSpeedEngine(torch.nn.Module):
                     n += params[i].numel()
                     i += 1
                 flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(cdev)
-                torch.distributed.all_reduce(flat)
+                self.collectives.all_reduce(flat)
                 at = 0
                 for p in bucket:
                     p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
@@ -781,7 +781,7 @@ class ZSpeedEngine(torch.nn.Module):
 
     # -- whole weights (ZeRO-3 keeps only shards; see zero3.py) --------------------------------------
     def _partitioned(self) -> dict:
-        """id(parameter) -> (its Stage3Model, group, index) for the ZeRO-3 partitioned parameters,
+        """id(parameter) -> (its store, group, index) for the ZeRO-3 partitioned parameters,
         trained and frozen ({} below stage 3)."""
         if not self._stage3:
             return {}

@@ -8,12 +8,8 @@ nvme.py) share. It owns:
   - the gradients' way from the model to the host (:meth:`gather`);
   - the updated weights' way back into the model (:meth:`write_back`).
 
-On CUDA the buffers are page-locked by registering them with the driver
-(cudaHostRegister through torch.cuda.cudart) rather than allocated with
-pin_memory=True, whose caching allocator rounds every block up to a power of two
-(a 10 GiB request would take 16 GiB). If the driver refuses (memlock limits,
-WSL2, some containers) the buffer stays pageable, copies become synchronous, and
-a warning says so: slower, never wrong.
+On CUDA the buffers are page-locked (hostmem.py says how, and what happens when the
+driver refuses).
 
 Timeline of one optimizer step on CUDA:
   backward of the boundary micro-batch: a post-accumulate-grad hook per parameter
@@ -38,12 +34,11 @@ from __future__ import annotations
 
 import abc
 import logging
-import sys
-import warnings
 import weakref
 
 import torch
 
+from .hostmem import alloc_host, unpin
 from .layout import FlatLayout
 from .optimizers import norms_stats
 from .paths import OptimizerPath
@@ -51,85 +46,7 @@ from .trace import OFF
 
 log = logging.getLogger("zspeed.offload")
 
-__all__ = ["HostBuffers", "OffloadedPath", "alloc_host", "pin_in_place"]
-
-_warned_pin = False
-
-
-def _clear_cuda_error() -> None:
-    """A failed runtime call leaves a sticky 'last error' that torch's next kernel-launch
-    check would report as its own failure; read it back once to clear it."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libcudart" in line}
-        for p in paths:
-            ctypes.CDLL(p).cudaGetLastError()
-    except OSError:  # best effort: nothing else to do if the runtime cannot be found
-        pass
-
-
-def pin_in_place(t: torch.Tensor) -> bool | None:
-    """Registers a CPU tensor's memory with the CUDA driver.
-
-    True: pinned. False: the driver refused (a warning says why). None: this torch
-    has no cudaHostRegister binding (the caller may use pin_memory=True instead)."""
-    global _warned_pin
-    nbytes = t.numel() * t.element_size()
-    if nbytes == 0:
-        return True
-    try:
-        register = torch.cuda.cudart().cudaHostRegister
-    except (AttributeError, RuntimeError):
-        return None
-    rc = register(t.data_ptr(), nbytes, 0)
-    code = int(getattr(rc, "value", rc))
-    if code == 0:
-        return True
-    _clear_cuda_error()
-    if not _warned_pin:
-        _warned_pin = True
-        warnings.warn(
-            f"zspeed: could not page-lock {nbytes / 2**20:.0f} MiB of host memory (cudaHostRegister "
-            f"error {code}); offload buffers stay pageable, so host<->device copies will not overlap "
-            f"computation. Raise the locked-memory limit (ulimit -l / the container's memlock) to fix this.",
-            RuntimeWarning, stacklevel=3)
-    return False
-
-
-def _unpin(ptrs: list) -> None:
-    if not ptrs:
-        return
-    try:
-        cudart = torch.cuda.cudart()
-        for p in ptrs:
-            cudart.cudaHostUnregister(p)
-    except Exception:  # interpreter shutdown: the driver releases everything anyway
-        pass
-
-
-def alloc_host(numel: int, dtype, pin: bool, registered: list) -> tuple[torch.Tensor, bool]:
-    """(a host tensor of numel elements, whether it is page-locked). With pin, its memory is
-    registered with the CUDA driver (the address goes into ``registered``, for _unpin), or, where
-    this torch has no registration binding, comes from torch's pinned allocator; a refusal leaves it
-    pageable with a warning."""
-    t = torch.empty(numel, dtype=dtype)
-    if not pin:
-        return t, False
-    ok = pin_in_place(t)
-    if ok:
-        registered.append(t.data_ptr())
-        return t, True
-    if ok is None:  # no driver registration binding: torch's pinned allocator (rounds sizes up)
-        try:
-            return torch.empty(numel, dtype=dtype, pin_memory=True), True
-        except RuntimeError as e:
-            warnings.warn(f"zspeed: pinned host allocation refused ({e}); offload buffers stay "
-                          f"pageable and copies will not overlap computation.", RuntimeWarning, stacklevel=3)
-    return t, False
-
+__all__ = ["HostBuffers", "OffloadedPath"]
 
 class HostBuffers:
     """Host buffers, gradient copies and weight copies of one engine's offloaded path.
@@ -146,18 +63,22 @@ class HostBuffers:
         self._pin = self.cuda and pin_memory
         self._pinned_ptrs: list[int] = []
         self._pinned_any = False
-        weakref.finalize(self, _unpin, self._pinned_ptrs)
+        weakref.finalize(self, unpin, self._pinned_ptrs)
+        self._flats: list = []  # every flat buffer alloc() made
         # Per group, per parameter views of one flat gradient buffer per group (or None:
         # the CPU path reads the gradients where autograd left them).
         self.flat_grads: list | None = None
         self.grads: list | None = None
         if self.cuda or flat_grads:
             self.flat_grads, self.grads = self.alloc(model_dtype)
-        # Where the gradients come from: copies made during backward (CUDA), or the
-        # parameters' .grad read at the step (CPU).
-        self._source = (_CudaGradCopies(layout, self.grads, device, bucket_elems) if self.cuda
-                        else _CpuGrads(layout, self.grads))
+        self._source = self._gradient_source(bucket_elems)
         self._h2d_done = None
+
+    def _gradient_source(self, bucket_elems: int):
+        """Where the gradients come from: copies made during backward (CUDA), or the
+        parameters' .grad read at the step (CPU)."""
+        return (_CudaGradCopies(self.layout, self.grads, self.device, bucket_elems) if self.cuda
+                else _CpuGrads(self.layout, self.grads))
 
     @property
     def trace(self):
@@ -177,6 +98,7 @@ class HostBuffers:
         """(one flat buffer per group, per group the per-parameter views), page-locked on CUDA
         with pin_memory."""
         flats = [self._alloc_one(total, dtype) for total in self.layout.totals]
+        self._flats.extend(flats)
         return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
 
     def _alloc_one(self, numel: int, dtype) -> torch.Tensor:

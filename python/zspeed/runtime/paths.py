@@ -110,14 +110,14 @@ class OptimizerPath(abc.ABC):
 
     @property
     def sharded(self):
-        """The :class:`~zspeed.runtime.dp.ShardedModel` whose local space this path steps
+        """The parameter store (store.py) whose local space this path steps
         (several ranks, ZeRO stage 1 or 2), else None."""
         return getattr(getattr(self, "buffers", None), "sm", None)
 
     def param_states(self) -> list:
         """Per group, per parameter of this path's layout, the optimizer's state as a dict
         (tensors as the optimizer holds them), or None where it has none. With several ranks
-        the layout's parameters are the rank's pieces and padding (ShardedModel.pieces)."""
+        the layout's parameters are the rank's pieces and padding (ParamStore.pieces)."""
         state = self.optimizer.state_dict()["state"]
         out, idx = [], 0
         for ps in self.layout.params:

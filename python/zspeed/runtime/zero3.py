@@ -46,27 +46,15 @@ import logging
 import weakref
 
 import torch
-import torch.distributed as td
 from torch.overrides import TorchFunctionMode
 
-from .dp import ShardedModel
+from .collectives import Collectives
 from .hooks import ZERO3_COPY_MESSAGE, ZeRO3CopyError
-from .layout import FlatLayout
-from .offload import _unpin, alloc_host, pin_in_place
-from .partition import PartitionPlan
+from .store import ParamStore, full_numel, full_shape  # noqa: F401 - full_* are this module's names too
 
 log = logging.getLogger("zspeed.zero3")
 
-__all__ = ["Stage3Model", "ParamFetcher", "full_numel", "full_shape"]
-
-
-def full_numel(p: torch.Tensor) -> int:
-    """The number of elements of a parameter, partitioned or not."""
-    return int(p.ds_numel) if hasattr(p, "ds_numel") else p.numel()
-
-
-def full_shape(p: torch.Tensor) -> torch.Size:
-    return p.ds_shape if hasattr(p, "ds_shape") else p.shape
+__all__ = ["ParamFetcher", "full_numel", "full_shape"]
 
 
 class _State:
@@ -85,165 +73,6 @@ class _State:
         self.stale = False      # gathered, but the shards changed since (an optimizer step)
         self.pins = 0           # GatheredParameters contexts holding it whole
         self.io = None          # NVMe store: (pool buffer, read request) while its shard is read
-
-
-class Stage3Model(ShardedModel):
-    """This rank's shards of every trainable parameter (the local space of dp.py), held on
-    ``param_device``; the parameters themselves are emptied. Offers what the optimizer
-    paths and checkpoints use of dp.ShardedModel."""
-
-    def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype, *,
-                 param_device: torch.device, pin: bool, group=None):
-        self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
-        self.group = group
-        self.rank, self.world_size = plan.rank, plan.world_size
-        self.param_device = param_device
-        self.bufs = []
-        self._pinned_ptrs: list[int] = []
-        weakref.finalize(self, _unpin, self._pinned_ptrs)
-        self.flat: list[torch.Tensor] = []
-        with torch.no_grad():
-            for gi, gp in enumerate(plan.groups):
-                # Host shards are filled before they are page-locked: the pages of a fresh
-                # allocation are taken only as the shards are written, while each parameter is
-                # freed once copied, so host memory holds the model about once (locking first
-                # would take every page at once, beside the whole model).
-                if param_device.type == "cpu":
-                    flat, _ = alloc_host(gp.local_len, dtype, False, self._pinned_ptrs)
-                else:
-                    flat = torch.empty(gp.local_len, dtype=dtype, device=param_device)
-                pieces = plan.pieces(gi)
-                last = {pc.param: i for i, pc in enumerate(pieces)}
-                done = set()
-                end = 0  # pieces come in local order: what lies between them is padding, zeroed
-                for i, pc in enumerate(pieces):
-                    if pc.at > end:
-                        flat[end:pc.at].zero_()
-                    end = pc.at + pc.length
-                    p = layout.params[gi][pc.param]
-                    src = _shard_source(p, pc, plan, gp)
-                    flat[pc.at:end].copy_(src)
-                    if last[pc.param] == i:  # the whole parameter is not needed any more: free it now
-                        _empty(p, dtype, device)
-                        done.add(pc.param)
-                if end < gp.local_len:
-                    flat[end:].zero_()
-                if param_device.type == "cpu" and pin:
-                    flat = _pin_filled(flat, self._pinned_ptrs)
-                self.flat.append(flat)
-                for pi, p in enumerate(layout.params[gi]):
-                    if pi not in done:  # no piece on this rank
-                        _empty(p, dtype, device)
-        self._build_local()
-        self.fetcher: ParamFetcher | None = None
-
-    def shard(self, gi: int, ui: int) -> torch.Tensor:
-        u = self.plan.groups[gi].units[ui]
-        start = self.plan.groups[gi].local_start[ui]
-        return self.flat[gi].narrow(0, start, u.shard)
-
-    def all_gather(self, comm_cpu: bool, host_out: list | None = None) -> None:
-        """After an optimizer step: nothing is gathered now, as the shards are the weights;
-        materialized (persistent) parameters are re-gathered before their next use. With Gloo
-        and a CUDA model the path leaves its new weights in ``host_out`` (per group, its flat
-        host buffer, when that is not the shards themselves): they are copied in first."""
-        del comm_cpu
-        with torch.no_grad():
-            for flat, out in zip(self.flat, host_out or ()):
-                if out.data_ptr() != flat.data_ptr():
-                    flat.copy_(out)
-        if self.fetcher is not None:
-            self.fetcher.mark_stale(self)
-
-    def full(self, gi: int, pi: int, device=None) -> torch.Tensor:
-        """Parameter pi of group gi whole (flat, the model's dtype) on ``device`` (default: the
-        model's). With several ranks every rank must call it (an all-gather)."""
-        device = torch.device(device) if device is not None else self.device
-        gp = self.plan.groups[gi]
-        ui = gp.unit_of[pi]
-        u = gp.units[ui]
-        off, n = gp.offsets[pi] - u.start, gp.numels[pi]  # the parameter's place in its unit
-        shard = self.shard(gi, ui)
-        if self.world_size == 1:
-            return shard[off:off + n].to(device, copy=True)
-        comm_dev = self.device if td.get_backend(self.group) == "nccl" else torch.device("cpu")
-        out = torch.empty(u.padded, dtype=self.dtype, device=comm_dev)
-        td.all_gather_into_tensor(out, shard.to(comm_dev, copy=True), group=self.group)
-        return out[off:off + n].to(device)
-
-    def set_full(self, gi: int, pi: int, value: torch.Tensor) -> None:
-        """Writes this rank's shard of parameter pi from its whole value (any shape of its size)."""
-        gp = self.plan.groups[gi]
-        ui = gp.unit_of[pi]
-        u = gp.units[ui]
-        flat = value.detach().reshape(-1)
-        off, n = gp.offsets[pi] - u.start, gp.numels[pi]
-        with torch.no_grad():
-            lo = max(off, self.rank * u.shard)  # in the unit: this rank's part of the parameter
-            hi = min(off + n, (self.rank + 1) * u.shard)
-            if hi > lo:
-                at = lo - self.rank * u.shard
-                self.shard(gi, ui)[at:at + hi - lo].copy_(flat[lo - off:hi - off].to(self.param_device, self.dtype))
-        if self.fetcher is not None:
-            self.fetcher.mark_stale(self)
-
-
-def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
-                offload_param: dict, *, trained: bool = True, aio: dict | None = None) -> Stage3Model:
-    """The Stage3Model of ``layout`` (one unit per parameter) with its shards where the
-    offload_param section says: host memory (page-locked on CUDA with pin_memory), the device,
-    or, for parameters nothing trains (``trained`` False), a file under nvme_path
-    (zero3_nvme.py; trained parameters stay in host memory with nvme, as that module says)."""
-    plan = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
-    where = offload_param.get("device", "none")
-    pin = where in ("cpu", "nvme") and device.type == "cuda" and bool(offload_param.get("pin_memory", False))
-    if where == "nvme" and not trained:
-        from .zero3_nvme import NVMeParamStore
-        return NVMeParamStore(layout, plan, device, dtype, nvme_path=offload_param["nvme_path"],
-                              buffer_count=int(offload_param.get("buffer_count", 5)),
-                              buffer_size=int(offload_param.get("buffer_size", 100_000_000)),
-                              max_in_cpu=int(offload_param.get("max_in_cpu", 1_000_000_000)), pin=pin, aio=aio)
-    on_host = where in ("cpu", "nvme")
-    if where == "nvme":
-        log.info("zspeed zero3: offload_param nvme keeps the trained parameters' shards in host memory (the "
-                 "optimizer writes their new weights there every step); parameters nothing trains go to NVMe")
-    return Stage3Model(layout, plan, device, dtype, param_device=torch.device("cpu") if on_host else device, pin=pin)
-
-
-def _pin_filled(flat: torch.Tensor, registered: list) -> torch.Tensor:
-    """``flat`` page-locked in place (or, where this torch cannot register memory, copied into
-    torch's pinned allocator; a refusal leaves it pageable with alloc_host's warning)."""
-    ok = pin_in_place(flat)
-    if ok:
-        registered.append(flat.data_ptr())
-        return flat
-    if ok is None:
-        pinned, is_pinned = alloc_host(flat.numel(), flat.dtype, True, registered)
-        if is_pinned:
-            pinned.copy_(flat)
-            return pinned
-    return flat
-
-
-def _shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
-    """The elements of piece ``pc`` from the parameter: from its data, or from the shard that
-    zero.Init left in ``p.ds_tensor`` (computed by the same plan: one unit per parameter)."""
-    ds = getattr(p, "ds_tensor", None)
-    if ds is not None:
-        u = gp.units[pc.unit]
-        lo = plan.rank * u.shard
-        return ds.reshape(-1)[pc.offset - lo:pc.offset - lo + pc.length]
-    return p.detach().reshape(-1)[pc.offset:pc.offset + pc.length]
-
-
-def _empty(p: torch.Tensor, dtype, device) -> None:
-    """Releases a parameter's storage, recording its real size (DeepSpeed's ds_shape/ds_numel)."""
-    if not hasattr(p, "ds_shape"):
-        p.ds_shape = p.shape
-        p.ds_numel = p.numel()
-    if hasattr(p, "ds_tensor"):
-        del p.ds_tensor
-    p.data = torch.empty(0, dtype=dtype, device=device)
 
 
 _FETCHERS: "weakref.WeakSet[ParamFetcher]" = weakref.WeakSet()
@@ -298,13 +127,13 @@ class ParamFetcher:
     """Gathers and releases the partitioned parameters around the modules that use them
     (see the module docstring)."""
 
-    def __init__(self, sm: Stage3Model, module: torch.nn.Module, *, prefetch_elems: int, max_live: int,
-                 persistence: int, comm_cpu: bool, frozen: Stage3Model | None = None, reuse: int = 0):
+    def __init__(self, sm: ParamStore, module: torch.nn.Module, *, prefetch_elems: int, max_live: int,
+                 persistence: int, comm: Collectives, frozen: ParamStore | None = None, reuse: int = 0):
         self.sm = sm
         self.frozen = frozen  # the parameters nothing trains (no gradient, no optimizer), or None
         self.device = sm.device
         self.cuda = self.device.type == "cuda"
-        self.comm_cpu = comm_cpu and sm.world_size > 1
+        self.comm = comm
         self.prefetch_elems = int(prefetch_elems)
         self.max_live = max(1, int(max_live))
         self.reuse = int(reuse)
@@ -369,15 +198,15 @@ class ParamFetcher:
         raise ZeRO3CopyError(ZERO3_COPY_MESSAGE)
 
     @classmethod
-    def from_zero(cls, sm: Stage3Model, module: torch.nn.Module, zero: dict, *, comm_cpu: bool,
-                  frozen: Stage3Model | None = None) -> "ParamFetcher":
+    def from_zero(cls, sm: ParamStore, module: torch.nn.Module, zero: dict, *, comm: Collectives,
+                  frozen: ParamStore | None = None) -> "ParamFetcher":
         """A fetcher with the stage3_* knobs of a zero_optimization section (DeepSpeed's defaults
         for the ones it lacks)."""
         return cls(sm, module, prefetch_elems=int(zero.get("stage3_prefetch_bucket_size", 50_000_000)),
                    max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),
                    persistence=int(zero.get("stage3_param_persistence_threshold", 100_000)),
                    reuse=int(zero.get("stage3_max_reuse_distance", 1_000_000_000)),
-                   comm_cpu=comm_cpu, frozen=frozen)
+                   comm=comm, frozen=frozen)
 
     # -- gathering ------------------------------------------------------------------------------
     def _gather(self, sts: list, prefetch: bool = False) -> None:
@@ -458,18 +287,7 @@ class ParamFetcher:
             ctx = contextlib.nullcontext()
         with ctx, torch.no_grad():
             for st, shard in zip(todo, shards):
-                sm = st.sm
-                if sm.world_size == 1:
-                    st.full[:st.numel].copy_(shard[:st.numel], non_blocking=True)
-                elif self.comm_cpu and self.cuda:  # Gloo: gather on the host, then one copy
-                    host = torch.empty(st.padded, dtype=sm.dtype)
-                    td.all_gather_into_tensor(host, shard.to("cpu"), group=sm.group)
-                    st.full.copy_(host)
-                elif self.cuda:
-                    td.all_gather_into_tensor(st.full, shard.to(self.device, non_blocking=True),
-                                              group=sm.group)
-                else:
-                    td.all_gather_into_tensor(st.full, shard.clone(), group=sm.group)
+                self.comm.all_gather(st.full, shard)  # one rank: a copy
                 st.p.data = st.full[:st.numel].view(st.shape)
                 if self.cuda:
                     st.ready = torch.cuda.Event()

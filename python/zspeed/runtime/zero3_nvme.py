@@ -1,7 +1,7 @@
 """ZeRO-3 parameter shards on NVMe (``offload_param.device "nvme"``, ZeRO-Infinity).
 
-:class:`NVMeParamStore` is a :class:`~zspeed.runtime.zero3.Stage3Model` whose shards live
-in one file under ``offload_param.nvme_path`` instead of host memory. Each unit's shard
+:class:`NVMeParamStore` is a parameter store (store.py) whose shards live in one file under
+``offload_param.nvme_path`` instead of host memory. Each unit's shard
 (one parameter's share on this rank, in the model's dtype) starts at a 4 KiB-aligned
 offset of the file, so that reads are direct I/O through zspeed's aio engine
 (include/zspeed/aio.h: io_uring, the portable thread pool, or IOCP on Windows).
@@ -47,13 +47,13 @@ import torch
 
 from .._native import NativeError, check, lib
 from .config import ConfigError
+from .collectives import Collectives
+from .hostmem import ALIGN, aligned_host, unpin
 from .nvme import SWAP_PREFIX, reclaim_stale_swap_files
-from .offload import _unpin, pin_in_place
-from .zero3 import Stage3Model, _empty, _shard_source
+from .store import ParamStore, empty_param, full_shape, shard_source
 
 log = logging.getLogger("zspeed.zero3")
 
-ALIGN = 4096  # file offsets and buffer addresses: any direct-I/O alignment divides it
 GiB = 2 ** 30
 
 __all__ = ["NVMeParamStore"]
@@ -61,23 +61,6 @@ __all__ = ["NVMeParamStore"]
 
 def _round(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
-
-
-def _aligned_host(nbytes: int, pin: bool, registered: list) -> torch.Tensor:
-    """A uint8 host tensor of ``nbytes`` at an ALIGN-aligned address, page-locked with ``pin``
-    where the driver allows it."""
-    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
-    at = (-raw.data_ptr()) % ALIGN
-    t = raw[at:at + nbytes]
-    if pin and nbytes:
-        ok = pin_in_place(t)
-        if ok:
-            registered.append(t.data_ptr())
-        elif ok is None:  # no driver registration binding: torch's pinned allocator
-            raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=True)
-            at = (-raw.data_ptr()) % ALIGN
-            t = raw[at:at + nbytes]
-    return t
 
 
 class _Disk:
@@ -137,27 +120,16 @@ class _Disk:
                 log.warning("zspeed: could not remove the parameter swap file %s: %s", self.path, e)
 
 
-def _close(disk: _Disk, pinned: list) -> None:
-    disk.close()
-    _unpin(pinned)
-
-
-class NVMeParamStore(Stage3Model):
+class NVMeParamStore(ParamStore):
     """This rank's shards of ``layout``'s parameters in a file under ``nvme_path`` (see the module
     docstring); the parameters themselves are emptied. Read by ParamFetcher through the pool."""
 
     nvme = True
 
-    def __init__(self, layout, plan, device: torch.device, dtype: torch.dtype, *, nvme_path: str,
-                 buffer_count: int, buffer_size: int, max_in_cpu: int, pin: bool, aio: dict | None = None,
-                 group=None):
-        self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
-        self.group = group
-        self.rank, self.world_size = plan.rank, plan.world_size
-        self.param_device = torch.device("cpu")
-        self.fetcher = None
+    def __init__(self, layout, plan, device: torch.device, dtype: torch.dtype, comm: Collectives, *, nvme_path: str,
+                 buffer_count: int, buffer_size: int, max_in_cpu: int, pin: bool, aio: dict | None = None):
+        super().__init__(layout, plan, device, dtype, comm, param_device=torch.device("cpu"))
         self.esize = torch.empty((), dtype=dtype).element_size()
-        self._pinned_ptrs: list[int] = []
         # Where each unit's shard is: a host tensor (max_in_cpu) or [file offset, bytes].
         self.where: list[list] = []
         budget, end, biggest, biggest_shape = int(max_in_cpu), 0, 0, None
@@ -182,14 +154,14 @@ class NVMeParamStore(Stage3Model):
         _check_space(nvme_path, end + spare)
         reclaim_stale_swap_files(nvme_path)
         self.disk = _Disk(nvme_path, aio or {})
-        weakref.finalize(self, _close, self.disk, self._pinned_ptrs)
+        weakref.finalize(self, self.disk.close)
         self.free_regions: dict[int, list] = {spare: [end]} if spare else {}
         self.disk.reserve(end + spare)
         self.on_disk_elems = sum(gp.units[ui].shard for gi, gp in enumerate(plan.groups)
                                  for ui, w in enumerate(self.where[gi]) if w is not None)
         # The pool: buffers as large as the largest shard on NVMe, page-locked on CUDA.
         nbuf = max(1, int(buffer_count)) if biggest else 0
-        self.bufs = [_aligned_host(spare, pin, self._pinned_ptrs) for _ in range(nbuf)]
+        self.bufs = [aligned_host(spare, pin, self._pinned_ptrs) for _ in range(nbuf)]
         self.free = list(range(nbuf))
         self.held: dict[int, object] = {}  # buffer -> CUDA event after which it is free again
         self._write_shards(pin)
@@ -212,7 +184,7 @@ class NVMeParamStore(Stage3Model):
                 for ui, u in enumerate(gp.units):
                     w = self.where[gi][ui]
                     if w is None:
-                        t = _aligned_host(u.shard * self.esize, pin, self._pinned_ptrs).view(self.dtype)
+                        t = aligned_host(u.shard * self.esize, pin, self._pinned_ptrs).view(self.dtype)
                         self.where[gi][ui] = t
                         self.resident_elems += u.shard
                     else:
@@ -221,12 +193,12 @@ class NVMeParamStore(Stage3Model):
                     base = gp.local_start[ui]
                     for pc in by_unit.get(ui, ()):
                         t[pc.at - base:pc.at - base + pc.length].copy_(
-                            _shard_source(layout.params[gi][pc.param], pc, plan, gp))
+                            shard_source(layout.params[gi][pc.param], pc, plan, gp))
                     if w is not None:
                         rid = self.disk.submit(stage, w[1], w[0], True)
                         self.disk.wait(rid, "writing a parameter shard")
                 for p in layout.params[gi]:
-                    _empty(p, self.dtype, self.device)
+                    empty_param(p, self.dtype, self.device)
 
     # -- what the fetcher uses ------------------------------------------------------------------
     def on_disk(self, gi: int, ui: int) -> bool:
@@ -280,7 +252,7 @@ class NVMeParamStore(Stage3Model):
         else:
             self.held[b] = event
 
-    # -- Stage3Model's interface ------------------------------------------------------------------
+    # -- the store's interface ----------------------------------------------------------------------
     def shard(self, gi: int, ui: int) -> torch.Tensor:
         """This rank's shard of unit ui (a fresh host tensor when it is on NVMe)."""
         w = self.where[gi][ui]
@@ -290,7 +262,7 @@ class NVMeParamStore(Stage3Model):
 
     def _read_raw(self, w: list) -> torch.Tensor:
         """The region ``w`` ([offset, bytes]) of the file in a fresh aligned host buffer."""
-        t = _aligned_host(w[1], False, [])
+        t = aligned_host(w[1], False, [])
         self.disk.wait(self.disk.submit(t, w[1], w[0], False), "reading a parameter shard")
         return t
 
@@ -331,21 +303,22 @@ class NVMeParamStore(Stage3Model):
         if self.fetcher is not None:
             self.fetcher.mark_stale(self)
 
-    def all_gather(self, comm_cpu: bool, host_out: list | None = None) -> None:
+    def publish(self, src: list | None = None) -> None:
         raise RuntimeError("zspeed: parameters on NVMe are not trained (their shards are never written "
                            "by an optimizer step)")
+
+    publish_unit = publish
 
     def close(self) -> None:
         """Deletes the file and frees the pool (idempotent); the parameters cannot be used after."""
         if self.fetcher is not None:
             self.fetcher.settle(self)
         self.disk.close()
-        _unpin(self._pinned_ptrs)
+        unpin(self._pinned_ptrs)
         self._pinned_ptrs.clear()
 
 
 def _shape_of(layout, gp, gi: int, ui: int):
-    from .zero3 import full_shape
     pi = next(pi for pi, u in enumerate(gp.unit_of) if u == ui)
     return full_shape(layout.params[gi][pi])
 

@@ -1,0 +1,317 @@
+"""Parameter stores: where the trained (or frozen) parameters' values live, and this rank's
+part of them.
+
+A store sits on a partition plan (partition.py): every parameter group is cut into units
+of whole parameters, and every unit into one shard per rank. This rank's shards, one after
+another per group, are its *local space*; :attr:`ParamStore.local_layout` describes it as a
+:class:`~zspeed.runtime.layout.FlatLayout` whose "parameters" are the pieces of real
+parameters the rank owns plus the padding at the end of a shard. The optimizer paths
+(paths.py, cpu.py, nvme.py) step that local space exactly as they would step whole
+parameters: pieces like parameters (padding stays zero: zero gradient, weight and state).
+
+Two kinds, by composition of the same base:
+
+:class:`ShardedStore` (ZeRO stages 1 and 2 on several ranks)
+    every rank holds the whole model on its device, each unit flattened into one buffer
+    (the parameters are views of it, so an all-gather into the buffer updates the model in
+    place); this rank's shard of a unit is a view of that buffer. :meth:`publish` all-gathers
+    every rank's new shards into every rank's buffers.
+:class:`PartitionedStore` (ZeRO stage 3)
+    the rank holds only its shards, one flat tensor per group on the shard medium (the
+    device, or host memory, page-locked on CUDA); the parameters themselves are emptied
+    (``p.ds_shape``/``p.ds_numel`` keep their size) and the fetcher (zero3.py) gathers them
+    when a module runs. :meth:`publish` puts new weights into the shards and marks the
+    gathered copies stale. zero3_nvme.py's store keeps the shards of parameters nothing
+    trains in a file instead.
+
+Collectives go through the run's comm strategy (collectives.py), so no store asks which
+backend runs.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .collectives import Collectives
+from .hostmem import alloc_host, pin_filled, unpin
+from .layout import FlatLayout
+from .partition import PartitionPlan
+
+__all__ = ["ParamStore", "ShardedStore", "PartitionedStore", "full_numel", "full_shape", "flat_base"]
+
+
+def full_numel(p: torch.Tensor) -> int:
+    """The number of elements of a parameter, partitioned or not."""
+    return int(p.ds_numel) if hasattr(p, "ds_numel") else p.numel()
+
+
+def full_shape(p: torch.Tensor) -> torch.Size:
+    return p.ds_shape if hasattr(p, "ds_shape") else p.shape
+
+
+def flat_base(views: list, flats: list) -> list | None:
+    """Per group, the flat tensor of ``flats`` whose per-piece views ``views`` are (None when a
+    group's views are not views of one of them)."""
+    out = []
+    for row in views:
+        hit = next((f for f in flats if row and f.data_ptr() == row[0].data_ptr()), None)
+        if hit is None:
+            return None
+        out.append(hit)
+    return out
+
+
+class ParamStore:
+    """What every store has: the layout of its parameters, the partition plan (also with one
+    rank), the comm strategy, and this rank's local space. Subclasses hold the shards
+    (:meth:`shard`) and say how new weights reach the model (:meth:`publish`)."""
+
+    nvme = False  # shards in a file (zero3_nvme.py)
+
+    def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
+                 comm: Collectives, *, param_device: torch.device):
+        self.layout, self.plan, self.device, self.dtype = layout, plan, device, dtype
+        self.comm = comm
+        self.group = comm.group
+        self.rank, self.world_size = plan.rank, plan.world_size
+        self.param_device = param_device  # where the shards live
+        self.fetcher = None  # ZeRO-3: the ParamFetcher gathering these parameters
+        self._pinned_ptrs: list[int] = []
+        weakref.finalize(self, unpin, self._pinned_ptrs)
+
+    # -- the shards -------------------------------------------------------------------------------
+    def shard(self, gi: int, ui: int) -> torch.Tensor:
+        """This rank's shard of unit ui of group gi."""
+        raise NotImplementedError
+
+    def local_range(self, gi: int, ui: int) -> tuple[int, int]:
+        """(start, length) of unit ui's shard in the local space of group gi."""
+        gp = self.plan.groups[gi]
+        return gp.local_start[ui], gp.units[ui].shard
+
+    def _build_local(self) -> None:
+        """The local space: per group, the pieces (plus padding) in local order, as views of
+        this rank's shards."""
+        layout, plan = self.layout, self.plan
+        self.pieces: list[list] = []      # per group: (Piece or None for padding, local start, length)
+        local_params: list[list[torch.Tensor]] = []
+        for gi, gp in enumerate(plan.groups):
+            entries, tensors = [], []
+            by_unit: dict = {}
+            for pc in plan.pieces(gi):
+                by_unit.setdefault(pc.unit, []).append(pc)
+            for ui, u in enumerate(gp.units):
+                shard0 = gp.local_start[ui]
+                at = shard0
+                for pc in by_unit.get(ui, ()):
+                    entries.append((pc, pc.at, pc.length))
+                    tensors.append(self.shard(gi, ui)[pc.at - shard0:pc.at - shard0 + pc.length])
+                    at = pc.at + pc.length
+                if at < shard0 + u.shard:  # padding (or a shard holding nothing real)
+                    entries.append((None, at, shard0 + u.shard - at))
+                    tensors.append(self.shard(gi, ui)[at - shard0:])
+            self.pieces.append(entries)
+            local_params.append(tensors)
+        self.local_layout = FlatLayout(layout.with_params(local_params))
+
+    def cut(self, full) -> list:
+        """Per group, per entry of the local space (:attr:`pieces`), the piece of
+        ``full(gi, pi)`` (parameter pi of group gi, flattened) as fp32, or zeros for padding."""
+        rows = []
+        for gi, entries in enumerate(self.pieces):
+            rows.append([torch.zeros(n, dtype=torch.float32) if pc is None else
+                         full(gi, pc.param).reshape(-1)[pc.offset:pc.offset + n].to("cpu", torch.float32)
+                         for pc, _at, n in entries])
+        return rows
+
+    def entry_units(self) -> list:
+        """Per group, for each entry of the local space (:attr:`pieces`), the unit it lies in."""
+        out = []
+        for gi, entries in enumerate(self.pieces):
+            gp, row, ui = self.plan.groups[gi], [], 0
+            for _pc, at, _n in entries:  # in local order
+                while ui + 1 < len(gp.units) and gp.local_start[ui + 1] <= at:
+                    ui += 1
+                row.append(ui)
+            out.append(row)
+        return out
+
+    def _source(self, src: list | None, gi: int, ui: int) -> torch.Tensor:
+        """Unit ui's new shard: from ``src`` (per group, a flat tensor of the local space) or, with
+        None, the shard itself."""
+        if src is None:
+            return self.shard(gi, ui)
+        start, n = self.local_range(gi, ui)
+        return src[gi][start:start + n]
+
+    # -- new weights, whole values ------------------------------------------------------------------
+    def publish(self, src: list | None = None) -> None:
+        """After an optimizer step: this rank's new shards (``src``, per group a flat tensor of
+        the local space; None: the shards hold them) reach the model."""
+        raise NotImplementedError
+
+    def publish_unit(self, gi: int, ui: int, src: list | None = None, group=None) -> None:
+        """:meth:`publish` for unit ui of group gi alone, with its collective on ``group``."""
+        raise NotImplementedError
+
+    def full(self, gi: int, pi: int, device=None) -> torch.Tensor:
+        """Parameter pi of group gi whole (flat, the model's dtype) on ``device`` (default: the
+        model's). With several ranks every rank must call it (an all-gather)."""
+        device = torch.device(device) if device is not None else self.device
+        gp = self.plan.groups[gi]
+        ui = gp.unit_of[pi]
+        u = gp.units[ui]
+        off, n = gp.offsets[pi] - u.start, gp.numels[pi]  # the parameter's place in its unit
+        whole = self.comm.gathered(self.shard(gi, ui), u.padded)
+        return whole[off:off + n].to(device, copy=True)
+
+    def set_full(self, gi: int, pi: int, value: torch.Tensor) -> None:
+        """Writes this rank's shard of parameter pi from its whole value (any shape of its size)."""
+        gp = self.plan.groups[gi]
+        ui = gp.unit_of[pi]
+        u = gp.units[ui]
+        flat = value.detach().reshape(-1)
+        off, n = gp.offsets[pi] - u.start, gp.numels[pi]
+        with torch.no_grad():
+            lo = max(off, self.rank * u.shard)  # in the unit: this rank's part of the parameter
+            hi = min(off + n, (self.rank + 1) * u.shard)
+            if hi > lo:
+                at = lo - self.rank * u.shard
+                self.shard(gi, ui)[at:at + hi - lo].copy_(flat[lo - off:hi - off].to(self.param_device, self.dtype))
+        if self.fetcher is not None:
+            self.fetcher.mark_stale(self)
+
+
+class ShardedStore(ParamStore):
+    """ZeRO stages 1-2 on several ranks: the whole model on the device, flattened per unit."""
+
+    def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
+                 comm: Collectives):
+        super().__init__(layout, plan, device, dtype, comm, param_device=device)
+        # Per group, per unit: one flat buffer holding the unit's parameters.
+        self.bufs: list[list[torch.Tensor]] = []
+        with torch.no_grad():
+            for gi, gp in enumerate(plan.groups):
+                row = []
+                for u in gp.units:
+                    buf = torch.zeros(u.padded, dtype=dtype, device=device)
+                    at = 0
+                    for pi in range(u.first, u.first + u.count):
+                        p = layout.params[gi][pi]
+                        n = p.numel()
+                        view = buf[at:at + n]
+                        view.copy_(p.detach().reshape(-1))
+                        p.data = view.view(p.shape)
+                        at += n
+                    row.append(buf)
+                self.bufs.append(row)
+        self._build_local()
+
+    def shard(self, gi: int, ui: int) -> torch.Tensor:
+        """This rank's shard of unit ui of group gi (a view of the unit's buffer)."""
+        u = self.plan.groups[gi].units[ui]
+        return self.bufs[gi][ui].narrow(0, self.rank * u.shard, u.shard)
+
+    def publish(self, src: list | None = None) -> None:
+        """Every rank's new shards into every unit buffer (so into the parameters)."""
+        for gi, row in enumerate(self.bufs):
+            for ui in range(len(row)):
+                self.publish_unit(gi, ui, src)
+
+    def publish_unit(self, gi: int, ui: int, src: list | None = None, group=None) -> None:
+        with torch.no_grad():
+            self.comm.all_gather(self.bufs[gi][ui], self._source(src, gi, ui), group=group)
+
+    def full(self, gi: int, pi: int, device=None) -> torch.Tensor:
+        p = self.layout.params[gi][pi]
+        return p.detach().reshape(-1).to(device if device is not None else self.device, copy=True)
+
+
+class PartitionedStore(ParamStore):
+    """ZeRO-3: only this rank's shards, one flat tensor per group on ``param_device`` (host
+    memory, page-locked with ``pin``, or the device); the parameters are emptied."""
+
+    def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
+                 comm: Collectives, *, param_device: torch.device, pin: bool):
+        super().__init__(layout, plan, device, dtype, comm, param_device=param_device)
+        self.flat: list[torch.Tensor] = []
+        with torch.no_grad():
+            for gi, gp in enumerate(plan.groups):
+                # Host shards are filled before they are page-locked: the pages of a fresh
+                # allocation are taken only as the shards are written, while each parameter is
+                # freed once copied, so host memory holds the model about once (locking first
+                # would take every page at once, beside the whole model).
+                if param_device.type == "cpu":
+                    flat, _ = alloc_host(gp.local_len, dtype, False, self._pinned_ptrs)
+                else:
+                    flat = torch.empty(gp.local_len, dtype=dtype, device=param_device)
+                pieces = plan.pieces(gi)
+                last = {pc.param: i for i, pc in enumerate(pieces)}
+                done = set()
+                end = 0  # pieces come in local order: what lies between them is padding, zeroed
+                for i, pc in enumerate(pieces):
+                    if pc.at > end:
+                        flat[end:pc.at].zero_()
+                    end = pc.at + pc.length
+                    p = layout.params[gi][pc.param]
+                    flat[pc.at:end].copy_(shard_source(p, pc, plan, gp))
+                    if last[pc.param] == i:  # the whole parameter is not needed any more: free it now
+                        empty_param(p, dtype, device)
+                        done.add(pc.param)
+                if end < gp.local_len:
+                    flat[end:].zero_()
+                if param_device.type == "cpu" and pin:
+                    flat = pin_filled(flat, self._pinned_ptrs)
+                self.flat.append(flat)
+                for pi, p in enumerate(layout.params[gi]):
+                    if pi not in done:  # no piece on this rank
+                        empty_param(p, dtype, device)
+        self._build_local()
+
+    def shard(self, gi: int, ui: int) -> torch.Tensor:
+        u = self.plan.groups[gi].units[ui]
+        start = self.plan.groups[gi].local_start[ui]
+        return self.flat[gi].narrow(0, start, u.shard)
+
+    def publish(self, src: list | None = None) -> None:
+        """Nothing is gathered now, as the shards are the weights: new weights kept elsewhere
+        (``src``: the path's host buffer, when it is not the shards themselves) are copied in,
+        and materialized (persistent) parameters are gathered again before their next use."""
+        with torch.no_grad():
+            for flat, out in zip(self.flat, src or ()):
+                if out.data_ptr() != flat.data_ptr():
+                    flat.copy_(out)
+        if self.fetcher is not None:
+            self.fetcher.mark_stale(self)
+
+    def publish_unit(self, gi: int, ui: int, src: list | None = None, group=None) -> None:
+        del group
+        with torch.no_grad():
+            if src is not None:
+                new = self._source(src, gi, ui)
+                if new.data_ptr() != self.shard(gi, ui).data_ptr():
+                    self.shard(gi, ui).copy_(new)
+        if self.fetcher is not None:
+            self.fetcher.mark_stale(self)
+
+
+def shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
+    """The elements of piece ``pc`` from the parameter: from its data, or from the shard that
+    zero.Init left in ``p.ds_tensor`` (computed by the same plan: one unit per parameter)."""
+    ds = getattr(p, "ds_tensor", None)
+    if ds is not None:
+        u = gp.units[pc.unit]
+        lo = plan.rank * u.shard
+        return ds.reshape(-1)[pc.offset - lo:pc.offset - lo + pc.length]
+    return p.detach().reshape(-1)[pc.offset:pc.offset + pc.length]
+
+
+def empty_param(p: torch.Tensor, dtype, device) -> None:
+    """Releases a parameter's storage, recording its real size (DeepSpeed's ds_shape/ds_numel)."""
+    if not hasattr(p, "ds_shape"):
+        p.ds_shape = p.shape
+        p.ds_numel = p.numel()
+    if hasattr(p, "ds_tensor"):
+        del p.ds_tensor
+    p.data = torch.empty(0, dtype=dtype, device=device)
