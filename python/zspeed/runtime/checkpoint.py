@@ -161,10 +161,10 @@ def _dedupe(tensors: dict) -> tuple[dict, dict]:
     return out, aliases
 
 
-def _optimizer_payload(engine) -> tuple[dict, dict]:
+def _optimizer_payload(ck) -> tuple[dict, dict]:
     """(tensors "<name>/<key>", JSON part) of the optimizer's state_dict."""
-    sd = engine.optimizer.state_dict()
-    names = [n for row in engine._names for n in row]
+    sd = ck.optim.optimizer.state_dict()
+    names = [n for row in ck.optim.names for n in row]
     tensors, scalars = {}, {}
     for idx, st in sd["state"].items():
         name = names[int(idx)]
@@ -175,7 +175,7 @@ def _optimizer_payload(engine) -> tuple[dict, dict]:
                 scalars.setdefault(name, {})[k] = v
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
               for g in sd["param_groups"]]
-    return tensors, {"class": engine.optimizer_path.checkpoint_class, "param_groups": groups,
+    return tensors, {"class": ck.optim.checkpoint_class, "param_groups": groups,
                      "scalars": scalars}
 
 
@@ -197,43 +197,40 @@ class _Save:
     optim: dict | None         # optim.safetensors (one process's layout)
 
 
-def _prepare(engine, tag, client_state, *, shared: bool, sharded: bool) -> _Save:
+def _prepare(ck, tag, client_state, *, shared: bool, sharded: bool) -> _Save:
     """The tag and, for the rank that writes the shared files, everything they hold."""
     sv = _Save()
-    sv.tag = validate_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+    sv.tag = validate_tag(f"global_step{ck.counters.global_steps}" if tag is None else tag)
     sv.save_id = sv.meta = sv.model = sv.client = sv.optim = None
     # ZeRO-3: every rank takes part in gathering the whole weights; one writes them.
-    model_sd = engine._module_state_for_save() if engine._stage3 else None
+    model_sd = ck.model.state_for_save()
     if not shared:
         return sv
     client_tensors: dict = {}
     client_json = _encode_client(client_state or {}, "client_state", client_tensors)
-    if model_sd is None:
-        model_sd = {k: v for k, v in engine.module.state_dict().items() if torch.is_tensor(v)}
     sv.model, aliases = _dedupe(model_sd)
     if sharded:  # the state tensors go into the ranks' own files
         groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-                  for g in engine.optimizer.param_groups]
-        opt_json = {"class": engine.optimizer_path.checkpoint_class, "param_groups": groups, "scalars": {}}
+                  for g in ck.optim.optimizer.param_groups]
+        opt_json = {"class": ck.optim.checkpoint_class, "param_groups": groups, "scalars": {}}
     else:
-        sv.optim, opt_json = _optimizer_payload(engine)
-    sched = engine.lr_scheduler
+        sv.optim, opt_json = _optimizer_payload(ck)
+    sched = ck.scheduler
     has_sched = sched is not None and hasattr(sched, "state_dict")
     sv.save_id = secrets.token_hex(8)
     meta = {
         "format": FORMAT, "save_id": sv.save_id, "zspeed_version": __version__, "tag": sv.tag,
-        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
-        "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
-        "dtype": str(engine.dtype).replace("torch.", ""),
-        "param_names": engine._names, "model_aliases": aliases,
-        "loss_scaler": engine.loss_scaler.state_dict(),
+        **ck.counters.state_dict(),
+        "dtype": str(ck.dtype).replace("torch.", ""),
+        "param_names": ck.optim.names, "model_aliases": aliases,
+        "loss_scaler": ck.scaler.state_dict(),
         "lr_scheduler": sched.state_dict() if has_sched else None,
         "lr_scheduler_class": type(sched).__name__ if has_sched else None,
-        "optimizer": opt_json, "client_state": client_json, "config": engine.config,
-        "world_size": engine.world_size if sharded else 1,
+        "optimizer": opt_json, "client_state": client_json, "config": ck.config,
+        "world_size": ck.world_size if sharded else 1,
     }
     if sharded:
-        meta["partition"] = partition_meta(engine.optimizer_path.sharded.plan)
+        meta["partition"] = partition_meta(ck.optim.store.plan)
     try:
         sv.meta = json.dumps(meta, indent=1, default=_json_default).encode()
     except (TypeError, ValueError) as e:
@@ -249,7 +246,7 @@ def _prepare(engine, tag, client_state, *, shared: bool, sharded: bool) -> _Save
     return sv
 
 
-def _write_files(engine, w: StagingWriter, sv: _Save, save_id: str, rank: int, sharded: bool) -> dict:
+def _write_files(ck, w: StagingWriter, sv: _Save, save_id: str, rank: int, sharded: bool) -> dict:
     """Writes this rank's files; returns their manifest entries. The shared files come from
     ``sv`` (prepared on the rank that writes them), the partition files from the path."""
     file_meta = {"format": FORMAT, "save_id": save_id}
@@ -257,9 +254,9 @@ def _write_files(engine, w: StagingWriter, sv: _Save, save_id: str, rank: int, s
     if sv.model is not None:
         entries["model.safetensors"] = w.write_tensors("model.safetensors", sv.model, file_meta)
     if sharded:
-        entries.update(_write_partition(engine, w, file_meta, rank))
+        entries.update(_write_partition(ck, w, file_meta, rank))
     elif sv.optim is not None:
-        entries["master.safetensors"] = w.write_tensors("master.safetensors", engine._master_named(), file_meta)
+        entries["master.safetensors"] = w.write_tensors("master.safetensors", ck.optim.master_named(), file_meta)
         entries["optim.safetensors"] = w.write_tensors("optim.safetensors", sv.optim, file_meta)
     if sv.client is not None:
         entries["client.safetensors"] = w.write_tensors("client.safetensors", sv.client, file_meta)
@@ -268,17 +265,17 @@ def _write_files(engine, w: StagingWriter, sv: _Save, save_id: str, rank: int, s
     return entries
 
 
-def _write_partition(engine, w: StagingWriter, file_meta: dict, rank: int) -> dict:
+def _write_partition(ck, w: StagingWriter, file_meta: dict, rank: int) -> dict:
     """master.rank<r> and optim.rank<r>: this rank's pieces (never the padding), keyed
     "<name>@<offset>"; the non-tensor state (the step) as JSON in optim's metadata."""
-    path = engine.optimizer_path
-    sm = path.sharded
+    path = ck.optim.path
+    sm = ck.optim.store
     masters, tensors, scalars = {}, {}, {}
     for gi, (entries, ms, sts) in enumerate(zip(sm.pieces, path.masters(), path.param_states())):
         for (pc, _at, _n), m, st in zip(entries, ms, sts):
             if pc is None:
                 continue
-            key = piece_key(engine._names[gi][pc.param], pc.offset)
+            key = piece_key(ck.optim.names[gi][pc.param], pc.offset)
             masters[key] = m
             for k, v in (st or {}).items():
                 if torch.is_tensor(v):
@@ -294,33 +291,33 @@ def _write_partition(engine, w: StagingWriter, file_meta: dict, rank: int) -> di
             optim_file(rank): w.write_tensors(optim_file(rank), tensors, {**meta, "scalars": scalar_text})}
 
 
-def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
+def save_checkpoint(ck, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
     """Writes ``save_dir/<tag>`` (default tag: ``global_step<N>``) as one transaction; returns
     True like DeepSpeed. On any failure (CheckpointError: a bad tag or client_state, a full
     disk, an I/O error) the folder holds what it held before. With several ranks every rank
     must call it (rank 0's tag and client_state are saved); a failure on any rank is a
     CheckpointError on every rank."""
-    if engine.world_size > 1 or engine.optimizer_path.sharded is not None:
-        return _save_ranks(engine, save_dir, tag, client_state, save_latest)
-    sv = _prepare(engine, tag, client_state, shared=True, sharded=False)
+    if ck.world_size > 1 or ck.optim.store is not None:
+        return _save_ranks(ck, save_dir, tag, client_state, save_latest)
+    sv = _prepare(ck, tag, client_state, shared=True, sharded=False)
     with SaveTransaction(save_dir, sv.tag) as tx:
-        entries = _write_files(engine, tx.writer, sv, sv.save_id, 0, False)
+        entries = _write_files(ck, tx.writer, sv, sv.save_id, 0, False)
         d = tx.commit(entries, sv.save_id, save_latest)
     log.info("zspeed: saved checkpoint %s", d)
     return True
 
 
-def _save_ranks(engine, save_dir, tag, client_state, save_latest) -> bool:
+def _save_ranks(ck, save_dir, tag, client_state, save_latest) -> bool:
     """The save of several ranks (module docstring): prepare and open, write, commit, with
     the ranks' results exchanged after each phase so that all of them go on or all fail."""
-    rank, ws = engine.global_rank, engine.world_size
-    sharded = engine.optimizer_path.sharded is not None
+    rank, ws = ck.rank, ck.world_size
+    sharded = ck.optim.store is not None
     doing = "the checkpoint save"
     with contextlib.ExitStack() as stack:
         sv = staging = owner = err = own = None
         tx = None
         try:
-            sv = _prepare(engine, tag, client_state, shared=rank == 0, sharded=sharded)
+            sv = _prepare(ck, tag, client_state, shared=rank == 0, sharded=sharded)
             if rank == 0:
                 tx = stack.enter_context(SaveTransaction(save_dir, sv.tag))
                 staging, owner = tx.staging, tx.dir.lstat(tx.staging).st_uid
@@ -338,11 +335,11 @@ def _save_ranks(engine, save_dir, tag, client_state, save_latest) -> bool:
         entries = {}
         try:
             if rank == 0:
-                entries = _write_files(engine, tx.writer, sv, save_id, rank, sharded)
+                entries = _write_files(ck, tx.writer, sv, save_id, rank, sharded)
             elif sharded:
                 w = StagingWriter.open_existing(save_dir, staging, owner)
                 try:
-                    entries = _write_files(engine, w, sv, save_id, rank, sharded)
+                    entries = _write_files(ck, w, sv, save_id, rank, sharded)
                 finally:
                     w.close()
         except Exception as e:
@@ -555,37 +552,37 @@ def _groups_differ(saved: list, mine: list) -> str:
     return "the same names"  # not reached: the caller found a difference
 
 
-def _plan_groups(engine, meta: dict, where) -> tuple[str, list, dict]:
+def _plan_groups(ck, meta: dict, where) -> tuple[str, list, dict]:
     """(the optimizer class, the param_groups for ``load_state_dict`` (the checkpoint's
     hyperparameters, the engine's run settings), the saved non-tensor state by parameter),
     checked against the engine."""
-    names = [n for row in engine._names for n in row]
+    names = [n for row in ck.optim.names for n in row]
     saved_names = _field(meta, where, "param_names")
     if not isinstance(saved_names, list) or not all(isinstance(r, list) and all(isinstance(n, str) for n in r)
                                                      for r in saved_names):
         raise _bad(where, "param_names", saved_names, "must be a list of lists of parameter names")
-    if [len(r) for r in saved_names] != [len(r) for r in engine._names] or \
+    if [len(r) for r in saved_names] != [len(r) for r in ck.optim.names] or \
             [n for r in saved_names for n in r] != names:
         raise CheckpointError(f"optimizer state in '{where}' was saved for different parameter groups "
                               f"({sum(map(len, saved_names))} parameters) than this engine has ({len(names)}): "
-                              f"{_groups_differ(saved_names, engine._names)}; pass load_optimizer_states=False "
+                              f"{_groups_differ(saved_names, ck.optim.names)}; pass load_optimizer_states=False "
                               f"to load the weights only.")
     opt = _field(meta, where, "optimizer")
     if not isinstance(opt, dict):
         raise _bad(where, "optimizer", opt, "must be an object")
     cls = opt.get("class")
-    mine = engine.optimizer_path.checkpoint_class
+    mine = ck.optim.checkpoint_class
     if cls != mine:
         raise CheckpointError(f"optimizer state in '{where}' belongs to {cls}, but this engine runs "
                               f"{mine}; pass load_optimizer_states=False.")
     saved_groups, scalars = opt.get("param_groups"), opt.get("scalars", {})
-    if not isinstance(saved_groups, list) or len(saved_groups) != len(engine.optimizer.param_groups):
+    if not isinstance(saved_groups, list) or len(saved_groups) != len(ck.optim.optimizer.param_groups):
         raise _bad(where, "optimizer.param_groups", saved_groups,
-                   f"must be a list of {len(engine.optimizer.param_groups)} groups")
+                   f"must be a list of {len(ck.optim.optimizer.param_groups)} groups")
     if not isinstance(scalars, dict) or not all(isinstance(v, dict) for v in scalars.values()):
         raise _bad(where, "optimizer.scalars", scalars, "must map parameter names to objects")
     groups, start = [], 0
-    for gi, (g, cur) in enumerate(zip(saved_groups, engine.optimizer.param_groups)):
+    for gi, (g, cur) in enumerate(zip(saved_groups, ck.optim.optimizer.param_groups)):
         if not isinstance(g, dict):
             raise _bad(where, f"optimizer.param_groups[{gi}]", g, "must be an object")
         merged = {k: v for k, v in cur.items() if k != "params"}
@@ -603,13 +600,13 @@ def _plan_groups(engine, meta: dict, where) -> tuple[str, list, dict]:
     return cls, groups, scalars
 
 
-def _plan_optimizer(engine, meta: dict, where, tensors: dict, scalars: dict | None = None) -> dict:
-    """The validated state_dict for ``engine.optimizer.load_state_dict`` (states converted
+def _plan_optimizer(ck, meta: dict, where, tensors: dict, scalars: dict | None = None) -> dict:
+    """The validated state_dict for ``ck.optim.optimizer.load_state_dict`` (states converted
     to the configured state dtype); ``scalars`` (the non-tensor state by parameter) replaces
     meta.json's when the checkpoint keeps them elsewhere (in its partition files)."""
-    cls, groups, saved_scalars = _plan_groups(engine, meta, where)
+    cls, groups, saved_scalars = _plan_groups(ck, meta, where)
     scalars = saved_scalars if scalars is None else scalars
-    names = [n for row in engine._names for n in row]
+    names = [n for row in ck.optim.names for n in row]
     known = set(names)
     by_name: dict = {}
     for k, v in tensors.items():
@@ -622,10 +619,8 @@ def _plan_optimizer(engine, meta: dict, where, tensors: dict, scalars: dict | No
     if unknown:
         raise CheckpointError(f"'{where}': optimizer.scalars names {unknown[0]!r}, which is no parameter of "
                               f"this engine; the checkpoint is corrupt.")
-    shapes = [p.shape for g in engine.optimizer.param_groups for p in g["params"]]
-    per_param = getattr(engine.optimizer, "state_dtypes", None)  # the split optimizer's two halves
-    targets = per_param() if per_param is not None else [
-        g.get("state_dtype") for g, ps in zip(engine.optimizer.param_groups, engine._model_params) for _ in ps]
+    shapes = [p.shape for g in ck.optim.optimizer.param_groups for p in g["params"]]
+    targets = ck.optim.state_dtypes()
     state: dict = {}
     for i, n in enumerate(names):
         st = dict(by_name.get(n, {}))
@@ -637,17 +632,15 @@ def _plan_optimizer(engine, meta: dict, where, tensors: dict, scalars: dict | No
             st = _convert_adam_state(st, targets[i], math.prod(shapes[i]), shapes[i], where, n)
         state[i] = st
     sd = {"state": state, "param_groups": groups}
-    check = getattr(engine.optimizer, "validate_state_dict", None)
-    if check is not None:
-        try:
-            check(sd)
-        except ValueError as e:
-            raise CheckpointError(f"optimizer state in '{where}' cannot be loaded: {e}") from None
+    try:
+        ck.optim.validate(sd)
+    except ValueError as e:
+        raise CheckpointError(f"optimizer state in '{where}' cannot be loaded: {e}") from None
     return sd
 
 
-def _plan_scheduler(engine, meta: dict, where):
-    sch = engine.lr_scheduler
+def _plan_scheduler(ck, meta: dict, where):
+    sch = ck.scheduler
     sd = meta.get("lr_scheduler")
     if sd is None or sch is None or not hasattr(sch, "load_state_dict"):
         return None
@@ -689,13 +682,13 @@ class _Plan:
     client: Any
 
 
-def _whole_params(engine, r: CheckpointReader, meta: dict, where, saved_model: dict) -> tuple:
+def _whole_params(ck, r: CheckpointReader, meta: dict, where, saved_model: dict) -> tuple:
     """(masters by name, optimizer tensors "<name>/<key>", non-tensor state by name or None for
     meta.json's) of whole parameters: a world-size-1 checkpoint's files as they are, or a
     checkpoint of several ranks assembled from its pieces (8-bit states dequantized where a
     parameter spans pieces)."""
     if saved_world_size(meta, where) == 1 and meta.get("partition") is None:
-        return _whole_masters(engine, r), _whole_optim(engine, r, where), None
+        return _whole_masters(ck, r), _whole_optim(ck, r, where), None
     masters, tensors, scalars = {}, {}, {}
     with PieceReader(r, meta, where) as src:
         for name in src.names():
@@ -710,10 +703,10 @@ def _whole_params(engine, r: CheckpointReader, meta: dict, where, saved_model: d
     return masters, tensors, scalars
 
 
-def _whole_masters(engine, r: CheckpointReader) -> dict:
+def _whole_masters(ck, r: CheckpointReader) -> dict:
     """master.safetensors of a world-size-1 checkpoint: names, shapes and dtypes checked on
     its header, then only this engine's masters read."""
-    mine = engine._master_shapes()
+    mine = ck.optim.master_shapes()
     specs = r.specs("master.safetensors")
     _check_shapes(f"fp32 master weights in '{r.path}'", mine, specs, True)
     wrong = [k for k in mine if specs[k].dtype != torch.float32]
@@ -723,11 +716,11 @@ def _whole_masters(engine, r: CheckpointReader) -> dict:
     return r.tensors("master.safetensors", want=mine)
 
 
-def _whole_optim(engine, r: CheckpointReader, where) -> dict:
+def _whole_optim(ck, r: CheckpointReader, where) -> dict:
     """optim.safetensors of a world-size-1 checkpoint ("<param name>/<state key>"), each tensor
     checked on the header before anything is read: it belongs to a parameter of this engine
     and has no more elements than the parameter (no optimizer state has more)."""
-    params = engine._master_shapes()
+    params = ck.optim.master_shapes()
     for k, t in r.specs("optim.safetensors").items():
         pname = k.rpartition("/")[0]
         if pname not in params:
@@ -749,18 +742,18 @@ def _zero_state(key: str, v, n: int):
     return torch.zeros(n, dtype=v.dtype) if v.dim() >= 1 else v.clone()
 
 
-def _plan_pieces(engine, r: CheckpointReader, meta: dict, where) -> tuple[list, dict]:
+def _plan_pieces(ck, r: CheckpointReader, meta: dict, where) -> tuple[list, dict]:
     """Several ranks, ZeRO stage 1 or 2: (this rank's masters per entry of its local space,
     its optimizer's state_dict), read from the ranges of the saved pieces (of any world
     size) that overlap this rank's pieces. Padding gets zeros, and the state of a real
     piece of its group with zeros (same step)."""
-    path = engine.optimizer_path
-    sm = path.sharded
-    cls, groups, _ = _plan_groups(engine, meta, where)
-    targets = [g.get("state_dtype") for g in engine.optimizer.param_groups]
+    path = ck.optim.path
+    sm = ck.optim.store
+    cls, groups, _ = _plan_groups(ck, meta, where)
+    targets = ck.optim.group_state_dtypes()
     masters, states = [], []
     with PieceReader(r, meta, where) as src:
-        mine = {n: torch.empty(full_numel(p), device="meta") for names, ps in zip(engine._names, engine._model_params)
+        mine = {n: torch.empty(full_numel(p), device="meta") for names, ps in zip(ck.optim.names, ck.optim.params)
                 for n, p in zip(names, ps)}
         got = {n: torch.empty(k, device="meta") for n in src.names() if (k := src.numel(n)) is not None}
         _check_shapes(f"fp32 master weights in '{r.path}'", mine, got, True)
@@ -771,7 +764,7 @@ def _plan_pieces(engine, r: CheckpointReader, meta: dict, where) -> tuple[list, 
                     mrow.append(torch.zeros(n, dtype=torch.float32))
                     srow.append(None)
                     continue
-                name = engine._names[gi][pc.param]
+                name = ck.optim.names[gi][pc.param]
                 label = f"{name}[{pc.offset}:{pc.offset + n}]"
                 mrow.append(src.master(name, pc.offset, n))
                 st = src.state(name, pc.offset, n)
@@ -788,15 +781,13 @@ def _plan_pieces(engine, r: CheckpointReader, meta: dict, where) -> tuple[list, 
             states.append(srow)
     try:
         sd = path.state_dict_from(states, groups)
-        check = getattr(engine.optimizer, "validate_state_dict", None)
-        if check is not None:
-            check(sd)
+        ck.optim.validate(sd)
     except ValueError as e:
         raise CheckpointError(f"optimizer state in '{where}' cannot be loaded: {e}") from None
     return masters, sd
 
 
-def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states: bool,
+def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: bool,
                load_lr_scheduler_states: bool) -> _Plan:
     where = r.path / "meta.json"
     meta = r.json("meta.json")
@@ -809,7 +800,7 @@ def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states:
                               f"{r.save_id!r}: the folder mixes two saves.")
     plan = _Plan()
 
-    model_sd = engine._module_shapes()
+    model_sd = ck.model.shapes()
     aliases = _field(meta, where, "model_aliases")
     if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                 for k, v in aliases.items()):
@@ -827,41 +818,41 @@ def _plan_load(engine, r: CheckpointReader, strict: bool, load_optimizer_states:
 
     plan.masters = plan.local_masters = plan.optimizer = plan.scaler = plan.counters = None
     if load_optimizer_states:
-        if engine.optimizer_path.sharded is not None:
-            plan.local_masters, plan.optimizer = _plan_pieces(engine, r, meta, where)
+        if ck.optim.store is not None:
+            plan.local_masters, plan.optimizer = _plan_pieces(ck, r, meta, where)
         else:
-            masters, opt_t, scalars = _whole_params(engine, r, meta, where, saved)
-            mine = engine._master_shapes()
+            masters, opt_t, scalars = _whole_params(ck, r, meta, where, saved)
+            mine = ck.optim.master_shapes()
             _check_shapes(f"fp32 master weights in '{r.path}'", mine, masters, True)
             wrong = [k for k in mine if masters[k].dtype != torch.float32]
             if wrong:
                 raise CheckpointError(f"'{r.path / 'master.safetensors'}': master weight {wrong[0]} has dtype "
                                       f"{masters[wrong[0]].dtype}, not float32; the checkpoint is corrupt.")
             plan.masters = {n: masters[n] for n in mine}
-            plan.optimizer = _plan_optimizer(engine, meta, where, opt_t, scalars)
+            plan.optimizer = _plan_optimizer(ck, meta, where, opt_t, scalars)
         try:
             plan.scaler = _check_scaler_state(_field(meta, where, "loss_scaler"))
         except ValueError as e:
             raise CheckpointError(f"'{where}': field 'loss_scaler': {e}; the checkpoint is corrupt.") from None
         plan.counters = {k: _count(meta, where, k)
                          for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps")}
-    plan.scheduler = _plan_scheduler(engine, meta, where) if load_lr_scheduler_states else None
+    plan.scheduler = _plan_scheduler(ck, meta, where) if load_lr_scheduler_states else None
     client = meta.get("client_state", {})
     client_t = r.tensors("client.safetensors", want=_client_refs(client)) if r.has("client.safetensors") else {}
     plan.client = _decode_client(client, client_t, where)
     return plan
 
 
-def _load_optimizer(engine, sd: dict, where: Path, ranks: bool) -> None:
-    """engine.optimizer.load_state_dict(sd), the one step of a load that the optimizer itself
+def _load_optimizer(ck, sd: dict, where: Path, ranks: bool) -> None:
+    """ck.optim.optimizer.load_state_dict(sd), the one step of a load that the optimizer itself
     may still refuse (a client optimizer's checks). With several ranks the ranks compare
     outcomes, and a rank whose load succeeded while another's failed puts its previous
     state back, so that every rank keeps its optimizer unchanged."""
     err = own = None
-    opt = engine.optimizer
+    opt = ck.optim.optimizer
     # An optimizer that validates first (nvme) cannot refuse after the plan's checks; for the
     # others the previous state_dict (references to the current tensors, no copy) is kept.
-    before = opt.state_dict() if ranks and getattr(opt, "validate_state_dict", None) is None else None
+    before = opt.state_dict() if ranks and not ck.optim.validates_first else None
     try:
         opt.load_state_dict(sd)
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -876,54 +867,53 @@ def _load_optimizer(engine, sd: dict, where: Path, ranks: bool) -> None:
     raise_failed(outcomes, "the checkpoint load", own)
 
 
-def _apply(engine, plan: _Plan, where: Path) -> None:
+def _apply(ck, plan: _Plan, where: Path) -> None:
     """Puts a checked plan into the engine. The optimizer goes first: it is the only part
     whose own load could still refuse (a client optimizer's checks), and then nothing else
     has changed yet."""
     if plan.optimizer is not None:
-        _load_optimizer(engine, plan.optimizer, where, engine.world_size > 1)
-    engine._load_module_weights(plan.model)
+        _load_optimizer(ck, plan.optimizer, where, ck.world_size > 1)
+    ck.model.load(plan.model)
     if plan.local_masters is not None:
-        engine.optimizer_path.load_masters(plan.local_masters)
+        ck.optim.load_local_masters(plan.local_masters)
     elif plan.masters is not None:
-        engine._load_masters(plan.masters)
+        ck.optim.load_masters(plan.masters)
     else:  # weights only: masters follow the (possibly low-precision) model weights
-        engine._load_masters({n: w.to(torch.float32) for n, w in engine._whole_weights(plan.model).items()})
+        ck.optim.load_masters({n: w.to(torch.float32) for n, w in ck.whole_weights(plan.model).items()})
     if plan.scaler is not None:
-        if not plan.scaler["dynamic"] and engine.loss_scaler.dynamic:
+        if not plan.scaler["dynamic"] and ck.scaler.dynamic:
             log.info("zspeed: the checkpoint in %s has no dynamic loss scale (it was not trained with dynamic "
                      "fp16); the loss scale starts at its configured initial value", where)
-        elif plan.scaler["dynamic"] and not engine.loss_scaler.dynamic:
+        elif plan.scaler["dynamic"] and not ck.scaler.dynamic:
             log.info("zspeed: the dynamic fp16 loss scale saved in %s (%g) is not used: this engine's scale is "
-                     "%g", where, plan.scaler["cur_scale"], engine.loss_scaler.loss_scale)
-        engine.loss_scaler.load_state_dict(plan.scaler)
+                     "%g", where, plan.scaler["cur_scale"], ck.scaler.loss_scale)
+        ck.scaler.load_state_dict(plan.scaler)
     if plan.counters is not None:
-        for k, v in plan.counters.items():
-            setattr(engine, k, v)
+        ck.counters.load_state_dict(plan.counters)
     if plan.scheduler is not None:
-        engine.lr_scheduler.load_state_dict(plan.scheduler)
+        ck.scheduler.load_state_dict(plan.scheduler)
 
 
-def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+def load_checkpoint(ck, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True):
     """Restores a checkpoint; returns (path, client_state), or (None, None) when there is none
     (no folder, no ``latest``, or an explicit tag that does not exist). Every problem with
     the checkpoint is a CheckpointError, raised before the engine changes. With several
     ranks every rank must call it; they load the same checkpoint, at any world size, or
     all raise the same CheckpointError and none changes."""
-    if engine.world_size > 1 or engine.optimizer_path.sharded is not None:
-        return _load_ranks(engine, load_dir, tag, load_module_strict, load_optimizer_states,
+    if ck.world_size > 1 or ck.optim.store is not None:
+        return _load_ranks(ck, load_dir, tag, load_module_strict, load_optimizer_states,
                            load_lr_scheduler_states)
     with open_for_load(load_dir, tag) as r:
         if r is None:
             return None, None
-        plan = _plan_load(engine, r, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
-    _apply(engine, plan, r.path)
+        plan = _plan_load(ck, r, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
+    _apply(ck, plan, r.path)
     log.info("zspeed: loaded checkpoint %s", r.path)
     return str(r.path), plan.client
 
 
-def _load_ranks(engine, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
+def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
     """Every rank plans its load (reads and checks what it needs, with the folder locked for
     reading), the ranks compare (after the lock is released: on Windows the lock is
     exclusive), and only when every rank succeeded with the same checkpoint do they apply."""
@@ -933,7 +923,7 @@ def _load_ranks(engine, load_dir, tag, strict, load_optimizer_states, load_lr_sc
         with open_for_load(load_dir, tag) as r:
             if r is not None:
                 path, save_id = str(r.path), r.save_id
-                plan = _plan_load(engine, r, strict, load_optimizer_states, load_lr_scheduler_states)
+                plan = _plan_load(ck, r, strict, load_optimizer_states, load_lr_scheduler_states)
     except Exception as e:  # reported to every rank, then raised on every rank
         err, own = describe(e), e
     found = all_gather((err, path, save_id), doing)
@@ -947,7 +937,7 @@ def _load_ranks(engine, load_dir, tag, strict, load_optimizer_states, load_lr_sc
                               f"was another job saving into '{load_dir}' meanwhile? Nothing was loaded.")
     if plan is None:
         return None, None
-    _apply(engine, plan, Path(path))
+    _apply(ck, plan, Path(path))
     log.info("zspeed: loaded checkpoint %s", path)
     return path, plan.client
 

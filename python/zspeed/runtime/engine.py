@@ -37,6 +37,7 @@ from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
 from .assemble import build_store, client_kind, optimizer_path
 from .collectives import for_plan
+from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
 from .trace import tracer_from
 from .store import full_numel, full_shape
@@ -210,6 +211,7 @@ class ZSpeedEngine(torch.nn.Module):
             self._fetcher = ParamFetcher.from_zero(self.optimizer_path.sharded, self.module, config.zero,
                                                    comm=self.collectives, frozen=self._frozen_sm)
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
+        self._model_part = ModelPart(self.module, [self.optimizer_path.sharded, self._frozen_sm])
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
         self.basic_optimizer = self.optimizer_path.optimizer
@@ -657,7 +659,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_open()
         with self._collectives("save_checkpoint"):
             self._settle()  # a step that stopped partway or runs in the background completes first
-        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+        return save_checkpoint(self._checkpoint_parts(), save_dir, tag=tag, client_state=client_state or {},
                                save_latest=save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
@@ -680,7 +682,7 @@ class ZSpeedEngine(torch.nn.Module):
             self.optimizer_path.release()
             self._unfinished = None
         self.optimizer_path.flush()
-        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+        return load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=with_states,
                                load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only)
 
@@ -761,107 +763,29 @@ class ZSpeedEngine(torch.nn.Module):
         reset=True; [] otherwise."""
         return self.optimizer_path.stats(reset=reset)
 
-    # -- internals used by checkpoint.py -------------------------------------------------------------
+    # -- the engine's state as checkpoint parts (parts.py; checkpoint.py reads only these) -----------
+    def _checkpoint_parts(self) -> CheckpointParts:
+        return CheckpointParts(model=self._model_part,
+                               optim=OptimizerPart(self._names, self._model_params, self.optimizer_path,
+                                                   self.optimizer),
+                               scaler=self.loss_scaler, scheduler=self.lr_scheduler, counters=Counters(self),
+                               world_size=self.world_size, rank=self.global_rank, dtype=self.dtype,
+                               config=self.config)
+
     def _master_named(self) -> dict:
-        """name -> fp32 master tensor (shaped like the parameter; with nvme offload a fresh copy
-        read from disk). With several ranks and ZeRO stage 1 or 2, this rank's pieces only:
-        "<name>@<offset>" -> the flat fp32 master of the piece."""
-        sm = self.optimizer_path.sharded
-        if sm is not None:
-            from .checkpoint_shards import piece_key
-            return {piece_key(self._names[gi][pc.param], pc.offset): m
-                    for gi, (entries, ms) in enumerate(zip(sm.pieces, self.optimizer_path.masters()))
-                    for (pc, _at, _n), m in zip(entries, ms) if pc is not None}
-        out = {}
-        for names, ps, ms in zip(self._names, self._model_params, self.optimizer_path.masters()):
-            for n, p, m in zip(names, ps, ms):
-                shape = full_shape(p)
-                out[n] = m.view(shape) if m.shape != shape else m
-        return out
-
-    # -- whole weights (ZeRO-3 keeps only shards; see zero3.py) --------------------------------------
-    def _partitioned(self) -> dict:
-        """id(parameter) -> (its store, group, index) for the ZeRO-3 partitioned parameters,
-        trained and frozen ({} below stage 3)."""
-        if not self._stage3:
-            return {}
-        out = {}
-        for sm in (self.optimizer_path.sharded, self._frozen_sm):
-            if sm is not None:
-                out.update({k: (sm, gi, pi) for k, (gi, pi) in sm.layout.index.items()})
-        return out
-
-    def _module_shapes(self) -> dict:
-        """module.state_dict()'s names -> meta tensors of the whole shapes."""
-        part = self._partitioned()
-        out = {}
-        for k, v in self.module.state_dict(keep_vars=True).items():
-            if torch.is_tensor(v):
-                out[k] = torch.empty(full_shape(v), dtype=v.dtype, device="meta") if id(v) in part else v
-        return out
-
-    def _module_state_for_save(self) -> dict:
-        """module.state_dict() with every ZeRO-3 parameter gathered whole to host memory (every
-        rank must call it; tied parameters stay one tensor under each of their names)."""
-        part = self._partitioned()
-        done: dict = {}
-        out = {}
-        for k, v in self.module.state_dict(keep_vars=True).items():
-            if not torch.is_tensor(v):
-                continue
-            if id(v) in part:
-                if id(v) not in done:
-                    sm, gi, pi = part[id(v)]
-                    done[id(v)] = sm.full(gi, pi, "cpu").view(full_shape(v))
-                out[k] = done[id(v)]
-            else:
-                out[k] = v.detach()
-        return out
+        """name -> fp32 master tensor (parts.OptimizerPart.master_named)."""
+        return self._checkpoint_parts().optim.master_named()
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict:
         """DeepSpeed's name: the whole model's state_dict in the training dtype, on rank 0 (other
         ranks get {}); every rank must call it. Also works below stage 3. The step under way
         (delayed_update, overlap_forward, or one that raised partway) completes first."""
         self._settle()
-        sd = self._module_state_for_save() if self._stage3 else \
-            {k: v.detach() for k, v in self.module.state_dict().items() if torch.is_tensor(v)}
+        sd = self._model_part.state_for_save()
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             sd = {k: v for k, v in sd.items() if k not in frozen}
         return sd if self.global_rank == 0 else {}
-
-    def _load_module_weights(self, sd: dict) -> None:
-        """module.load_state_dict(sd, strict=False), with ZeRO-3 parameters written into shards."""
-        part = self._partitioned()
-        if not part:
-            self.module.load_state_dict(sd, strict=False)
-            return
-        mine = self.module.state_dict(keep_vars=True)
-        rest = {}
-        for k, v in sd.items():
-            t = mine.get(k)
-            if t is not None and id(t) in part:
-                sm, gi, pi = part[id(t)]
-                sm.set_full(gi, pi, v)
-            else:
-                rest[k] = v
-        self.module.load_state_dict(rest, strict=False)
-
-    def _whole_weights(self, loaded: dict) -> dict:
-        """name -> the whole weight of every trained parameter: from ``loaded`` where it has it,
-        else the model's (gathered under ZeRO-3)."""
-        part = self._partitioned()
-        out = {}
-        for names, ps in zip(self._names, self._model_params):
-            for n, p in zip(names, ps):
-                if n in loaded:
-                    out[n] = loaded[n].detach()
-                elif id(p) in part:
-                    sm, gi, pi = part[id(p)]
-                    out[n] = sm.full(gi, pi, "cpu").view(full_shape(p))
-                else:
-                    out[n] = p.detach()
-        return out
 
     def _zero3_modified(self, states: list) -> None:
         """Parameters edited whole under GatheredParameters(modifier_rank=...): their shards were

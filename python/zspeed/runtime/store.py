@@ -67,7 +67,8 @@ class ParamStore:
     rank), the comm strategy, and this rank's local space. Subclasses hold the shards
     (:meth:`shard`) and say how new weights reach the model (:meth:`publish`)."""
 
-    nvme = False  # shards in a file (zero3_nvme.py)
+    nvme = False          # shards in a file (zero3_nvme.py)
+    whole_params = False  # the parameters themselves hold whole values (else only this rank's shards)
 
     def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
                  comm: Collectives, *, param_device: torch.device):
@@ -185,6 +186,8 @@ class ParamStore:
 
 class ShardedStore(ParamStore):
     """ZeRO stages 1-2 on several ranks: the whole model on the device, flattened per unit."""
+
+    whole_params = True
 
     def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
                  comm: Collectives):
