@@ -101,8 +101,8 @@ class InferenceEngine(torch.nn.Module):
         if unknown:
             raise ConfigError(f"init_inference: unknown config key(s) {unknown}; zspeed reads dtype and zero "
                               f"(stage 3 with offload_param).")
-        from .runtime.engine import _pick_device
-        self.device = _pick_device()
+        from .runtime.device import pick_device
+        self.device = pick_device()
         self.dtype = _dtype(cfg.get("dtype", torch.float16))
         zero = cfg.get("zero", cfg.get("zero_optimization")) or {}
         bad = sorted(set(zero) - _ZERO_KEYS)
@@ -128,12 +128,12 @@ class InferenceEngine(torch.nn.Module):
         self.module = model
 
     def _partition(self, model, zero: dict, off: dict) -> None:
-        from .runtime.engine import _move_except
+        from .runtime.assemble import move_except
         from .runtime.layout import FlatLayout
         from .runtime.assemble import build_store
         from .runtime.zero3 import ParamFetcher
         layout = FlatLayout([{"params": [p for p in model.parameters() if p.is_floating_point()]}])
-        _move_except(model, self.device, self.dtype, layout.index)
+        move_except(model, self.device, self.dtype, layout.index)
         if comm.get_world_size() > 1:  # every rank's shard is cut from rank 0's weights
             _broadcast_from_rank0(model, self.device)
         coll = _collectives(self.device)

@@ -18,6 +18,7 @@ import torch
 from .. import comm
 from .collectives import Collectives
 from .cpu import HostPath
+from .errors import ConfigError
 from .dp import ShardedBuffers, ShardedDevicePath
 from .layout import FlatLayout
 from .nvme import NVMePath
@@ -30,7 +31,7 @@ from .store import PartitionedStore, ShardedStore
 
 log = logging.getLogger("zspeed.engine")
 
-__all__ = ["client_kind", "host_threads", "optimizer_path", "param_store", "build_store"]
+__all__ = ["client_kind", "host_threads", "optimizer_path", "param_store", "build_store", "placement"]
 
 
 def client_kind(client) -> str:
@@ -152,3 +153,85 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, f
     return SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
                      bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
                      num_threads=threads, timing=plan.timing)
+
+
+# -- where the model's tensors go ---------------------------------------------------------------
+class WholeModel:
+    """ZeRO stages 0-2: the module moves to the device in the training dtype, whole."""
+
+    frozen_layout = None
+    frozen_store = None
+
+    def __init__(self, plan: RunPlan):
+        self.plan = plan
+
+    def place(self, model: torch.nn.Module, layout: FlatLayout) -> torch.nn.Module:
+        """The module on the device (its parameter objects are kept: the layout stays valid)."""
+        cut = [n for n, p in model.named_parameters() if hasattr(p, "ds_tensor")]
+        if cut:
+            raise ConfigError(
+                f"the model was built inside zspeed.zero.Init on several ranks, which cut its parameters into "
+                f"ZeRO-3 shards ({len(cut)} of them, e.g. {cut[0]!r}), but the config's zero_optimization.stage is "
+                f"{self.plan.stage}. Set \"stage\": 3 in the config, or build the model outside zero.Init (with "
+                f"Hugging Face transformers: load it without a ZeRO-3 config active).")
+        dt = self.plan.dtype
+        return model.to(device=self.plan.device, dtype=dt) if dt != torch.float32 else model.to(self.plan.device)
+
+    def host_bytes_freed(self, layout: FlatLayout) -> int:
+        """Host memory the model's own tensors hold now that the engine frees (none: placed already)."""
+        return 0
+
+    def finish(self, config, path: OptimizerPath, module: torch.nn.Module, coll: Collectives):
+        """After the optimizer path exists: the ZeRO-3 fetcher, or None."""
+        return None
+
+
+class PartitionedModel(WholeModel):
+    """ZeRO-3: the trained parameters go straight from where they are into their shards (the
+    whole model may not fit on the device), and so do the floating-point parameters nothing
+    trains (partitioned the same way, into a store of their own); the rest moves now. The
+    fetcher (zero3.py) gathers them around the modules that use them."""
+
+    def place(self, model: torch.nn.Module, layout: FlatLayout) -> torch.nn.Module:
+        trained = layout.index
+        frozen = [p for p in dict.fromkeys(model.parameters()) if id(p) not in trained and p.is_floating_point()]
+        keep = dict(trained)
+        if frozen:
+            self.frozen_layout = FlatLayout([{"params": frozen}])
+            keep.update(self.frozen_layout.index)
+        move_except(model, self.plan.device, self.plan.dtype, keep)
+        return model
+
+    def host_bytes_freed(self, layout: FlatLayout) -> int:
+        rows = list(layout.params) + (list(self.frozen_layout.params) if self.frozen_layout is not None else [])
+        return sum(p.numel() * p.element_size() for ps in rows for p in ps if p.device.type == "cpu")
+
+    def finish(self, config, path: OptimizerPath, module: torch.nn.Module, coll: Collectives):
+        from .zero3 import ParamFetcher
+        plan = self.plan
+        if self.frozen_layout is not None:
+            self.frozen_store = build_store(self.frozen_layout, plan.world_size, plan.rank, plan.device, plan.dtype,
+                                            config.offload_param, coll, trained=False, aio=config.aio)
+        return ParamFetcher.from_zero(path.sharded, module, config.zero, comm=coll, frozen=self.frozen_store)
+
+
+def placement(plan: RunPlan) -> WholeModel:
+    """Where the plan puts the model's tensors (see WholeModel, PartitionedModel)."""
+    return PartitionedModel(plan) if plan.store == "partitioned" else WholeModel(plan)
+
+
+def move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, keep: dict) -> None:
+    """model.to(device, dtype) for everything but the parameters in ``keep`` (ids): floating
+    parameters and buffers take ``dtype``, as Module.to does."""
+    from .zero import init_gather
+    with torch.no_grad():
+        for m in model.modules():
+            for name, p in m._parameters.items():
+                if p is not None and id(p) not in keep:
+                    if hasattr(p, "ds_tensor"):  # cut by zero.Init, not trained: whole again
+                        init_gather(p)
+                        del p.ds_tensor, p.ds_shape, p.ds_numel
+                    p.data = p.data.to(device, dtype if p.is_floating_point() else p.dtype)
+            for name, b in m._buffers.items():
+                if b is not None:
+                    m._buffers[name] = b.to(device, dtype if b.is_floating_point() else b.dtype)

@@ -35,7 +35,8 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
-from .assemble import build_store, client_kind, optimizer_path
+from .assemble import client_kind, optimizer_path, placement
+from .device import pick_device
 from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
@@ -65,28 +66,6 @@ class EngineClosedError(ZSpeedError, RuntimeError):
 
 
 
-def _pick_device() -> torch.device:
-    """CUDA (device LOCAL_RANK) when available, else the CPU; ZSPEED_DEVICE=cpu|cuda|cuda:N forces one."""
-    forced = os.environ.get("ZSPEED_DEVICE")
-    if forced:
-        try:
-            dev = torch.device(forced)
-        except RuntimeError:
-            raise ConfigError(f"ZSPEED_DEVICE={forced!r} is not a device; use cpu, cuda or cuda:N.") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"ZSPEED_DEVICE={forced!r} but torch sees no CUDA device; unset it or use cpu.")
-        if dev.type not in ("cpu", "cuda"):
-            raise ConfigError(f"ZSPEED_DEVICE={forced!r}: zspeed runs on cpu or cuda.")
-        return dev
-    if torch.cuda.is_available():
-        local = comm.get_local_rank()
-        if local >= torch.cuda.device_count():
-            raise ConfigError(f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} GPU(s): start at most "
-                              f"one rank per GPU on each host (or set ZSPEED_DEVICE=cpu).")
-        return torch.device("cuda", local)
-    return torch.device("cpu")
-
-
 def _cast_inputs(obj, dtype):
     if torch.is_tensor(obj):
         return obj.to(dtype) if obj.is_floating_point() else obj
@@ -110,7 +89,7 @@ class ZSpeedEngine(torch.nn.Module):
         for w in config.warnings:
             if comm.get_rank() == 0:
                 log.warning("zspeed: %s", w)
-        self.device = device or _pick_device()
+        self.device = device or pick_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         # DeepSpeed's names: the rank on this host (LOCAL_RANK, 0 without a launcher), the
@@ -124,16 +103,7 @@ class ZSpeedEngine(torch.nn.Module):
                               f"zspeed.initialize after the process group exists.")
         self.dtype = (torch.float16 if config.fp16_enabled else
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
-        self._stage3 = config.zero_stage == 3
-        if not self._stage3:
-            _refuse_init_shards(model, config.zero_stage)
-        if self._stage3:
-            # The trainable parameters go straight from where they are into their shards
-            # (the whole model may not fit on the device); the rest moves now.
-            self.module = model
-        else:
-            self.module = model.to(device=self.device, dtype=self.dtype) if self.dtype != torch.float32 \
-                else model.to(device=self.device)
+        self.module = model  # placed on the device once the run plan is known (assemble.placement)
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -182,16 +152,9 @@ class ZSpeedEngine(torch.nn.Module):
         self.collectives = for_plan(self.plan)
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
-        self._frozen_sm = None
-        self._frozen_layout = frozen_layout = None  # ZeRO-3: the parameters nothing trains
-        if self._stage3:
-            trained = self._layout.index
-            frozen = [p for p in dict.fromkeys(model.parameters()) if id(p) not in trained and p.is_floating_point()]
-            keep = dict(trained)
-            if frozen:
-                self._frozen_layout = frozen_layout = FlatLayout([{"params": frozen}])
-                keep.update(frozen_layout.index)
-            _move_except(model, self.device, self.dtype, keep)
+        self._placement = placement(self.plan)
+        self._stage3 = self.plan.store == "partitioned"  # DeepSpeed's "partitioned weights"
+        self.module = self._placement.place(model, self._layout)
         hook = _ParamGradHook(self)
         for ps in self._model_params:
             for p in ps:
@@ -201,15 +164,9 @@ class ZSpeedEngine(torch.nn.Module):
             broadcast_module(self.module, self.collectives.device)
         self._check_memory(config)
         self.optimizer_path = optimizer_path(self.plan, config, self._layout, optimizer, self.collectives)
-        self._fetcher = None
-        if self._stage3:
-            from .zero3 import ParamFetcher
-            if frozen_layout is not None:  # parameters nothing trains: partitioned the same way
-                self._frozen_sm = build_store(frozen_layout, self.world_size, self.global_rank, self.device,
-                                              self.dtype, config.offload_param, self.collectives, trained=False,
-                                              aio=config.aio)
-            self._fetcher = ParamFetcher.from_zero(self.optimizer_path.sharded, self.module, config.zero,
-                                                   comm=self.collectives, frozen=self._frozen_sm)
+        self._fetcher = self._placement.finish(config, self.optimizer_path, self.module, self.collectives)
+        self._frozen_sm = self._placement.frozen_store
+        if self._fetcher is not None:
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
         self._model_part = ModelPart(self.module, [self.optimizer_path.sharded, self._frozen_sm])
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
@@ -263,14 +220,11 @@ class ZSpeedEngine(torch.nn.Module):
         total = sum(self._layout.totals)
         sharded = config.zero_stage == 3 or (self.world_size > 1 and config.zero_stage >= 1)
         local = -(-total // self.world_size) if sharded else total
-        freeable = frozen = 0
-        if self._stage3 or self.device.type != "cpu":
-            freeable = sum(p.numel() * p.element_size() for ps in self._model_params for p in ps
-                           if p.device.type == "cpu")
-        if self._frozen_layout is not None:  # parameters nothing trains are partitioned (and freed) too
-            frozen = -(-sum(self._frozen_layout.totals) // self.world_size)
-            freeable += sum(p.numel() * p.element_size() for ps in self._frozen_layout.params for p in ps
-                            if p.device.type == "cpu")
+        freeable = self._placement.host_bytes_freed(self._layout)
+        frozen = 0
+        fl = self._placement.frozen_layout
+        if fl is not None:  # parameters nothing trains are partitioned (and freed) too
+            frozen = -(-sum(fl.totals) // self.world_size)
         check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size(), frozen)
         check_nvme_space(config, local, comm.get_local_world_size(), frozen, self.dtype)
         from . import memory
@@ -816,35 +770,6 @@ class ZSpeedEngine(torch.nn.Module):
             self.optimizer_path.load_masters(sm.cut(lambda gi, pi: src[self._names[gi][pi]]))
             return
         self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
-
-
-def _refuse_init_shards(model: torch.nn.Module, stage: int) -> None:
-    """Below ZeRO-3 every rank trains whole parameters: a model that zero.Init cut into shards
-    (several ranks) is refused before its emptied parameters reach a forward."""
-    cut = [n for n, p in model.named_parameters() if hasattr(p, "ds_tensor")]
-    if cut:
-        raise ConfigError(
-            f"the model was built inside zspeed.zero.Init on several ranks, which cut its parameters into "
-            f"ZeRO-3 shards ({len(cut)} of them, e.g. {cut[0]!r}), but the config's zero_optimization.stage is "
-            f"{stage}. Set \"stage\": 3 in the config, or build the model outside zero.Init (with Hugging Face "
-            f"transformers: load it without a ZeRO-3 config active).")
-
-
-def _move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, keep: dict) -> None:
-    """model.to(device, dtype) for everything but the parameters in ``keep`` (ids): floating
-    parameters and buffers take ``dtype``, as Module.to does."""
-    with torch.no_grad():
-        for m in model.modules():
-            for name, p in m._parameters.items():
-                if p is not None and id(p) not in keep:
-                    if hasattr(p, "ds_tensor"):  # cut by zero.Init, not trained: whole again
-                        from .zero import _init_gather
-                        _init_gather(p)
-                        del p.ds_tensor, p.ds_shape, p.ds_numel
-                    p.data = p.data.to(device, dtype if p.is_floating_point() else p.dtype)
-            for name, b in m._buffers.items():
-                if b is not None:
-                    m._buffers[name] = b.to(device, dtype if b.is_floating_point() else b.dtype)
 
 
 # The optimizer classes DeepSpeed's ZeRO accepts from a script without

@@ -47,8 +47,8 @@ def _comm_device() -> torch.device:
     """Where collectives run: with NCCL the GPU the engine will use (LOCAL_RANK's, or
     ZSPEED_DEVICE's), not torch's current device, which a script may not have set."""
     if td.get_backend() == "nccl":
-        from ..engine import _pick_device
-        dev = _pick_device()
+        from ..device import pick_device
+        dev = pick_device()
         return dev if dev.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -202,7 +202,7 @@ class Init:
                 p.data = torch.empty(0, dtype=dt)
 
 
-def _init_gather(p) -> None:
+def init_gather(p) -> None:
     """A parameter zero.Init partitioned (not yet in an engine): its whole value into p.data."""
     rank, ws = _world()
     dev = _comm_device()
@@ -292,7 +292,7 @@ class GatheredParameters:
             for f, ps in by_fetcher.values():
                 self._groups.append((f, f.pin(ps)))
             for p in self._init_params:
-                _init_gather(p)
+                init_gather(p)
         # What an in-place edit changes, to refuse edits without a modifier rank (DeepSpeed's rule).
         self._versions = [(st.p, st.p.data_ptr(), st.p._version) for _, sts in self._groups for st in sts] + \
             [(p, p.data_ptr(), p._version) for p in self._init_params]
