@@ -17,10 +17,41 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime.optimizers import TorchLion
 from ._torch_optim import CPUAdam, CPULion
 
-__all__ = ["DeepSpeedCPUAdam", "DeepSpeedCPULion", "FusedAdam", "FusedLion"]
+__all__ = ["DeepSpeedCPUAdam", "DeepSpeedCPULion", "FusedAdam", "FusedLion", "TorchLion"]
+
+
+class TorchLion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023) in plain torch, for the non-offloaded path.
+
+    update = sign(beta1 * m + (1 - beta1) * g); p -= lr * (update + wd * p);
+    m = beta2 * m + (1 - beta2) * g."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["exp_avg"] = torch.zeros_like(p)
+                m = st["exp_avg"]
+                upd = (m * b1).add_(p.grad, alpha=1 - b1).sign_()
+                if group["weight_decay"]:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(upd, alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+        return loss
 
 
 class DeepSpeedCPUAdam(CPUAdam):

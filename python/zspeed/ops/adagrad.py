@@ -3,7 +3,7 @@ first access; needs torch) and :func:`adagrad_step` (numpy, no torch).
 torch.optim.Adagrad semantics with lr_decay = 0 (the only value supported)."""
 from __future__ import annotations
 
-from .. import _require_torch
+from .._requires import require_torch as _require_torch
 from . import _kernels
 
 __all__ = ["CPUAdagrad", "adagrad_step"]

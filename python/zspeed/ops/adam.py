@@ -13,7 +13,7 @@ rounding (nearest even) and the 8-bit state format.
 """
 from __future__ import annotations
 
-from .. import _require_torch
+from .._requires import require_torch as _require_torch
 from . import _kernels
 
 __all__ = ["CPUAdam", "DeepSpeedCPUAdam", "FusedAdam", "adam_step", "q8_quantize", "q8_dequantize"]

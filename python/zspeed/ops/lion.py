@@ -6,7 +6,7 @@ DeepSpeed's names ``DeepSpeedCPULion`` (CPULion with DeepSpeed's defaults) and
 too; see zspeed.ops._ds_optim."""
 from __future__ import annotations
 
-from .. import _require_torch
+from .._requires import require_torch as _require_torch
 from . import _kernels
 
 __all__ = ["CPULion", "DeepSpeedCPULion", "FusedLion", "lion_step"]

@@ -18,42 +18,11 @@ from typing import Any
 
 import torch
 
+from ..ops._ds_optim import TorchLion  # noqa: F401 - a name of this module too
 from .config import ConfigError
 
 __all__ = ["TorchLion", "build_device_optimizer", "build_host_optimizer", "HostOptimizer",
            "rebuild_like", "native_client", "client_as_config"]
-
-
-class TorchLion(torch.optim.Optimizer):
-    """Lion (Chen et al. 2023) in plain torch, for the non-offloaded path.
-
-    update = sign(beta1 * m + (1 - beta1) * g); p -= lr * (update + wd * p);
-    m = beta2 * m + (1 - beta2) * g."""
-
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if not st:
-                    st["exp_avg"] = torch.zeros_like(p)
-                m = st["exp_avg"]
-                upd = (m * b1).add_(p.grad, alpha=1 - b1).sign_()
-                if group["weight_decay"]:
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(upd, alpha=-group["lr"])
-                m.mul_(b2).add_(p.grad, alpha=1 - b2)
-        return loss
 
 
 def _torch_family(name: str, params: dict, groups, fused):

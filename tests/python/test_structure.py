@@ -1,0 +1,142 @@
+"""The runtime's structure, checked on its source (issue: one runtime for every stage and rank
+count): no import circles in the package, checkpoint.py reads only checkpoint parts (no
+``engine._`` name), every runtime class that defines __init__ and derives from another of
+the package's classes calls its base's, and the tests on run modes (stage, world_size,
+overlap, delayed, nvme, comm_cpu, cuda, sharded, offload, lowp) in python/zspeed/runtime
+stay within a budget that only goes down."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "python" / "zspeed"
+RUNTIME = PKG / "runtime"
+MODE_WORDS = re.compile("stage|world_size|overlap|delayed|nvme|comm_cpu|cuda|sharded|offload|lowp")
+MODE_TEST_BUDGET = 132  # lower it as the runtime loses mode switches; never raise it
+
+
+def _modules() -> dict:
+    mods = {}
+    for f in PKG.rglob("*.py"):
+        parts = f.relative_to(PKG.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = f
+    return mods
+
+
+def _imports(name: str, f: Path, mods: dict) -> set:
+    out = set()
+    is_pkg = f.name == "__init__.py"
+    for n in ast.walk(ast.parse(f.read_text())):
+        targets = []
+        if isinstance(n, ast.Import):
+            targets = [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            base = name.split(".") if is_pkg else name.split(".")[:-1]
+            if n.level:
+                base = base[:len(base) - (n.level - 1)]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module or ""
+            subs = [f"{mod}.{a.name}" for a in n.names if f"{mod}.{a.name}" in mods]
+            targets = subs + ([mod] if len(subs) < len(n.names) else [])
+        for t in targets:
+            while t and t not in mods:
+                t = t.rpartition(".")[0]
+            if t and t != name and t.startswith("zspeed"):
+                out.add(t)
+    return out
+
+
+def _cycles(graph: dict) -> list:
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    mods = _modules()
+    graph = {name: _imports(name, f, mods) for name, f in mods.items()}
+    assert _cycles(graph) == []
+
+
+def test_checkpoint_reads_only_checkpoint_parts():
+    src = (RUNTIME / "checkpoint.py").read_text()
+    assert "engine._" not in src and "engine." not in re.sub(r"#.*|\"\"\".*?\"\"\"", "", src, flags=re.S)
+
+
+def _names_in(node) -> list:
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.append(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.append(n.value)
+    return out
+
+
+def mode_tests() -> list:
+    """(file, line) of every if / elif / ternary / while test naming a run mode in the runtime."""
+    out = []
+    for f in sorted(RUNTIME.rglob("*.py")):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, (ast.If, ast.IfExp, ast.While)) and any(MODE_WORDS.search(x) for x in _names_in(n.test)):
+                out.append((f.relative_to(RUNTIME).as_posix(), n.lineno))
+    return out
+
+
+def test_mode_switches_stay_within_their_budget():
+    found = mode_tests()
+    assert len(found) <= MODE_TEST_BUDGET, (len(found), found)
+
+
+def test_subclasses_call_their_base_init():
+    classes, bad = {}, []
+    for f in PKG.rglob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.ClassDef):
+                classes[n.name] = n
+    def own_init(c):
+        return next((b for b in c.body if isinstance(b, ast.FunctionDef) and b.name == "__init__"), None)
+
+    def has_init(name, seen=()):  # the class or one of the package's bases defines __init__
+        c = classes[name]
+        return own_init(c) is not None or any(
+            has_init(b.id, seen + (name,)) for b in c.bases
+            if isinstance(b, ast.Name) and b.id in classes and b.id not in seen)
+    for name, c in classes.items():
+        bases = [b.id for b in c.bases if isinstance(b, ast.Name) and b.id in classes and has_init(b.id)]
+        init = own_init(c)
+        if not bases or init is None:
+            continue
+        calls = [n for n in ast.walk(init) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr == "__init__"]
+        if not calls:
+            bad.append(f"{name}({', '.join(bases)})")
+    assert bad == []
