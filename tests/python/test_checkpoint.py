@@ -11,8 +11,8 @@ import zlib
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip install zspeed[torch])")
-pytest.importorskip("safetensors", reason="zspeed checkpoints need safetensors (pip install zspeed[torch])")
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip install torch)")
+pytest.importorskip("safetensors", reason="zspeed checkpoints need safetensors (pip install torch)")
 
 import zspeed
 

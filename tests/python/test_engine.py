@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip install zspeed[torch])")
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip install torch)")
 
 import zspeed
 

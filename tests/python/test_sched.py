@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip install zspeed[torch])")
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip install torch)")
 
 from zspeed.runtime.lr_schedules import OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR, build_scheduler
 

@@ -230,6 +230,8 @@ SCHEMA: dict[str, S] = {
                              "writes, or 0: never)", auto=AUTO_DEFAULT, check=_steps_per_print, allow_inf=True),
         "wall_clock_breakdown": K(False, (bool,), "log forward/backward/step times", auto=AUTO_DEFAULT),
         "dump_state": K(False, (bool,), "log the engine state after initialize"),
+        "zspeed_summary": K(True, (bool,), "zspeed: log initialize's start-up summary on rank 0 (stage, offload, "
+                            "split, threads, SIMD, I/O backend, memory per tier)"),
         "prescale_gradients": K(False, (bool,), "accepted: the mean over ranks is taken in the step's gradient factor"),
         "gradient_predivide_factor": K(1.0, NUM, "accepted: the mean over ranks is taken in the step's factor",
                                        check=_between(2.0 ** -24, 2.0 ** 24)),

@@ -42,6 +42,7 @@ from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
 from .trace import tracer_from
 from .store import full_numel, full_shape
+from .summary import log_summary
 from .layout import FlatLayout
 from .engine_optimizer import EngineOptimizer, needs_wrapper
 from .loss_scaler import build_loss_scaler
@@ -187,6 +188,7 @@ class ZSpeedEngine(torch.nn.Module):
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
         if config.top["dump_state"]:
             log.info("zspeed engine: %s", self._describe())
+        log_summary(self)
 
     # -- construction helpers -----------------------------------------------------------------
     def _check_ranks_agree(self) -> None:
