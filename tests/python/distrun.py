@@ -26,14 +26,30 @@ class RankResult:
 
 
 def run_ranks(n: int, code: str, *, env: dict | None = None, timeout: float = 300,
-              kill_rank: int | None = None, kill_after: float | None = None) -> list:
-    """Starts ``n`` processes running ``code``; returns their results in rank order.
+              kill_rank: int | None = None, kill_after: float | None = None, fresh: bool | None = None) -> list:
+    """Runs ``code`` as ``n`` ranks; returns their results in rank order.
 
+    By default the ranks are the session's pool of rank processes (rankpool.py), which run
+    the code as fresh processes would; ``fresh=True`` (implied by ``kill_rank``, and by code
+    that kills or exits its own process) starts new processes instead.
     ``kill_rank``/``kill_after``: SIGKILL that rank after that many seconds (a rank
     that dies mid-job)."""
+    src = textwrap.dedent(code)
+    if fresh is None:
+        fresh = kill_rank is not None or any(k in src for k in ("SIGKILL", "os._exit", "signal.SIG"))
+    if not fresh and os.environ.get("ZSPEED_TEST_FRESH_RANKS") != "1":
+        import rankpool
+        job_env = {"ZSPEED_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+        job_env.update(env or {})
+        pool = rankpool.pool_for(n, job_env)
+        if pool is not None:
+            return [RankResult(r, rc, so, se) for r, (rc, so, se) in enumerate(pool.run(src, job_env, timeout))]
+    return _run_fresh(n, src, env=env, timeout=timeout, kill_rank=kill_rank, kill_after=kill_after)
+
+
+def _run_fresh(n: int, src: str, *, env, timeout, kill_rank, kill_after) -> list:
     port = free_port()
     procs = []
-    src = textwrap.dedent(code)
     for r in range(n):
         e = dict(os.environ)
         e.update(ZSPEED_DEVICE="cpu", OMP_NUM_THREADS="1")  # defaults the caller's env may change
