@@ -8,10 +8,12 @@ fp32 copy of every trainable parameter (the master weights) is what the optimize
 updates; with fp32 the optimizer updates the parameters themselves unless they are
 offloaded.
 
-Where the masters and the optimizer state live is the optimizer path, chosen once
-here from zero_optimization.offload_optimizer.device (paths.py): none -> on the
-model's device (paths.DevicePath), cpu -> in host memory (cpu.py), nvme -> in swap
-files under nvme_path (nvme.py). The step below drives every path the same way.
+What varies by mode is decided once, at start-up: the config and the launch become a run
+plan (plan.py), from which assemble.py builds the parts -- where the model's tensors go,
+the parameter store, the optimizer path over its local space (where the masters and the
+optimizer state live: device, host memory, NVMe, or split), its step runner -- and
+collectives.py the comm strategy. The step below drives every combination the same way;
+checkpoints see the engine as its parts (parts.py).
 
 One optimizer step (the boundary):
   1. the path gathers the boundary's gradients;
