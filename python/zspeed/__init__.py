@@ -11,7 +11,7 @@ torch; it is imported only when first used, so ``import zspeed`` does not.
 Version attributes follow DeepSpeed's: ``__version__``, ``__version_major__``,
 ``__version_minor__``, ``__version_patch__``, ``version``, ``__git_hash__`` and
 ``__git_branch__`` (None: a release is not tied to a git checkout)."""
-from ._version import __version__
+from ._version import __git_branch__, __git_hash__, __version__
 from ._native import NativeError, ZSpeedError
 
 __all__ = ["__version__", "ZSpeedError", "NativeError", "initialize", "add_config_arguments",
@@ -19,8 +19,6 @@ __all__ = ["__version__", "ZSpeedError", "NativeError", "initialize", "add_confi
 
 version = __version__
 __version_major__, __version_minor__, __version_patch__ = (int(x) for x in __version__.split(".")[:3])
-__git_hash__ = None
-__git_branch__ = None
 
 
 from ._requires import _TORCH_INSTALL_HINT, require_torch as _require_torch  # noqa: E402,F401

@@ -183,7 +183,7 @@ def _broadcast_from_rank0(model: torch.nn.Module, device: torch.device) -> None:
         if other != every[0]:
             raise ConfigError(f"init_inference: rank {r} holds a model with other parameter or buffer names, "
                               f"shapes or dtypes than rank 0's; every rank must build the same model.")
-    broadcast_module(model, device if comm.get_backend() == "nccl" else torch.device("cpu"))
+    broadcast_module(model, _collectives(device))
 
 
 def init_inference(model: torch.nn.Module, config: dict | None = None, **kwargs) -> InferenceEngine:

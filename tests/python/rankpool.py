@@ -189,6 +189,11 @@ class RankPool:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 pass
+            for f in (p.stdin, p.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
 
     def close(self) -> None:
         for p in self.procs:
@@ -201,6 +206,7 @@ class RankPool:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+            p.stdout.close()
 
 
 _POOLS: dict = {}

@@ -19,19 +19,19 @@ from .. import comm
 from .collectives import Collectives
 from .cpu import HostPath
 from .errors import ConfigError
-from .dp import ShardedBuffers, ShardedDevicePath
+from .dp import NoSync, ReplicaSync, ShardedBuffers, ShardedDevicePath, ShardSync
 from .layout import FlatLayout
 from .nvme import NVMePath
 from .offload import HostBuffers
 from .optimizers import client_as_config, native_client
 from .partition import PartitionPlan
-from .paths import DevicePath, OptimizerPath
+from .paths import OptimizerPath, device_path
 from .plan import RunPlan
 from .store import PartitionedStore, ShardedStore
 
 log = logging.getLogger("zspeed.engine")
 
-__all__ = ["client_kind", "host_threads", "optimizer_path", "param_store", "build_store", "placement"]
+__all__ = ["client_kind", "host_threads", "optimizer_path", "param_store", "build_store", "placement", "grad_sync"]
 
 
 def client_kind(client) -> str:
@@ -113,7 +113,7 @@ def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client, coll: Coll
         buffers = ShardedBuffers(store, pin_memory=plan.pin_memory, **kw)
         layout = store.local_layout
     elif plan.optimizer == "device":
-        return DevicePath(layout, plan.device, plan.dtype, name, params, client)
+        return device_path(layout, plan.device, plan.dtype, name, params, client)
     else:
         buffers = HostBuffers(layout, plan.device, plan.dtype, plan.pin_memory, plan.bucket_elems,
                               flat_grads=plan.optimizer == "nvme" or plan.timing == "delayed")
@@ -235,3 +235,13 @@ def move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtype
             for name, b in m._buffers.items():
                 if b is not None:
                     m._buffers[name] = b.to(device, dtype if b.is_floating_point() else b.dtype)
+
+
+def grad_sync(plan: RunPlan, layout: FlatLayout, coll: Collectives):
+    """What the ranks agree on before a step (dp.py): nothing with one rank, every gradient with
+    whole replicas (stage 0), the statistics of each rank's part otherwise."""
+    if coll.solo:
+        return NoSync()
+    if plan.store == "replicated":
+        return ReplicaSync(layout.params, coll, plan.bucket_elems)
+    return ShardSync(coll)

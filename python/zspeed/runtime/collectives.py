@@ -86,6 +86,18 @@ class Collectives:
         if x is not t:
             t.copy_(x)
 
+    def all_gather_object(self, obj) -> list:
+        """Every rank's picklable ``obj``, in rank order."""
+        if self.solo:
+            return [obj]
+        out: list = [None] * td.get_world_size(self.group)
+        td.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        if not self.solo:
+            td.barrier(group=self.group)
+
     def new_group(self):
         """Another process group over the same ranks and backend (for collectives issued from
         another thread, which must not interleave with this group's), or None with one rank."""

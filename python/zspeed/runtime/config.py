@@ -905,9 +905,6 @@ class ZSpeedConfig:
         if self.checkpoint["load_universal"]:
             raise ConfigError("checkpoint.load_universal is not supported: zspeed checkpoints are "
                               "safetensors files; remove the key.")
-        if self.offloaded and self.optimizer_params.get("amsgrad"):
-            raise ConfigError("optimizer.params.amsgrad is not supported with offload_optimizer: the "
-                              "CPU Adam kernel implements Adam/AdamW; set amsgrad false.")
         if self.fp16["auto_cast"] and not self.fp16["enabled"]:
             raise ConfigError("fp16.auto_cast needs fp16.enabled true.")
 

@@ -37,6 +37,8 @@ overlap with the GPU's work here).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .collectives import Collectives
@@ -45,7 +47,7 @@ from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
 from .store import ParamStore, flat_base
 
-__all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath"]
+__all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
 
 
 class GradReducer:
@@ -479,3 +481,60 @@ class ShardedDevicePath(OptimizerPath):
                 for v, s in zip(vs, srcs):
                     v.copy_(s.reshape(-1).to(v.device, torch.float32))
         self._to_model()
+
+
+# -- what the ranks agree on before a step -------------------------------------------------------
+class NoSync:
+    """One rank: its gradients and their statistics are the whole job's."""
+
+    def grads(self) -> None:
+        pass
+
+    def stats(self, sumsq: float, nonfinite: bool) -> tuple[float, bool]:
+        return sumsq, nonfinite
+
+
+class ShardSync(NoSync):
+    """A rank steps its part of the parameters (stages 1-3): every rank's (sum of squares, any
+    inf/NaN) are added up, so all take the same skip and clip decision."""
+
+    def __init__(self, comm: Collectives):
+        self.comm = comm
+
+    def stats(self, sumsq: float, nonfinite: bool) -> tuple[float, bool]:
+        t = torch.tensor([sumsq if math.isfinite(sumsq) else 0.0, 1.0 if nonfinite or not math.isfinite(sumsq)
+                          else 0.0], dtype=torch.float64, device=self.comm.device)
+        self.comm.all_reduce(t)
+        total, bad = float(t[0]), float(t[1]) > 0
+        return (float("inf") if bad else total), bad
+
+
+class ReplicaSync(NoSync):
+    """ZeRO stage 0 on several ranks (plain data parallelism): every gradient is summed over the
+    ranks in place before the step, in flat buckets of one dtype (a missing gradient counts as
+    zeros); the statistics are then every rank's alike."""
+
+    def __init__(self, params: list, comm: Collectives, bucket_elems: int):
+        self.params, self.comm, self.cap = params, comm, max(1, bucket_elems)
+
+    def grads(self) -> None:
+        by_dtype: dict = {}
+        for p in (p for ps in self.params for p in ps):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+        for dtype in sorted(by_dtype, key=str):
+            params = by_dtype[dtype]
+            i = 0
+            while i < len(params):
+                bucket, n = [], 0
+                while i < len(params) and (not bucket or n + params[i].numel() <= self.cap):
+                    bucket.append(params[i])
+                    n += params[i].numel()
+                    i += 1
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(self.comm.device)
+                self.comm.all_reduce(flat)
+                at = 0
+                for p in bucket:
+                    p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
+                    at += p.numel()

@@ -37,7 +37,7 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
-from .assemble import client_kind, optimizer_path, placement
+from .assemble import client_kind, grad_sync, optimizer_path, placement
 from .device import pick_device
 from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
@@ -163,8 +163,8 @@ class ZSpeedEngine(torch.nn.Module):
             for p in ps:
                 p.register_hook(hook)
         self._check_ranks_agree()
-        if self.world_size > 1:  # every rank starts from rank 0's weights (replicate.py)
-            broadcast_module(self.module, self.collectives.device)
+        broadcast_module(self.module, self.collectives)  # every rank starts from rank 0's weights
+        self._sync = grad_sync(self.plan, self._layout, self.collectives)
         self._check_memory(config)
         self.optimizer_path = optimizer_path(self.plan, config, self._layout, optimizer, self.collectives)
         self._fetcher = self._placement.finish(config, self.optimizer_path, self.module, self.collectives)
@@ -196,8 +196,6 @@ class ZSpeedEngine(torch.nn.Module):
     def _check_ranks_agree(self) -> None:
         """Ranks that disagree on the config, the model or the launch would deadlock in their
         first collective or train different models: compare once, fail with the difference."""
-        if self.world_size == 1:
-            return
         from .._version import __version__
         mine = {
             "zspeed version": __version__,
@@ -209,8 +207,7 @@ class ZSpeedEngine(torch.nn.Module):
             "buffers": [(n, tuple(b.shape), str(b.dtype)) for n, b in self.module.named_buffers()],
             "device type": self.device.type,
         }
-        every: list = [None] * self.world_size
-        torch.distributed.all_gather_object(every, mine)
+        every = self.collectives.all_gather_object(mine)
         for r, other in enumerate(every):
             for key in mine:
                 if other[key] != every[0][key]:
@@ -544,14 +541,12 @@ class ZSpeedEngine(torch.nn.Module):
         # With several ranks the gradients are sums over the ranks: the mean is folded into
         # the factor, and every rank adds up the statistics of the part it steps.
         inv_scale = 1.0 / self.loss_scaler.loss_scale / self.world_size
-        if self.world_size > 1 and self._config.zero_stage == 0:
-            self._all_reduce_grads()
+        self._sync.grads()  # stage 0 on several ranks: every gradient summed over the ranks
         with self._trace.span("gather gradients"):
             path.gather()
         with self._trace.span("gradient statistics"):
             sumsq, nonfinite = path.grad_stats(inv_scale)
-        if self.world_size > 1 and self._config.zero_stage >= 1:  # stage 0: every rank has every gradient
-            sumsq, nonfinite = self._reduce_stats(sumsq, nonfinite)
+        sumsq, nonfinite = self._sync.stats(sumsq, nonfinite)  # each rank's part added up
         overflow = nonfinite and self._skip_nonfinite
         self._last_overflow = overflow
         if overflow:
@@ -575,40 +570,6 @@ class ZSpeedEngine(torch.nn.Module):
         if spp and self.global_steps % spp == 0:
             log.info("step=%d lr=%s loss_scale=%g grad_norm=%s skipped=%d", self.global_steps, self.get_lr(),
                      self.loss_scaler.loss_scale, self._global_grad_norm, self.skipped_steps)
-
-    def _reduce_stats(self, sumsq: float, nonfinite: bool) -> tuple[float, bool]:
-        """Every rank's (sum of squares, any inf/NaN) added up, so all take the same decision."""
-        t = torch.tensor([sumsq if math.isfinite(sumsq) else 0.0, 1.0 if nonfinite or not math.isfinite(sumsq)
-                          else 0.0], dtype=torch.float64, device=self.collectives.device)
-        self.collectives.all_reduce(t)
-        total, bad = float(t[0]), float(t[1]) > 0
-        return (float("inf") if bad else total), bad
-
-    def _all_reduce_grads(self) -> None:
-        """ZeRO stage 0 with several ranks (plain data parallelism): every gradient summed over
-        the ranks in place, in flat buckets of one dtype; a missing gradient counts as zeros."""
-        cdev = self.collectives.device
-        by_dtype: dict = {}
-        for p in (p for ps in self._model_params for p in ps):
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            by_dtype.setdefault(p.grad.dtype, []).append(p)
-        cap = max(1, self.plan.bucket_elems)
-        for dtype in sorted(by_dtype, key=str):
-            params = by_dtype[dtype]
-            i = 0
-            while i < len(params):
-                bucket, n = [], 0
-                while i < len(params) and (not bucket or n + params[i].numel() <= cap):
-                    bucket.append(params[i])
-                    n += params[i].numel()
-                    i += 1
-                flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(cdev)
-                self.collectives.all_reduce(flat)
-                at = 0
-                for p in bucket:
-                    p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
-                    at += p.numel()
 
     # -- checkpoints (see checkpoint.py) ------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
@@ -672,8 +633,7 @@ class ZSpeedEngine(torch.nn.Module):
                               {"format": "pt", "aliases": json.dumps(aliases)})
             else:
                 write_torch_output(path, {k: v.cpu() for k, v in sd.items()})
-        if self.world_size > 1:
-            torch.distributed.barrier()
+        self.collectives.barrier()
         return True
 
     save_fp16_model = save_16bit_model  # DeepSpeed's older name

@@ -39,7 +39,7 @@ from .layout import FlatLayout
 from .trace import OFF
 from .optimizers import build_device_optimizer, rebuild_like, torch_grad_stats
 
-__all__ = ["OptimizerPath", "DevicePath", "copy_masters", "indexed_groups"]
+__all__ = ["OptimizerPath", "DevicePath", "DeviceMasterPath", "device_path", "copy_masters", "indexed_groups"]
 
 
 def indexed_groups(param_groups: list) -> list:
@@ -181,40 +181,37 @@ class OptimizerPath(abc.ABC):
 
 
 class DevicePath(OptimizerPath):
-    """torch's optimizer on the model's device (offload_optimizer.device none).
-
-    fp32 model: the optimizer updates the parameters themselves. bf16/fp16 model: it
-    updates fp32 copies (the masters) from fp32 copies of the gradients, and the
-    parameters are refreshed from the masters after each step."""
+    """torch's optimizer on the model's device (offload_optimizer.device none) over an fp32
+    model's parameters themselves (bf16/fp16 models: DeviceMasterPath)."""
 
     def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str | None,
                  params: dict, client: torch.optim.Optimizer | None):
         super().__init__(layout)
-        self._lowp = dtype != torch.float32
-        if self._lowp:
-            self._masters = [[p.detach().clone().float() for p in ps] for ps in layout.params]
-            groups = layout.with_params(self._masters)
-        else:
-            self._masters = [list(ps) for ps in layout.params]
-            groups = layout.groups
+        self._masters = self._make_masters(layout)
         if client is not None:
-            self.optimizer = rebuild_like(client, self._masters) if self._lowp else client
+            self.optimizer = self._client_over_masters(client)
         else:
-            self.optimizer = build_device_optimizer(name, params, groups, device)
+            self.optimizer = build_device_optimizer(name, params, layout.with_params(self._masters), device)
         self._grads: list = []
         self._scaled = False  # the gradients of the step under way were multiplied by its factor
+
+    def _make_masters(self, layout: FlatLayout) -> list:
+        return [list(ps) for ps in layout.params]  # the parameters are their own masters
+
+    def _client_over_masters(self, client):
+        return client
+
+    def _grad_of(self, p, m):
+        """The gradient the optimizer reads for parameter p (its master m), or None."""
+        return p.grad
 
     def gather(self) -> None:
         self._grads = []
         for ps, ms in zip(self.layout.params, self._masters):
             for p, m in zip(ps, ms):
-                if p.grad is None:
-                    m.grad = None
-                elif self._lowp:
-                    m.grad = p.grad.detach().float()
-                    self._grads.append(m.grad)
-                else:
-                    self._grads.append(p.grad)
+                g = None if p.grad is None else self._grad_of(p, m)
+                if g is not None:
+                    self._grads.append(g)
 
     def grad_stats(self, scale: float) -> tuple[float, bool]:
         return torch_grad_stats(self._grads, scale)
@@ -225,8 +222,7 @@ class DevicePath(OptimizerPath):
             torch._foreach_mul_(self._grads, factor)
         self._scaled = True
         self.optimizer.step()
-        if self._lowp:
-            self._copy_to_model()
+        self._copy_to_model()
         self._scaled = False
 
     def abandon_step(self) -> None:
@@ -237,26 +233,57 @@ class DevicePath(OptimizerPath):
         self._scaled = False
         self.zero_grad()
 
-    def zero_grad(self) -> None:
-        super().zero_grad()
-        if self._lowp:
-            for ms in self._masters:
-                for m in ms:
-                    m.grad = None
-
     def masters(self) -> list:
         return self._masters
 
     def load_masters(self, masters: list) -> None:
         copy_masters(self._masters, masters)
-        if self._lowp:
-            self._copy_to_model()
+        self._copy_to_model()
+
+    def _copy_to_model(self) -> None:
+        """The optimizer's weights into the model (nothing to do: they are the model's)."""
+
+
+class DeviceMasterPath(DevicePath):
+    """DevicePath for a bf16/fp16 model: the optimizer updates fp32 copies (the masters) from
+    fp32 copies of the gradients, and the parameters are refreshed from the masters after
+    each step."""
+
+    def _make_masters(self, layout: FlatLayout) -> list:
+        return [[p.detach().clone().float() for p in ps] for ps in layout.params]
+
+    def _client_over_masters(self, client):
+        return rebuild_like(client, self._masters)
+
+    def _grad_of(self, p, m):
+        m.grad = p.grad.detach().float()
+        return m.grad
+
+    def gather(self) -> None:
+        for ms in self._masters:  # a parameter without a gradient this time: its master has none
+            for m in ms:
+                m.grad = None
+        super().gather()
+
+    def zero_grad(self) -> None:
+        super().zero_grad()
+        for ms in self._masters:
+            for m in ms:
+                m.grad = None
 
     def _copy_to_model(self) -> None:
         with torch.no_grad():
             for ps, ms in zip(self.layout.params, self._masters):
                 for p, m in zip(ps, ms):
                     p.data.copy_(m)
+
+
+def device_path(layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str | None, params: dict,
+                client) -> DevicePath:
+    """The device path for a model of ``dtype``: over the parameters themselves (fp32), or
+    over fp32 masters (bf16/fp16)."""
+    cls = DevicePath if dtype == torch.float32 else DeviceMasterPath
+    return cls(layout, device, dtype, name, params, client)
 
 
 def copy_masters(dst: list, src: list) -> None:

@@ -44,6 +44,7 @@ class Facts:
     ratio: object            # 1.0 (no split), a float in (0, 1), or "auto"
     optimizer: str | None    # the config's optimizer type (canonical), or the client's class
     torch_adam: bool
+    amsgrad: bool = False
     world_size: int | None = _UNKNOWN
     client: str | None = _UNKNOWN   # "none", "native" (zspeed's own CPU optimizers) or "other"
 
@@ -53,6 +54,7 @@ class Facts:
                    delayed=bool(cfg.offload["delayed_update"]), overlap=bool(cfg.offload["overlap_forward"]),
                    ratio=cfg.offload["ratio"], optimizer=cfg.optimizer_name,
                    torch_adam=bool((cfg.optimizer_params or {}).get("torch_adam")),
+                   amsgrad=bool((cfg.optimizer_params or {}).get("amsgrad")),
                    world_size=world_size, client=client)
 
 
@@ -77,7 +79,7 @@ def _has(f: Facts, name: str) -> str:
             "client": {"native": "a zspeed CPU optimizer passed to initialize()", "other":
                        "an optimizer passed to initialize()", "none": "no optimizer passed"}.get(v, str(v)),
             "optimizer": f"optimizer {v!r}", "delayed": "delayed_update on", "overlap": "overlap_forward on",
-            "split": "ratio < 1", "torch_adam": "torch_adam on"}.get(name, f"{name} {v!r}")
+            "split": "ratio < 1", "torch_adam": "torch_adam on", "amsgrad": "amsgrad on"}.get(name, f"{name} {v!r}")
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,9 @@ FEATURES: tuple = (
                   "config's or zspeed's", "optimizer"),
              _req("torch_adam", {False}, "cannot use optimizer.params.torch_adam",
                   "the NVMe swapper runs zspeed's own kernels", "Remove torch_adam.", "not torch_adam", "not with"))),
+    Feature("AMSGrad", "optimizer.params.amsgrad", lambda f: f.amsgrad,
+            (_req("offload", {"none"}, "is not supported with offload_optimizer",
+                  "the CPU Adam kernel implements Adam/AdamW", "Set amsgrad false.", "none", "optimizer offload"),)),
     Feature("delayed update", "zero_optimization.offload_optimizer.delayed_update",
             lambda f: f.delayed,
             (_cpu_offload("the step it delays is the CPU optimizer's"),)),

@@ -49,12 +49,14 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def broadcast_module(module: torch.nn.Module, comm_device: torch.device, src: int = 0, group=None,
-                     bucket_bytes: int = BUCKET_BYTES) -> int:
+def broadcast_module(module: torch.nn.Module, comm, src: int = 0, bucket_bytes: int = BUCKET_BYTES) -> int:
     """Overwrites every whole parameter and buffer of ``module`` with rank ``src``'s values
-    (every rank of ``group`` must call it with the same module structure; the engine checks
-    that first). ``comm_device``: where the backend communicates (the GPU with NCCL, the
-    CPU with Gloo). Returns the number of bytes broadcast."""
+    (every rank must call it with the same module structure; the engine checks that first).
+    ``comm``: the run's comm strategy (collectives.py); with one rank nothing moves. Returns
+    the number of bytes broadcast."""
+    if comm.solo:
+        return 0
+    comm_device, group = comm.device, comm.group
     tensors = _replicated(module)
     me = td.get_rank(group) if group is not None else td.get_rank()
     total, i = 0, 0

@@ -36,7 +36,7 @@ import torch
 from .cpu import HostPath
 from .layout import FlatLayout
 from .offload import HostBuffers
-from .paths import DevicePath, OptimizerPath, indexed_groups
+from .paths import OptimizerPath, device_path, indexed_groups
 
 log = logging.getLogger("zspeed.split")
 
@@ -123,7 +123,7 @@ class SplitPath(OptimizerPath):
             if cps:
                 cpu_groups.append({**g, "params": cps})
         self.gpu_elems = sum(p.numel() for g in dev_groups for p in g["params"])
-        self.dev = DevicePath(FlatLayout(dev_groups), device, dtype, name, params, None) if dev_groups else None
+        self.dev = device_path(FlatLayout(dev_groups), device, dtype, name, params, None) if dev_groups else None
         self.cpu = None
         self.buffers = None
         if cpu_groups:

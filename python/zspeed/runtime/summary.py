@@ -109,7 +109,7 @@ def _cpu_threads(engine, native: dict) -> str:
 
 def summary_text(engine) -> str:
     """The summary block of ``engine`` (see the module docstring)."""
-    from .. import __git_branch__, __git_hash__, __version__
+    from .._version import __git_branch__, __git_hash__, __version__
     from ..utils import get_dist_msg
     cfg = engine._config
     native = _native()
