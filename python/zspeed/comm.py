@@ -5,7 +5,8 @@ zspeed has no transport of its own. :func:`init_distributed` creates (or adopts)
 default torch.distributed process group the way DeepSpeed's does, from the variables
 that launchers export (torchrun, DeepSpeed's launcher, ``zspeed launch``: RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or, when none are set, a
-one-process group over an in-memory store (no port is opened). The backend is NCCL
+one-process group over an in-memory store (a file store on Windows, where torch has no
+in-memory one; no port is opened either way). The backend is NCCL
 for CUDA on Linux and Gloo everywhere else (Windows has no NCCL); ``dist_backend`` or
 ``ZSPEED_DIST_BACKEND`` overrides it.
 
@@ -125,6 +126,95 @@ def get_local_world_size() -> int:
     return _local_ws_cache
 
 
+def _loopback_interface() -> Optional[str]:
+    """The name of this host's loopback network interface (Linux: the one whose flags say
+    IFF_LOOPBACK, usually ``lo``; macOS and the BSDs: ``lo0``), None where it is unknown."""
+    if sys.platform.startswith("linux"):
+        try:
+            for name in sorted(os.listdir("/sys/class/net")):
+                with open(f"/sys/class/net/{name}/flags") as f:
+                    if int(f.read().strip(), 16) & 0x8:  # IFF_LOOPBACK
+                        return name
+        except (OSError, ValueError):
+            pass
+        return "lo"
+    if sys.platform == "darwin" or "bsd" in sys.platform:
+        return "lo0"
+    return None  # Windows: the hostname always resolves there, Gloo never falls back
+
+
+def _hostname_is_usable() -> bool:
+    """Whether Gloo's default device would find an address of its own: the host name
+    resolves to an address a socket can be bound to (Gloo's own test, with the same
+    getaddrinfo call)."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.bind((addr[0], 0) + tuple(addr[2:]))
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _one_process_loopback(backend: str, world_size: Optional[int]) -> None:
+    """A one-process Gloo group needs no network, but Gloo still makes a device for it from
+    the host's name, and where that name does not resolve (a fresh container or chroot with
+    no /etc/hosts line for it) Gloo falls back to the loopback address with a warning that
+    asks the user to set GLOO_SOCKET_IFNAME. zspeed sets it to the loopback interface in
+    exactly that case: Gloo would use the loopback anyway, so nothing changes but the warning
+    (for every group of the process, e.g. those the engine creates later; a process with one
+    rank has no peer elsewhere). A GLOO_SOCKET_IFNAME the user set is left alone, and several
+    ranks keep Gloo's warning: there a host name that does not resolve is a real problem."""
+    if backend != "gloo" or world_size != 1 or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    iface = _loopback_interface()
+    if iface is not None and not _hostname_is_usable():
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+        log.debug("zspeed: host name does not resolve; one-process Gloo group on the loopback (%s)", iface)
+
+
+def _windows_env_store(rank: int, world_size: int, timeout: timedelta):
+    """The store of the env:// rendezvous, made as torch's own env:// handler makes it
+    (torch.distributed.rendezvous._create_c10d_store, then the "default_pg" prefix that
+    init_process_group adds) but with use_libuv=False. torch's Windows wheels have no libuv
+    TCPStore, and where a launcher's agent serves the store (torchrun, ``zspeed launch``)
+    torch (2.15) creates the rank's client without saying which backend, so it asks for libuv
+    and fails: "use_libuv was requested but PyTorch was built without libuv support". None
+    where this torch's TCPStore takes no use_libuv (torch before 2.4: env:// is used)."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)  # torch's own test
+    try:
+        if agent:  # the agent serves the store: every rank is a client
+            store = _td.TCPStore(host_name=addr, port=port, world_size=world_size, is_master=False,
+                                 timeout=timeout, use_libuv=False)
+        else:  # rank 0 serves it
+            store = _td.TCPStore(host_name=addr, port=port, world_size=world_size, is_master=rank == 0,
+                                 timeout=timeout, multi_tenant=True, use_libuv=False)
+    except TypeError:
+        return None
+    return _td.PrefixStore("default_pg", store)
+
+
+def _one_process_store():
+    """The key-value store of a one-process group: torch's in-memory HashStore where torch has
+    one (Linux, macOS); torch's Windows builds have none, so there it is a FileStore over a file
+    in a private temporary folder, removed at exit. Neither opens a port."""
+    if hasattr(_td, "HashStore"):
+        return _td.HashStore()
+    import atexit
+    import shutil
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="zspeed-store-")
+    atexit.register(shutil.rmtree, folder, True)  # after _shutdown (atexit runs in reverse order)
+    return _td.FileStore(os.path.join(folder, "store"), 1)
+
+
 def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: bool = True,
                      distributed_port: int = TORCH_DISTRIBUTED_DEFAULT_PORT, verbose: bool = True,
                      timeout: Optional[timedelta] = None, init_method: Optional[str] = None,
@@ -151,17 +241,24 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
     backend = dist_backend or default_backend()
     missing = [v for v in _LAUNCH_VARS if v not in os.environ]
     if init_method is not None:
+        _one_process_loopback(backend, world_size)
         _td.init_process_group(backend, init_method=init_method, timeout=timeout, rank=rank,
                                world_size=world_size)
     elif not missing:
         ws, r = _env_int("WORLD_SIZE", 1), _env_int("RANK")
         if r is not None and ws is not None and r >= ws:
             raise DistributedError(f"RANK={r} is not below WORLD_SIZE={ws}; check the launcher's settings.")
-        _td.init_process_group(backend, init_method="env://", timeout=timeout)
+        _one_process_loopback(backend, ws)
+        store = _windows_env_store(r, ws, timeout) if sys.platform == "win32" else None
+        if store is not None:
+            _td.init_process_group(backend, store=store, rank=r, world_size=ws, timeout=timeout)
+        else:
+            _td.init_process_group(backend, init_method="env://", timeout=timeout)
     elif len(missing) == len(_LAUNCH_VARS) or (_env_int("WORLD_SIZE", 1) or 1) == 1:
         # One process and no launcher: a group over an in-memory store, no port opened.
         os.environ.setdefault("LOCAL_RANK", "0")
-        store = _td.HashStore()
+        _one_process_loopback(backend, 1)
+        store = _one_process_store()
         _td.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
     else:
         raise DistributedError(f"the launcher variables are incomplete: {', '.join(missing)} not set while "

@@ -20,7 +20,12 @@ node ranks >= 0, ports 1 to 65535, each GPU of --include/--exclude once.
 Threads: each rank gets ``cores / ranks on this host`` for torch's CPU work
 (OMP_NUM_THREADS, which torchrun would otherwise set to 1) unless the variable is
 already set; zspeed's own CPU optimizer sizes its threads the same way by itself.
-Windows has no NCCL: the ranks use Gloo there (zspeed picks it).
+Windows has no NCCL: the ranks use Gloo there (zspeed picks it). torch's Windows wheels
+are built without libuv for TCPStore, yet TCPStore asks for it by default, so plain
+torchrun fails there ("use_libuv was requested but PyTorch was built without libuv
+support"): on Windows the agent runs through this module (``python -m zspeed.launch
+--torchrun ...``), which gives torchrun's rendezvous a TCPStore that asks for the other
+backend unless USE_LIBUV=1 says otherwise.
 
 Flags that DeepSpeed's launcher has and this one does not (pdsh/mpi launchers,
 autotuning, elastic training, core binding) are refused by name; unknown flags are
@@ -253,7 +258,8 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
         env["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
     if sys.platform == "win32":
         env.setdefault("USE_LIBUV", "0")  # torch's libuv store is missing from some Windows builds
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+    agent = ["zspeed.launch", "--torchrun"] if sys.platform == "win32" else ["torch.distributed.run"]
+    cmd = [sys.executable, "-m", *agent, f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
            f"--node_rank={node_rank}", f"--master_addr={master or '127.0.0.1'}", f"--master_port={a.master_port}"]
     if a.enable_each_rank_log not in ("None", ""):
         os.makedirs(a.enable_each_rank_log, exist_ok=True)
@@ -274,3 +280,37 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(f"{e}\n")
         return 2
     return subprocess.call(cmd, env=env)
+
+
+def _torchrun_windows(argv: List[str]) -> None:
+    """torchrun (``torch.distributed.run``) with its rendezvous stores made as torch's Windows
+    wheels can make them: the rendezvous creates its TCPStore without saying which backend,
+    TCPStore then asks for libuv, and those builds have none. The rank processes need nothing
+    of this: their env:// rendezvous already picks the other backend on Windows."""
+    import importlib
+
+    import torch.distributed as td
+    base = td.TCPStore
+
+    class TCPStore(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("use_libuv", os.environ.get("USE_LIBUV", "0") == "1")
+            super().__init__(*args, **kwargs)
+
+    td.TCPStore = TCPStore
+    for name in ("torch.distributed.elastic.rendezvous.static_tcp_rendezvous",
+                 "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:  # another torch: nothing to adjust there
+            continue
+        if getattr(mod, "TCPStore", None) is base:
+            mod.TCPStore = TCPStore
+    from torch.distributed.run import main as torchrun
+    torchrun(argv)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--torchrun"]:
+        sys.exit("usage: python -m zspeed.launch --torchrun TORCHRUN-ARGS (started by zspeed launch on Windows)")
+    _torchrun_windows(sys.argv[2:])
