@@ -95,18 +95,28 @@ def train(engine, data: list, steps: int | None = None, *, start: int = 0, inf_a
 
 
 def run_script(tmp_path, name: str, body: str, *, timeout: int = 120, env: dict | None = None):
-    """Runs ``body`` as a Python script in a new interpreter, with tests/python and zspeed's
-    python/ on its path (for what only a fresh process shows: exit, peak memory). Returns the
-    CompletedProcess (text output captured)."""
+    """Runs ``body`` as a Python script in a new interpreter, with tests/python and the folder of
+    the zspeed package this process imported on its path (for what only a fresh process shows:
+    exit, peak memory). Returns the CompletedProcess (text output captured)."""
     import os
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     script = tmp_path / name
     script.write_text("import sys\n"
-                      f"sys.path[:0] = [{here!r}, {os.path.join(here, '..', '..', 'python')!r}]\n" + body)
+                      f"sys.path[:0] = [{here!r}, {zspeed_site()!r}]\n" + body)
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
                           env=None if env is None else dict(os.environ, **env))
+
+
+def zspeed_site() -> str:
+    """The folder holding the zspeed package this process imported (the installed wheel's
+    site-packages, or the checkout's python/), for the path of the processes a test starts:
+    they must load the same package and native library (on Windows the checkout's python/
+    has no zspeed.dll; the wheel has)."""
+    import os
+    import zspeed
+    return os.path.dirname(os.path.dirname(os.path.abspath(zspeed.__file__)))
 
 
 def same_weights(a, b) -> bool:

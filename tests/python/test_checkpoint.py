@@ -306,7 +306,7 @@ def test_bad_optimizer_tensors_are_checkpoint_errors(tmp_path, edit, match):
     train(e, data(2), loss=lm_loss)
     e.save_checkpoint(tmp_path, tag="t")
     p = tmp_path / "t" / "optim.safetensors"
-    tensors = load_file(str(p))
+    tensors = {k: v.clone() for k, v in load_file(str(p)).items()}  # copies: Windows cannot rewrite a mapped file
     edit(tensors)
     rewrite(tmp_path / "t", "optim.safetensors", st_save(tensors, metadata={"format": "x"}))
     f = make("fp32")
@@ -556,6 +556,8 @@ def test_a_tag_may_be_a_symlink_when_loading_and_is_never_replaced_through_one(t
     assert os.readlink(tmp_path / "best") == "global_step1"
 
 
+@pytest.mark.skipif(os.name == "nt", reason="the fallback for file systems without flock is POSIX; Windows locks "
+                                           "through msvcrt.locking")
 def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
     import fcntl
 

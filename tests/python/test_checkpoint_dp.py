@@ -29,7 +29,7 @@ pytest.importorskip("safetensors", reason="zspeed checkpoints need safetensors")
 os.environ["ZSPEED_DEVICE"] = "cpu"  # the ranks are CPU processes; so is the one-process side
 import ckpt_dp_helpers as h  # noqa: E402
 from distrun import run_ranks  # noqa: E402
-from engine_helpers import native_ops_available  # noqa: E402
+from engine_helpers import native_ops_available, zspeed_site  # noqa: E402
 
 from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32  # noqa: E402
 from zspeed.runtime.partition import PartitionPlan  # noqa: E402
@@ -43,7 +43,7 @@ PHASE = f"import sys; sys.path.insert(0, {str(HERE)!r}); import ckpt_dp_helpers;
 
 
 def _env(**extra) -> dict:
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "python")] + [p for p in os.environ.get(
+    env = {"PYTHONPATH": os.pathsep.join([zspeed_site()] + [p for p in os.environ.get(
         "PYTHONPATH", "").split(os.pathsep) if p])}
     env.update(extra)
     return env

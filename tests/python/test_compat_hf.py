@@ -19,7 +19,11 @@ def _env(extra_path=None):
     # look for a rendezvous.
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    paths = [str(ROOT / "python")] + ([str(extra_path)] if extra_path else []) + \
+    # The children import the zspeed this process imported (its folder may be site-packages,
+    # so the fake deepspeed's folder comes first).
+    import zspeed
+    paths = ([str(extra_path)] if extra_path else []) + \
+        [os.path.dirname(os.path.dirname(os.path.abspath(zspeed.__file__)))] + \
         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["ZSPEED_DEVICE"] = "cpu"

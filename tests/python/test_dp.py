@@ -17,6 +17,9 @@ torch = pytest.importorskip("torch", reason="the runtime needs torch")
 from distrun import run_ranks  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The exit status of a rank that kills itself with os.kill(pid, SIGKILL): -9 on POSIX; Windows
+# has no SIGKILL, and os.kill(pid, 9) there is TerminateProcess with exit code 9.
+KILLED = 9 if os.name == "nt" else -9
 WORKER = open(os.path.join(HERE, "dp_worker.py")).read().replace(
     "os.path.dirname(os.path.abspath(__file__))", repr(HERE))
 
@@ -151,12 +154,12 @@ def test_a_killed_rank_stops_the_others_with_a_clear_error():
             "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
         for i in range(100000):
             if r == 1 and i == 20:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), getattr(signal, 'SIGKILL', 9))
             loss = e(torch.randn(4, 64)).square().mean()
             e.backward(loss)
             e.step()
     """, timeout=240, env={"DEEPSPEED_TIMEOUT": "1"})
-    assert res[1].returncode == -9
+    assert res[1].returncode == KILLED
     assert res[0].returncode not in (0, "timeout"), res[0]
     assert "DistributedError" in res[0].stderr and "rank 0 of 2" in res[0].stderr, res[0].stderr[-3000:]
 
@@ -176,7 +179,7 @@ def test_a_rank_killed_during_a_zero3_backward_ends_the_other_in_a_distributed_e
         step = [0]
         def die(module, grad_in, grad_out):
             if r == 1 and step[0] == 3:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), getattr(signal, 'SIGKILL', 9))
         model[2].register_full_backward_hook(die)
         for i in range(100000):
             step[0] = i
@@ -184,7 +187,7 @@ def test_a_rank_killed_during_a_zero3_backward_ends_the_other_in_a_distributed_e
             e.backward(loss)
             e.step()
     """, timeout=240, env={"DEEPSPEED_TIMEOUT": "1"})
-    assert res[1].returncode == -9
+    assert res[1].returncode == KILLED
     assert res[0].returncode not in (0, "timeout"), res[0]
     err = res[0].stderr
     assert "DistributedError" in err and "engine.backward()" in err, err[-3000:]
@@ -207,19 +210,22 @@ def test_a_rank_killed_during_an_overlapped_step_ends_the_other_in_a_distributed
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
         for i in range(100000):
             if r == 1 and i == 5:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), getattr(signal, 'SIGKILL', 9))
             loss = e(torch.randn(4, 64)).square().mean()
             e.backward(loss)
             e.step()
     """, timeout=240, env={"DEEPSPEED_TIMEOUT": "1"})
     took = time.monotonic() - t0
-    assert res[1].returncode == -9
+    assert res[1].returncode == KILLED
     assert res[0].returncode not in (0, "timeout"), res[0]
     err = res[0].stderr
     assert "DistributedError" in err and "rank 0 of 2" in err, err[-3000:]
     print(f"the survivor stopped after {took:.1f} s")
 
 
+@pytest.mark.skipif(os.name == "nt", reason="torch's Windows wheels (2.15) cannot start plain torchrun: its rendezvous "
+                    "creates a TCPStore with use_libuv=True in a build without libuv; `zspeed launch` works around "
+                    "it (test_launch.py)")
 def test_torchrun_launches_the_example(tmp_path):
     """The DeepSpeed-style example under torchrun: 2 ranks, ZeRO-2 + CPU offload, on the CPU."""
     root = os.path.dirname(os.path.dirname(HERE))

@@ -232,7 +232,7 @@ def test_demo_prints_commands_that_work_and_saves_its_loss_curve(tmp_path):
                          timeout=300, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr
     hint = next(line for line in res.stdout.splitlines() if line.startswith("fp32 weights: "))
-    cmd = shlex.split(hint[len("fp32 weights: "):])
+    cmd = shlex.split(hint[len("fp32 weights: "):], posix=os.name != "nt")  # Windows: cmd.exe's quoting
     assert cmd[1:4] == ["-m", "zspeed", "to-fp32"], cmd
     conv = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert conv.returncode == 0, conv.stderr

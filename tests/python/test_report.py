@@ -76,7 +76,7 @@ def test_unknown_command_and_option(zs):
 
 
 def test_console_script_matches_module():
-    """`pip install` puts a `zspeed` console script next to the interpreter."""
+    """`pip install` puts a `zspeed` console script in the interpreter's scripts folder."""
     import importlib.metadata
     import os
     import subprocess
@@ -85,8 +85,10 @@ def test_console_script_matches_module():
         importlib.metadata.distribution("zspeed")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("zspeed runs from the source tree (not pip-installed): no console script")
-    exe = os.path.join(os.path.dirname(sys.executable),
-                       "zspeed.exe" if os.name == "nt" else "zspeed")
+    import sysconfig
+    # pip's folder for console scripts: the venv's bin/ (next to the interpreter) on Linux,
+    # Scripts\ on Windows (not next to python.exe outside a venv).
+    exe = os.path.join(sysconfig.get_path("scripts"), "zspeed.exe" if os.name == "nt" else "zspeed")
     assert os.path.exists(exe), exe
     out = subprocess.run([exe, "report", "--json"], capture_output=True, text=True,
                          timeout=120, check=True).stdout

@@ -72,6 +72,7 @@ def engine(path):
 
 
 def test_restarted_job_with_the_same_pid_starts(tmp_path):
+    pytest.importorskip("torch", reason="the child process trains an engine (torch)")
     # The previous incarnation of this job had the same PID and was killed: its swap file, named
     # as a swapper of that PID would name it, is still there. The new engine must start, and the
     # dead file must go.

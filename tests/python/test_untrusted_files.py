@@ -173,7 +173,8 @@ def _add_tensors(tag: Path, name: str, edit) -> None:
     from safetensors.torch import save as st_save
     with safe_open(str(tag / name), framework="pt") as f:
         meta = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        # Copies: safetensors maps the file, and Windows cannot rewrite a file still mapped.
+        tensors = {k: f.get_tensor(k).clone() for k in f.keys()}
     edit(tensors)
     rewrite(tag, name, st_save(tensors, metadata=meta))
 
