@@ -41,7 +41,6 @@ ranks would deadlock, as it would under DeepSpeed.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import weakref
 
@@ -50,7 +49,8 @@ from torch.overrides import TorchFunctionMode
 
 from .collectives import Collectives
 from .hooks import ZERO3_COPY_MESSAGE, ZeRO3CopyError
-from .store import ParamStore, full_numel, full_shape  # noqa: F401 - full_* are this module's names too
+from .store import ParamStore, full_numel, full_shape
+from .streams import streams_for  # noqa: F401 - full_* are this module's names too
 
 log = logging.getLogger("zspeed.zero3")
 
@@ -132,12 +132,11 @@ class ParamFetcher:
         self.sm = sm
         self.frozen = frozen  # the parameters nothing trains (no gradient, no optimizer), or None
         self.device = sm.device
-        self.cuda = self.device.type == "cuda"
         self.comm = comm
         self.prefetch_elems = int(prefetch_elems)
         self.max_live = max(1, int(max_live))
         self.reuse = int(reuse)
-        self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.streams = streams_for(self.device)
         self.states: dict[int, _State] = {}
         for store in (sm, frozen) if frozen is not None else (sm,):
             for gi, ps in enumerate(store.layout.params):
@@ -257,7 +256,7 @@ class ParamFetcher:
         except BaseException:
             st.sm.hold(b, None)
             raise
-        st.sm.hold(b, st.ready if self.cuda else None)
+        st.sm.hold(b, st.ready)
 
     def _land_ready(self) -> None:
         """Lands the reads that are complete (in the order they were started)."""
@@ -274,43 +273,33 @@ class ParamFetcher:
 
     def _copy_in(self, todo: list, shards: list) -> None:
         """Gathers ``todo`` from their shards ``shards`` (host or device tensors) into device buffers."""
-        cur = torch.cuda.current_stream(self.device) if self.cuda else None
         for st in todo:
             if st.full is None:
                 st.full = torch.empty(st.padded, dtype=st.sm.dtype, device=self.device)
                 self.live += st.numel
             st.stale = False
-        if self.cuda:
-            self.side.wait_stream(cur)  # the buffers may reuse memory the compute stream just freed
-            ctx = torch.cuda.stream(self.side)
-        else:
-            ctx = contextlib.nullcontext()
-        with ctx, torch.no_grad():
+        self.streams.side_after_current()  # the buffers may reuse memory the compute stream just freed
+        with self.streams.on_side(), torch.no_grad():
             for st, shard in zip(todo, shards):
                 self.comm.all_gather(st.full, shard)  # one rank: a copy
                 st.p.data = st.full[:st.numel].view(st.shape)
-                if self.cuda:
-                    st.ready = torch.cuda.Event()
-                    st.ready.record(self.side)
-                    st.waited = False
+                st.ready = self.streams.mark()
+                st.waited = st.ready is None
 
     def need(self, sts: list) -> None:
         """``sts`` materialized, and the compute stream ordered after their gathers."""
         self._gather(sts)
-        if self.cuda:
-            cur = None
-            for st in sts:
-                if not st.waited:
-                    cur = cur or torch.cuda.current_stream(self.device)
-                    cur.wait_event(st.ready)
-                    st.waited = True
+        for st in sts:
+            if not st.waited:
+                self.streams.wait(st.ready)
+                st.waited = True
 
     def release(self, sts, backward_done: bool = False) -> None:
         for st in sts:
             if st.full is None or st.persistent or st.pins or (st.hold and not backward_done):
                 continue
             if not st.waited:  # prefetched, never used: the memory goes back after the gather
-                torch.cuda.current_stream(self.device).wait_event(st.ready)
+                self.streams.wait(st.ready)
                 st.waited = True
             st.p.data = torch.empty(0, dtype=st.sm.dtype, device=self.device)
             st.full = None
@@ -500,8 +489,7 @@ class ParamFetcher:
         self._busy += 1
         try:
             self.need(sts)
-            if self.cuda:
-                torch.cuda.current_stream(self.device).synchronize()
+            self.streams.synchronize_current()
         finally:
             self._busy -= 1
         for st in sts:
