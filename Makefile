@@ -10,6 +10,9 @@
 #                    cross build under qemu, Python package + pytest
 #   make build       the native library, command and C tests in build/
 #   make test-c | test-asan | test-tsan | test-windows | test-arm64 | test-python
+#   make test-windows-python   the Python suite, the examples and a Linux comparison on
+#                    Windows CPython under Wine (docs/WINDOWS.md)
+#   make wheel-windows         the win_amd64 wheel, cross-built: build-winpy/dist/
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -22,7 +25,7 @@ SETUP_DEMO := $(VENV)/.zspeed-setup-demo
 SETUP_TEST := $(VENV)/.zspeed-setup-test
 
 .PHONY: all setup setup-test build demo test test-c test-asan test-tsan test-windows \
-        test-arm64 test-python install-python clean
+        test-arm64 test-python test-windows-python wheel-windows install-python clean
 
 all: build
 
@@ -88,6 +91,22 @@ test-arm64: setup-test
 	cmake --build build-arm64 -j $(JOBS)
 	cd build-arm64 && ctest --output-on-failure -j $(JOBS) --timeout 900
 
+# zspeed's Python front end on Windows: the official Windows CPython 3.13 (amd64) under
+# Wine with Windows wheels of numpy, safetensors, pytest and torch (CPU), and zspeed's own
+# win_amd64 wheel installed with the Windows pip; everything lives in build-winpy/ and is
+# made anew in a fresh checkout (scripts/wine-python.sh says how, and which Wine 8.0
+# work-arounds it needs). Runs the whole Python suite there, the examples' tiny runs, and
+# the same training runs on both systems compared (scripts/windows_parity.py). Not yet part
+# of `make test`: the whole suite takes about 72 minutes under Wine on the 2-core VM
+# (docs/WINDOWS.md); ZS_WINPY_PYTEST_ARGS picks a part of it.
+WINPY_DIR := $(CURDIR)/build-winpy
+test-windows-python: setup-test build
+	ZS_WINE_DIR=$(WINPY_DIR) bash scripts/test-windows-python.sh
+
+# The wheel a Windows user installs with `pip install` (no compiler needed there).
+wheel-windows: setup-test
+	ZS_WINE_DIR=$(WINPY_DIR) bash scripts/wine-python.sh --wheel-only
+
 test: test-c test-asan test-tsan test-windows test-arm64 test-python
 	@echo "make test: all suites passed"
 
@@ -96,4 +115,4 @@ demo: build install-python
 	bash scripts/demo.sh
 
 clean:
-	rm -rf build build-asan build-tsan build-mingw build-arm64 dist
+	rm -rf build build-asan build-tsan build-mingw build-arm64 build-winpy dist
