@@ -85,9 +85,17 @@ def write_loss_curve(out_dir: str, losses: list) -> tuple:
 
 
 def _shown(path: str) -> str:
-    """``path`` as the user can type it from the current folder."""
-    rel = os.path.relpath(path)
-    return shlex.quote(rel if not rel.startswith("..") else path)
+    """``path`` as the user can type it from the current folder (quoted for this platform's
+    shell; on Windows a path on another drive has no relative form)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        rel = path
+    shown = rel if not rel.startswith("..") else path
+    if os.name == "nt":
+        import subprocess
+        return subprocess.list2cmdline([shown])
+    return shlex.quote(shown)
 
 
 def main(argv=None):

@@ -27,9 +27,6 @@ t_lap=$t0
 # Cases that cannot pass under Wine 8.0, by name, with the reason (docs/WINDOWS.md has the
 # evidence). Everything else in tests/python runs.
 DESELECT=(
-  "tests/python/test_accelerator.py::test_cpu_accelerator_answers_what_scripts_ask  accelerator.py's _rss reads /proc or resource, neither on Windows: memory_allocated() is 0 (fix in docs/WINDOWS.md)"
-  "tests/python/test_compat_surface.py::test_async_pwrite_fd_keyword  ops/aio.py's _fd_path uses /proc/self/fd (under Wine it names another file): GetFinalPathNameByHandleW is the fix (docs/WINDOWS.md)"
-  "tests/python/test_newcomer.py::test_demo_prints_commands_that_work_and_saves_its_loss_curve  examples/demo_train.py's _shown: relpath across drives raises ValueError (fix in docs/WINDOWS.md)"
 )
 
 # Set-up: packages, Windows CPython, Windows wheels, zspeed's wheel (cross-built, installed).

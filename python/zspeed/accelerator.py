@@ -346,6 +346,8 @@ class CPUAccelerator(ZSpeedAccelerator):
     @staticmethod
     def _rss() -> int:
         try:
+            if sys.platform == "win32":
+                return _windows_working_set()
             if sys.platform.startswith("linux"):
                 with open("/proc/self/statm") as f:
                     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -418,3 +420,25 @@ def set_accelerator(accel_obj: ZSpeedAccelerator) -> None:
 
 def is_current_accelerator_supported() -> bool:
     return get_accelerator()._name in ("cuda", "cpu")
+
+
+def _windows_working_set() -> int:
+    """This process's working set in bytes (Windows: K32GetProcessMemoryInfo)."""
+    import ctypes
+    from ctypes import wintypes
+
+    class Counters(ctypes.Structure):
+        _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD),
+                    ("PeakWorkingSetSize", ctypes.c_size_t), ("WorkingSetSize", ctypes.c_size_t),
+                    ("QuotaPeakPagedPoolUsage", ctypes.c_size_t), ("QuotaPagedPoolUsage", ctypes.c_size_t),
+                    ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t), ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
+                    ("PagefileUsage", ctypes.c_size_t), ("PeakPagefileUsage", ctypes.c_size_t)]
+    c = Counters()
+    c.cb = ctypes.sizeof(Counters)
+    k32 = ctypes.windll.kernel32
+    k32.GetCurrentProcess.restype = wintypes.HANDLE
+    k32.K32GetProcessMemoryInfo.argtypes = [wintypes.HANDLE, ctypes.c_void_p, wintypes.DWORD]
+    k32.K32GetProcessMemoryInfo.restype = wintypes.BOOL
+    if not k32.K32GetProcessMemoryInfo(k32.GetCurrentProcess(), ctypes.byref(c), c.cb):
+        return 0
+    return int(c.WorkingSetSize)

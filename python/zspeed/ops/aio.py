@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from typing import Any
 
@@ -276,11 +277,28 @@ class AsyncIOHandle(NativeHandleOwner):
 
 def _fd_path(fd: int) -> str:
     """A path naming an open descriptor, for DeepSpeed's async_pwrite(fd)."""
+    if sys.platform == "win32":  # the file's own name (Wine also has a /proc/self/fd naming another)
+        return _windows_handle_path(fd)
     for cand in (f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
         if os.path.exists(cand):
             return cand
     raise ZSpeedError(f"cannot use file descriptor {fd} on this platform; pass "
                       f"the file name instead")
+
+
+def _windows_handle_path(fd: int) -> str:
+    import msvcrt
+    from ctypes import wintypes
+    handle = msvcrt.get_osfhandle(fd)
+    get = ctypes.windll.kernel32.GetFinalPathNameByHandleW
+    get.argtypes = [wintypes.HANDLE, wintypes.LPWSTR, wintypes.DWORD, wintypes.DWORD]
+    get.restype = wintypes.DWORD
+    buf = ctypes.create_unicode_buffer(32768)
+    n = get(handle, buf, len(buf), 0)
+    if n == 0 or n >= len(buf):
+        raise ZSpeedError(f"cannot find the file name of descriptor {fd}; pass the file name instead")
+    path = buf.value
+    return path[4:] if path.startswith("\\\\?\\") else path
 
 
 def _validate(buffer: Any, filename: Any, file_offset: int) -> None:
