@@ -165,11 +165,16 @@ class RankPool:
                     t.join(5)
                 break
         out = []
+        first = next((r for r, res in enumerate(results) if res is not None and res["rc"] != 0), None)
         for r, res in enumerate(results):
             if res is None:
                 why = "timeout" if failed_at is None else "killed"
-                out.append((why, "", f"[rankpool: rank {r} stopped ({why}"
-                                     f"{'' if failed_at is None else ' after another rank failed'})]"))
+                if first is None:
+                    note = ""
+                else:  # the failing rank's own output, so that whichever rank a test reports shows the cause
+                    tail = "\n".join(results[first]["stderr"].splitlines()[-30:])
+                    note = f" after rank {first} failed; its stderr ends:\n{tail}\n"
+                out.append((why, "", f"[rankpool: rank {r} stopped ({why}{note})]"))
                 self.alive = False
             else:
                 out.append((res["rc"], res["stdout"], res["stderr"]))
