@@ -229,7 +229,31 @@ def test_load_validation_names_the_problem(tmp_path):
     assert same(before, snapshot(w))  # a failed load changed nothing
     # weights only, non-strict: loads what matches
     w.load_checkpoint(tmp_path, tag="t", load_module_strict=False, load_optimizer_states=False)
-    assert torch.equal(w.module.mid.weight, e.module.mid.weight) and w.global_steps == 0
+    # the step counters come back without the optimizer states, as DeepSpeed restores them
+    assert torch.equal(w.module.mid.weight, e.module.mid.weight) and w.global_steps == e.global_steps == 1
+
+
+def test_counters_come_back_unless_module_only(tmp_path):
+    """DeepSpeed's load_checkpoint restores global_steps, global_samples and skipped_steps with
+    load_optimizer_states=False too; only load_module_only=True leaves them."""
+    cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW"},
+           "fp16": {"enabled": True, "initial_scale_power": 32}}  # 2**32: the first steps overflow
+
+    def fp16():
+        return zspeed.initialize(model=TinyLM(), config=cfg)[0]
+    e = fp16()
+    train(e, data(4), loss=lm_loss)
+    counters = (e.global_steps, e.global_samples, e.micro_steps, e.skipped_steps)
+    assert counters[0] == 4 and counters[3] > 0, counters
+    e.save_checkpoint(tmp_path, tag="t")
+    w = fp16()
+    w.load_checkpoint(tmp_path, tag="t", load_optimizer_states=False)
+    assert (w.global_steps, w.global_samples, w.micro_steps, w.skipped_steps) == counters
+    assert not any(w.optimizer.state.values())  # the optimizer states were not loaded
+    m = fp16()
+    m.load_checkpoint(tmp_path, tag="t", load_module_only=True)
+    assert (m.global_steps, m.global_samples, m.micro_steps, m.skipped_steps) == (0, 0, 0, 0)
+    assert torch.equal(m.module.mid.weight, e.module.mid.weight)
 
 
 def test_optimizer_mismatch_changes_nothing(tmp_path):

@@ -187,7 +187,8 @@ def test_weights_only_and_nothing_to_load(runs):
         r = d["cpu-bf16"]
         assert r["weights_only_path"].endswith("global_step3") and r["nothing"] == (None, None)
         assert h.same(r["weights_only"]["model"], saved["model"])
-        assert r["weights_only"]["counters"] == (0, 0, 0, 0)  # counters belong to the optimizer state
+        # the step counters come back without the optimizer states, as in DeepSpeed
+        assert r["weights_only"]["counters"] == saved["counters"] and saved["counters"][0] == 3
         assert all(not p["state"] for p in r["weights_only"]["pieces"].values())  # no optimizer state
     for name, p in merged.items():
         assert torch.equal(p["master"], saved["model"][name].reshape(-1).float()), name
@@ -424,3 +425,62 @@ def test_a_rank_killed_during_a_save(tmp_path, victim, point):
         assert e.load_checkpoint(tmp_path, tag=t)[0].endswith(t) and e.global_steps == (1 if t == "a" else 2)
     assert [n for n in os.listdir(tmp_path) if n.startswith(".") and n != ".zspeed-lock"] == []
     e.close()
+
+
+TENSOR_STEP = r"""
+import json, os, sys, torch, zspeed
+zspeed.init_distributed()
+rank, ws = zspeed.comm.get_rank(), zspeed.comm.get_world_size()
+root, phase = json.loads(os.environ["ZS_TSTEP"])
+
+class CountedSGD(torch.optim.SGD):
+    '''SGD with momentum whose state also holds a one-element step tensor, as optimizers with
+    tensor step counters ("hybrid" state) do.'''
+    def step(self, closure=None):
+        super().step(closure)
+        for g in self.param_groups:
+            for p in g["params"]:
+                st = self.state[p]
+                st["tensor_step"] = st.get("tensor_step", torch.zeros(1)) + 1
+
+def engine():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(9, 23), torch.nn.Tanh(), torch.nn.Linear(23, 4))
+    opt = CountedSGD(m.parameters(), lr=0.05, momentum=0.9)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+           "zero_allow_untested_optimizer": True}
+    return zspeed.initialize(model=m, optimizer=opt, config=cfg)[0]
+
+def train(e, steps, seed):
+    g = torch.Generator().manual_seed(seed + rank)
+    for _ in range(steps):
+        loss = e(torch.randn(2, 9, generator=g)).pow(2).mean()
+        e.backward(loss)
+        e.step()
+
+e = engine()
+if phase == "save":
+    train(e, 3, 1)
+    e.save_checkpoint(root, tag="t")
+    train(e, 2, 2)
+else:
+    e.load_checkpoint(root, tag="t")
+    steps = sorted({float(st["tensor_step"].item()) for st in e.optimizer.state_dict()["state"].values()})
+    print("STEPS", steps)
+    train(e, 2, 2)
+torch.save({k: v.clone() for k, v in e.module.state_dict().items()}, os.path.join(root, f"{phase}.{rank}.pt"))
+"""
+
+
+def test_optimizer_state_with_a_one_element_step_tensor(tmp_path):
+    """A client optimizer whose per-parameter state holds a 1-element step tensor beside its
+    per-element momentum loads at 2 ranks and continues bit for bit."""
+    for phase in ("save", "load"):
+        res = run_ranks(2, TENSOR_STEP, env={"ZS_TSTEP": json.dumps([str(tmp_path), phase])}, timeout=240)
+        for r in res:
+            assert r.returncode == 0, r
+    for r in res:
+        assert "STEPS [3.0]" in r.stdout, r.stdout
+    for rank in range(2):
+        a, b = (torch.load(tmp_path / f"{p}.{rank}.pt") for p in ("save", "load"))
+        assert all(torch.equal(a[k], b[k]) for k in a)

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from .store import full_numel
+from .store import full_numel, per_element
 from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, CheckpointError, CheckpointReader, Deferred,
                                SaveTransaction, StagingWriter, _Dir, _oserror, json_depth, open_for_load,
                                validate_tag)
@@ -732,14 +732,15 @@ def _whole_optim(ck, r: CheckpointReader, where) -> dict:
     return r.tensors("optim.safetensors")
 
 
-def _zero_state(key: str, v, n: int):
-    """The state of n padding elements, shaped after a real piece's value ``v``."""
+def _zero_state(key: str, v, n: int, ref_n: int):
+    """The state of n padding elements, shaped after the value ``v`` of a real piece of ref_n
+    elements: zeros where ``v`` holds one value per element, else ``v`` itself (the step)."""
     if not torch.is_tensor(v):
         return v
     if key in _Q8_SCALES:
         from ..ops import qblocks
         return torch.zeros(qblocks(n), dtype=v.dtype)
-    return torch.zeros(n, dtype=v.dtype) if v.dim() >= 1 else v.clone()
+    return torch.zeros(n, dtype=v.dtype) if per_element(key, v, ref_n) else v.clone()
 
 
 def _plan_pieces(ck, r: CheckpointReader, meta: dict, where) -> tuple[list, dict]:
@@ -773,9 +774,10 @@ def _plan_pieces(ck, r: CheckpointReader, meta: dict, where) -> tuple[list, dict
                     if cls == "CPUAdam" and targets[gi] in ("fp32", "bf16", "int8"):
                         st = _convert_adam_state(st, targets[gi], n, (n,), where, label)
                 srow.append(st or None)
-            ref = next((st for st in srow if st is not None), None)
-            if ref is not None:
-                srow = [st if pc is not None else {k: _zero_state(k, v, n) for k, v in ref.items()}
+            at = next((i for i, st in enumerate(srow) if st is not None), None)
+            if at is not None:
+                ref, ref_n = srow[at], entries[at][2]
+                srow = [st if pc is not None else {k: _zero_state(k, v, n, ref_n) for k, v in ref.items()}
                         for (pc, _at, n), st in zip(entries, srow)]
             masters.append(mrow)
             states.append(srow)
@@ -788,7 +790,7 @@ def _plan_pieces(ck, r: CheckpointReader, meta: dict, where) -> tuple[list, dict
 
 
 def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: bool,
-               load_lr_scheduler_states: bool) -> _Plan:
+               load_lr_scheduler_states: bool, load_counters: bool = True) -> _Plan:
     where = r.path / "meta.json"
     meta = r.json("meta.json")
     if not isinstance(meta, dict):
@@ -834,6 +836,7 @@ def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: boo
             plan.scaler = _check_scaler_state(_field(meta, where, "loss_scaler"))
         except ValueError as e:
             raise CheckpointError(f"'{where}': field 'loss_scaler': {e}; the checkpoint is corrupt.") from None
+    if load_counters:  # as DeepSpeed: the step counters come back unless only the module is loaded
         plan.counters = {k: _count(meta, where, k)
                          for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps")}
     plan.scheduler = _plan_scheduler(ck, meta, where) if load_lr_scheduler_states else None
@@ -895,25 +898,28 @@ def _apply(ck, plan: _Plan, where: Path) -> None:
 
 
 def load_checkpoint(ck, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
-                    load_lr_scheduler_states=True):
+                    load_lr_scheduler_states=True, load_counters=True):
     """Restores a checkpoint; returns (path, client_state), or (None, None) when there is none
     (no folder, no ``latest``, or an explicit tag that does not exist). Every problem with
     the checkpoint is a CheckpointError, raised before the engine changes. With several
     ranks every rank must call it; they load the same checkpoint, at any world size, or
-    all raise the same CheckpointError and none changes."""
+    all raise the same CheckpointError and none changes. ``load_counters``: the step counters
+    (global_steps, global_samples, micro_steps, skipped_steps), restored also without the
+    optimizer states, as DeepSpeed does; only a module-only load leaves them."""
     if ck.world_size > 1 or ck.optim.store is not None:
         return _load_ranks(ck, load_dir, tag, load_module_strict, load_optimizer_states,
-                           load_lr_scheduler_states)
+                           load_lr_scheduler_states, load_counters)
     with open_for_load(load_dir, tag) as r:
         if r is None:
             return None, None
-        plan = _plan_load(ck, r, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
+        plan = _plan_load(ck, r, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
+                          load_counters)
     _apply(ck, plan, r.path)
     log.info("zspeed: loaded checkpoint %s", r.path)
     return str(r.path), plan.client
 
 
-def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
+def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states, load_counters):
     """Every rank plans its load (reads and checks what it needs, with the folder locked for
     reading), the ranks compare (after the lock is released: on Windows the lock is
     exclusive), and only when every rank succeeded with the same checkpoint do they apply."""
@@ -923,7 +929,7 @@ def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_schedu
         with open_for_load(load_dir, tag) as r:
             if r is not None:
                 path, save_id = str(r.path), r.save_id
-                plan = _plan_load(ck, r, strict, load_optimizer_states, load_lr_scheduler_states)
+                plan = _plan_load(ck, r, strict, load_optimizer_states, load_lr_scheduler_states, load_counters)
     except Exception as e:  # reported to every rank, then raised on every rank
         err, own = describe(e), e
     found = all_gather((err, path, save_id), doing)

@@ -357,7 +357,7 @@ class PieceReader:
                 continue
             sl = f.f.get_slice(tensors[k])
             shape = sl.get_shape()
-            if len(shape) >= 1 and math.prod(shape) == sn:
+            if len(shape) >= 1 and math.prod(shape) == sn and not (sn == 1 and k == "step"):  # store.per_element
                 vals.append(("elements", _flat_slice(sl, lo, hi), fname))
             else:
                 vals.append(("value", self._whole_state(fname, f, tensors[k], sn), fname))

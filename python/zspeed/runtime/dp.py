@@ -45,7 +45,7 @@ from .collectives import Collectives
 from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
-from .store import ParamStore, flat_base
+from .store import ParamStore, flat_base, per_element
 
 __all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
 
@@ -452,14 +452,16 @@ class ShardedDevicePath(OptimizerPath):
                                  f"the same keys); this rank's optimizer steps the group as one tensor")
             total, joined = self._flat[gi].numel(), {}
             for k, v0 in row[0].items():
-                if torch.is_tensor(v0) and v0.dim() >= 1:
+                elementwise = [per_element(k, st[k], n) for (_pc, _at, n), st in zip(entries, row)]
+                if any(elementwise) and not all(elementwise):
+                    i = elementwise.index(False)
+                    v, n = row[i][k], entries[i][2]
+                    raise ValueError(f"state '{k}' holds one value per element in some pieces of group {gi} but a "
+                                     f"piece of {n} elements has {v.numel() if torch.is_tensor(v) else 1}")
+                if all(elementwise):
                     flat = torch.zeros(total, dtype=v0.dtype)
                     for (_pc, at, n), st in zip(entries, row):
-                        v = st[k]
-                        if not torch.is_tensor(v) or v.numel() != n:
-                            raise ValueError(f"state '{k}' of a piece has {getattr(v, 'numel', lambda: 1)()} "
-                                             f"values for {n} elements")
-                        flat[at:at + n] = v.reshape(-1)
+                        flat[at:at + n] = st[k].reshape(-1)
                     joined[k] = flat
                 else:
                     for st in row[1:]:

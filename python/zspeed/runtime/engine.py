@@ -603,7 +603,8 @@ class ZSpeedEngine(torch.nn.Module):
         self.optimizer_path.flush()
         return load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=with_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only)
+                               load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only,
+                               load_counters=not load_module_only)
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:

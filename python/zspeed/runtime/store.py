@@ -318,3 +318,11 @@ def empty_param(p: torch.Tensor, dtype, device) -> None:
     if hasattr(p, "ds_tensor"):
         del p.ds_tensor
     p.data = torch.empty(0, dtype=dtype, device=device)
+
+
+def per_element(key: str, v, n: int) -> bool:
+    """Whether optimizer state value ``v`` of a piece of n elements holds one value per element
+    (exp_avg, ...) rather than one for the piece's whole tensor (a step, also as a tensor of
+    shape () or (1,)). The same rule as the checkpoint reader's: a tensor of n elements; for
+    a one-element piece, a one-element 'step' counts as the shared step."""
+    return torch.is_tensor(v) and v.dim() >= 1 and v.numel() == n and not (n == 1 and key == "step")
