@@ -119,3 +119,78 @@ def test_init_inference_on_ranks_runs_rank_0s_weights():
     for r in res:
         assert r.returncode == 0, r
         assert "SAME" in r.stdout, r.stdout
+
+
+PARENT_INIT = """
+import torch, zspeed
+zspeed.init_distributed()
+r = zspeed.comm.get_rank()
+orig_apply = torch.nn.Module.apply
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(61, 67)
+        self.norm = torch.nn.LayerNorm(67)
+
+class Parent(torch.nn.Module):  # initialises its children after building them, as most models do
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+        self.head = torch.nn.Linear(67, 3)
+        self.apply(self._init_weights)
+
+    def forward(self, x):
+        return self.head(self.block.lin(x))
+
+    def _init_weights(self, m):
+        if isinstance(m, torch.nn.Linear):
+            m.weight.data.fill_(1.0)          # through .data
+            torch.nn.init.zeros_(m.bias)      # in place
+        elif isinstance(m, torch.nn.LayerNorm):
+            m.weight.data.normal_()           # random: every rank keeps rank 0's draw
+
+def whole(model):
+    with zspeed.zero.GatheredParameters(list(model.parameters())):
+        return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+
+cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+torch.manual_seed(11 + r)  # each rank its own random stream
+with zspeed.zero.Init(config_dict_or_path=cfg):
+    model = Parent()
+    model.block.apply(lambda m: m.bias.data.fill_(2.0) if isinstance(m, torch.nn.LayerNorm) else None)
+assert torch.nn.Module.apply is orig_apply, "Module.apply not restored"
+assert model.block.lin.weight.numel() == 0 and hasattr(model.block.lin.weight, "ds_tensor"), "not partitioned"
+got = whole(model)
+every = [None, None]
+torch.distributed.all_gather_object(every, got)
+ok = (all(torch.equal(got[k], torch.ones_like(got[k])) for k in ("block.lin.weight", "head.weight"))
+      and all(torch.equal(got[k], torch.zeros_like(got[k])) for k in ("block.lin.bias", "head.bias"))
+      and torch.equal(got["block.norm.bias"], torch.full_like(got["block.norm.bias"], 2.0))
+      and all(torch.equal(every[0][k], every[1][k]) for k in got))
+print("INIT", "ok" if ok else f"wrong: {got}")
+engine, *_ = zspeed.initialize(model=model, config=cfg)
+x = torch.ones(2, 61)
+loss = engine(x).float().sum()
+print("LOSS", float(loss))  # 2 rows of 3 outputs, each 67 * 61 (all weights 1, biases 0): 24522 exactly
+engine.close()
+
+zspeed.zero.Init.override_module_apply = False  # DeepSpeed's switch: the parent's fill misses the shards
+with zspeed.zero.Init(config_dict_or_path=cfg):
+    off = Parent()
+print("OFF", "kept" if torch.equal(whole(off)["head.weight"], torch.ones(3, 67)) else "lost")
+"""
+
+
+def test_zero_init_keeps_a_parents_initialisation_of_its_children():
+    """DeepSpeed's parent_init case: zero.Init partitions each child when its constructor
+    ends; the parent's self.apply(init) afterwards must still reach the whole values (on
+    every rank, rank 0's random draws)."""
+    res = run_ranks(2, PARENT_INIT, timeout=240)
+    for r in res:
+        assert r.returncode == 0, r
+    for r in res:
+        assert "INIT ok" in r.stdout, r.stdout
+        assert "LOSS 24522.0" in r.stdout, r.stdout
+        assert "OFF lost" in r.stdout, r.stdout

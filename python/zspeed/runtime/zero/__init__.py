@@ -7,6 +7,11 @@ context and parameter access (runtime/zero3.py has the partitioning itself).
   first, as DeepSpeed does, so every rank starts from the same weights). The engine
   takes the shards as they are. With one rank the parameters stay whole, in host
   memory in the training dtype: half the memory of building the model in fp32.
+  A parent module that initialises its children after building them (``self.apply(
+  self._init_weights)`` in its constructor, as most models do) works as in DeepSpeed:
+  inside the context ``Module.apply`` hands ``fn`` each module with its partitioned
+  parameters whole, then keeps rank 0's values and partitions them again
+  (``Init.override_module_apply = False`` turns this off).
 - :class:`GatheredParameters`: the whole values of partitioned parameters inside the
   context (every rank must enter it); with ``modifier_rank`` the values that rank
   holds at exit are broadcast and written back into the shards and, once an engine
@@ -102,6 +107,7 @@ class Init:
     ``enabled=False`` constructs normally. Other DeepSpeed arguments are accepted."""
 
     _active = 0
+    override_module_apply = True  # DeepSpeed's switch: Module.apply sees whole parameters inside the context
 
     def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
                  pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
@@ -144,6 +150,10 @@ class Init:
                 ctx._patched.append((cls, init))
                 cls.__init__ = ctx._wrap(init)
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)
+        self._orig_apply = None
+        if Init.override_module_apply and "_zspeed_wrapped" not in torch.nn.Module.apply.__dict__:
+            self._orig_apply = torch.nn.Module.apply
+            torch.nn.Module.apply = self._wrap_apply(self._orig_apply)
         Init._active += 1
         if self._module is not None:  # an existing model: convert it now
             for m in self._module.modules():
@@ -160,6 +170,9 @@ class Init:
             del torch.nn.Module.__init_subclass__
         else:
             torch.nn.Module.__init_subclass__ = self._orig_subclass
+        if self._orig_apply is not None:
+            torch.nn.Module.apply = self._orig_apply
+            self._orig_apply = None
         Init._active -= 1
         return False
 
@@ -179,6 +192,59 @@ class Init:
                 ctx._convert(module)
         __init__._zspeed_wrapped = True
         return __init__
+
+    def _wrap_apply(self, apply):
+        """Module.apply inside the context: ``fn`` sees each module's partitioned parameters
+        whole (gathered from the shards); afterwards rank 0's values are kept (broadcast) and
+        partitioned again, so an initialisation a parent runs over children that were
+        partitioned when their own constructors finished is not lost."""
+        ctx = self
+
+        def on_module(fn):
+            if getattr(fn, "_zspeed_gathers", False):  # Module.apply recursing into the children
+                return fn
+
+            def run(module):
+                mine = [p for p in module.parameters(recurse=False) if hasattr(p, "ds_shape") and p.numel() == 0]
+                if not mine:
+                    out = fn(module)
+                else:
+                    with torch.no_grad():
+                        for p in mine:
+                            init_gather(p)
+                    try:
+                        out = fn(module)
+                    except BaseException:
+                        for p in mine:  # the shards stay as they were
+                            p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+                        raise
+                    bad = [p for p in mine if tuple(p.shape) != tuple(p.ds_shape)]
+                    with torch.no_grad():
+                        if not bad:
+                            _broadcast(mine, 0)
+                        for p in mine:
+                            if bad:
+                                p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+                            else:
+                                _init_scatter(p)
+                                p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+                    if bad:
+                        raise RuntimeError(
+                            f"Module.apply inside zero.Init changed the shape of a partitioned parameter of "
+                            f"{type(module).__name__} from {tuple(bad[0].ds_shape)} to {tuple(bad[0].shape)}; the "
+                            f"change was discarded. Change values only, or build the parameter with its final "
+                            f"shape.")
+                if id(module) not in ctx._depth:  # new parameters fn put in place of the partitioned ones
+                    ctx._convert(module)
+                return out
+            run._zspeed_gathers = True
+            return run
+
+        @functools.wraps(apply)
+        def wrapped(module, fn):
+            return apply(module, on_module(fn))
+        wrapped._zspeed_wrapped = True
+        return wrapped
 
     def _convert(self, module) -> None:
         """The module's own parameters: to the dtype in host memory and, with several ranks,
