@@ -87,6 +87,28 @@ print("ok")
     assert _run(["-c", code], _env(site)).stdout.strip().endswith("ok")
 
 
+def test_submodules_are_reachable_as_attributes_after_a_plain_import():
+    """accelerate reads deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES after only
+    ``import deepspeed``; a fresh interpreter, so that nothing imported the module before."""
+    code = r"""
+import sys
+import zspeed.hf
+zspeed.hf.install()
+import deepspeed
+assert "zspeed.runtime.lr_schedules" not in sys.modules
+assert "OneCycle" in deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES
+assert deepspeed.runtime.zero is deepspeed.zero
+try:
+    deepspeed.runtime.no_such_module
+except AttributeError as e:
+    assert "no_such_module" in str(e)
+else:
+    raise AssertionError("an unknown attribute did not raise AttributeError")
+print("ok")
+"""
+    assert _run(["-c", code], _env()).stdout.strip().endswith("ok")
+
+
 @pytest.mark.parametrize("with_real", [False, True])
 def test_trainer_zero2_offload_checkpoint_and_resume(tmp_path, with_real):
     _needs_hf()
