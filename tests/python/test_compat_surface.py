@@ -67,6 +67,21 @@ def test_set_log_level_from_string():
 
 
 # -- zero, moe, pipe, checkpoint -------------------------------------------------------------
+def test_required_torch_version(monkeypatch):
+    import zspeed.utils.torch as ut
+    from zspeed.utils import required_torch_version as rtv
+    assert ut.required_torch_version is rtv
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
+    assert rtv(min_version=2.1) and rtv(min_version="2.5.1") and not rtv(min_version="2.5.2")
+    assert rtv(max_version="2.5.1") and not rtv(max_version=2.5) and rtv(min_version=1.8, max_version="2.6")
+    monkeypatch.setattr(torch, "__version__", "2.6.0a0+git123")  # a pre-release is below its release
+    assert not rtv(min_version="2.6") and rtv(min_version="2.5.9") and rtv(max_version="2.6.0")
+    with pytest.raises(ValueError, match="min_version, max_version or both"):
+        rtv()
+    with pytest.raises(ValueError, match="is not a version"):
+        rtv(min_version="latest")
+
+
 def test_offload_enums_have_deepspeeds_values():
     assert [e.value for e in OffloadDeviceEnum] == ["none", "cpu", "nvme"]
     assert OffloadDeviceEnum.cpu == "cpu"

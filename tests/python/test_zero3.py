@@ -22,6 +22,7 @@ from distrun import run_ranks  # noqa: E402
 
 import zspeed  # noqa: E402
 from zspeed.runtime.config import ConfigError  # noqa: E402
+from zspeed.runtime.engine import EngineClosedError  # noqa: E402
 
 DEVICE = os.environ.get("ZSPEED_DEVICE", "cpu")
 V, D = 37, 24
@@ -166,6 +167,29 @@ def test_persistent_small_parameters_and_prefetch_settings_change_nothing():
     # A live-parameter cap smaller than one parameter still trains (gathers on demand).
     e, _ = _train(_cfg(3, opt="cpu", param="cpu", stage3_max_live_parameters=1))
     _close(_whole(e), ref, "fp32")
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_empty_partition_cache_releases_gathered_parameters_and_changes_nothing(stage):
+    """DeepSpeed's engine.empty_partition_cache() between steps: only the persistent parameters
+    stay whole (zspeed gives the others back after each module's forward and backward anyway),
+    and training goes on bit for bit as without it."""
+    cfg = _cfg(stage, opt="cpu", param="cpu", persist=100)  # persist: biases and norms stay whole
+    ref, _ = _train(cfg)
+    e, _ = _train(cfg, steps=0)
+    for idx in _data(4):
+        loss = _loss(e, idx)
+        e.backward(loss)
+        e.step()
+        e.empty_partition_cache()
+        if stage == 3:
+            whole = {n: p.numel() for n, p in e.module.named_parameters() if p.numel() > 0}
+            assert whole and max(whole.values()) <= 100, whole
+    a, b = _whole(ref), _whole(e)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    e.close()
+    with pytest.raises(EngineClosedError):
+        e.empty_partition_cache()
 
 
 def test_eval_and_no_grad_forward_equal_the_whole_model():
