@@ -113,7 +113,21 @@ def test_type_and_value_errors():
     err({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"eps": 0}}}, "eps", "> 0")
     err({"train_batch_size": 4, "fp16": []}, "must be an object")
     err({"train_batch_size": 4, "zero_optimization": {"stage": 5}}, "not one of")
-    err({"train_batch_size": 4, "checkpoint": {"tag_validation": "warn"}}, "'Warn'")
+    err({"train_batch_size": 4, "checkpoint": {"tag_validation": "loud"}}, "'Warn'", "'Ignore'", "'Fail'")
+    err({"train_batch_size": 4, "gradient_allreduce_op": "avg"}, "gradient_allreduce_op", "'mean'", "'sum'")
+
+
+def test_keys_deepspeed_reads_in_any_letter_case():
+    """tag_validation (DeepSpeed upper-cases it) and gradient_allreduce_op (lower-cased): any
+    case is accepted and stored as spelled in the docs."""
+    for given, want in (("warn", "Warn"), ("FAIL", "Fail"), ("Ignore", "Ignore")):
+        c = ok({"train_batch_size": 4, "checkpoint": {"tag_validation": given}})
+        assert c.checkpoint["tag_validation"] == want
+    for given, want in (("SUM", "sum"), ("Mean", "mean")):
+        assert ok({"train_batch_size": 4, "gradient_allreduce_op": given}).top["gradient_allreduce_op"] == want
+    assert ok({"train_batch_size": 4}).top["gradient_allreduce_op"] == "mean"
+    err({"train_batch_size": 4, "gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}},
+        'gradient_allreduce_op "sum" runs at ZeRO stage 0, 1 or 2', 'Use "mean"')
 
 
 def test_optimizer_and_scheduler_types():

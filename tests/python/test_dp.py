@@ -126,6 +126,49 @@ def test_overlap_forward_on_ranks_equals_the_synchronous_step(tmp_path, stage, p
             assert torch.equal(a["state"][k], b["state"][k]), k
 
 
+SUM_OP = r"""
+import torch, zspeed
+zspeed.init_distributed()
+r = zspeed.comm.get_rank()
+
+def run(stage, op, lr):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(7, 19), torch.nn.Tanh(), torch.nn.Linear(19, 3))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage},
+           "zero_allow_untested_optimizer": True, "gradient_allreduce_op": op}
+    e, *_ = zspeed.initialize(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=lr), config=cfg)
+    g = torch.Generator().manual_seed(3 + r)  # each rank its own data
+    for _ in range(3):
+        e.backward(e(torch.randn(2, 7, generator=g)).pow(2).mean())
+        e.step()
+    return [p.detach().clone() for p in m.parameters()]
+
+for stage in (0, 1, 2):
+    # SGD without momentum: the sum over 2 ranks at lr is the mean at 2 lr, bit for bit (the
+    # mean's factor 1/2 and the doubled lr are exact)
+    a, b = run(stage, "SUM", 0.01), run(stage, "mean", 0.02)
+    c = run(stage, "Mean", 0.01)
+    print(stage, "sum==mean*2", all(torch.equal(x, y) for x, y in zip(a, b)),
+          "differs", not all(torch.equal(x, y) for x, y in zip(a, c)))
+try:
+    run(3, "sum", 0.01)
+except zspeed.ConfigError as e:
+    print("stage3", e)
+"""
+
+
+def test_gradient_allreduce_op_sum_keeps_the_unscaled_sum():
+    """DeepSpeed's gradient_allreduce_op: "mean" (default) averages over the ranks, "sum" keeps
+    the sum (stages 0-2; ZeRO-3 refuses it, as DeepSpeed's does); any letter case."""
+    res = run_ranks(2, SUM_OP, timeout=240)
+    for r in res:
+        assert r.returncode == 0, r
+    for r in res:
+        for stage in (0, 1, 2):
+            assert f"{stage} sum==mean*2 True differs True" in r.stdout, r.stdout
+        assert 'stage3 gradient_allreduce_op "sum" runs at ZeRO stage 0, 1 or 2 (as in DeepSpeed' in r.stdout, r.stdout
+
+
 def test_ranks_that_disagree_fail_fast_naming_the_rank():
     res = run_ranks(2, """
         import torch, zspeed

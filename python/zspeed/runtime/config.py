@@ -52,6 +52,7 @@ class K:
     auto: str = AUTO_REFUSE
     check: Callable[[Any], str | None] | None = None  # returns an error or None
     allow_inf: bool = False  # +infinity is a meaningful value ("never") for this key
+    fold_case: bool = False  # a choice in any letter case, stored as spelled in ``choices`` (DeepSpeed folds it)
 
 
 @dataclass
@@ -232,6 +233,9 @@ SCHEMA: dict[str, S] = {
         "dump_state": K(False, (bool,), "log the engine state after initialize"),
         "zspeed_summary": K(True, (bool,), "zspeed: log initialize's start-up summary on rank 0 (stage, offload, "
                             "split, threads, SIMD, I/O backend, memory per tier)"),
+        "gradient_allreduce_op": K("mean", (str,), "gradients over the ranks: \"mean\" (averaged) or \"sum\" "
+                                   "(the unscaled sum; stages 0-2, as in DeepSpeed); any letter case",
+                                   choices=("mean", "sum"), fold_case=True),
         "prescale_gradients": K(False, (bool,), "accepted: the mean over ranks is taken in the step's gradient factor"),
         "gradient_predivide_factor": K(1.0, NUM, "accepted: the mean over ranks is taken in the step's factor",
                                        check=_between(2.0 ** -24, 2.0 ** 24)),
@@ -413,8 +417,8 @@ SCHEMA: dict[str, S] = {
         "profile": K(False, (bool,), "log each checkpointed call's forward and backward time"),
     }, "activation_checkpointing"),
     "checkpoint": S({
-        "tag_validation": K("Warn", (str,), "tag consistency across ranks (one rank: no effect)",
-                            choices=("Warn", "Ignore", "Fail")),
+        "tag_validation": K("Warn", (str,), "tag consistency across ranks (one rank: no effect); any letter "
+                            "case, as in DeepSpeed", choices=("Warn", "Ignore", "Fail"), fold_case=True),
         "load_universal": K(False, (bool,), "universal checkpoint format (not supported)"),
         "use_node_local_storage": K(False, (bool,), "accepted (one node)"),
         "parallel_write": K(None, (dict, type(None)), "accepted (one rank)"),
@@ -522,6 +526,8 @@ def _check_value(path: str, spec: K, value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value) and not (spec.allow_inf and value > 0):
         raise ConfigError(f"config key '{path}' = {value!r} is not a finite number; give a number "
                           f"(default {spec.default!r}).")
+    if spec.fold_case and isinstance(value, str):
+        value = next((c for c in spec.choices if c.lower() == value.lower()), value)
     if spec.choices is not None and value not in spec.choices:
         raise ConfigError(f"config key '{path}' = {value!r} is not one of "
                           f"{', '.join(repr(c) for c in spec.choices)}.")

@@ -538,9 +538,9 @@ class ZSpeedEngine(torch.nn.Module):
         """Gathers the boundary's gradients and their statistics; None for a skipped step (fp16
         overflow, with the scaler told), else the factor every gradient is multiplied by."""
         path = self.optimizer_path
-        # With several ranks the gradients are sums over the ranks: the mean is folded into
-        # the factor, and every rank adds up the statistics of the part it steps.
-        inv_scale = 1.0 / self.loss_scaler.loss_scale / self.world_size
+        # With several ranks the gradients are sums over the ranks: the mean (gradient_allreduce_op
+        # "mean") is folded into the factor, and every rank adds up the statistics of its part.
+        inv_scale = 1.0 / self.loss_scaler.loss_scale / self.plan.grad_divisor
         self._sync.grads()  # stage 0 on several ranks: every gradient summed over the ranks
         with self._trace.span("gather gradients"):
             path.gather()
@@ -668,8 +668,7 @@ class ZSpeedEngine(torch.nn.Module):
             self._fetcher.release_all()
         import gc
         gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op where CUDA was never initialized
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:

@@ -45,6 +45,7 @@ class Facts:
     optimizer: str | None    # the config's optimizer type (canonical), or the client's class
     torch_adam: bool
     amsgrad: bool = False
+    grad_sum: bool = False   # gradient_allreduce_op "sum"
     world_size: int | None = _UNKNOWN
     client: str | None = _UNKNOWN   # "none", "native" (zspeed's own CPU optimizers) or "other"
 
@@ -55,6 +56,7 @@ class Facts:
                    ratio=cfg.offload["ratio"], optimizer=cfg.optimizer_name,
                    torch_adam=bool((cfg.optimizer_params or {}).get("torch_adam")),
                    amsgrad=bool((cfg.optimizer_params or {}).get("amsgrad")),
+                   grad_sum=cfg.top["gradient_allreduce_op"] == "sum",
                    world_size=world_size, client=client)
 
 
@@ -116,6 +118,11 @@ def _split(f: Facts) -> bool:
 
 
 FEATURES: tuple = (
+    Feature("gradient sum over ranks", "gradient_allreduce_op", lambda f: f.grad_sum,
+            (_req("stage", {0, 1, 2}, "runs at ZeRO stage 0, 1 or 2",
+                  "as in DeepSpeed, whose ZeRO-3 rejects it", "Use \"mean\" (the default) at stage 3.", "0-2",
+                  "ZeRO stages"),),
+            shown=lambda f: ' "sum"'),
     Feature("parameter offload", "zero_optimization.offload_param.device",
             lambda f: f.param_offload != "none",
             (_req("stage", {3}, "needs zero_optimization.stage 3",
@@ -223,6 +230,7 @@ class RunPlan:
     reduce_overlap: bool          # zero_optimization.overlap_comm
     comm_dtype: torch.dtype
     pin_memory: bool
+    grad_divisor: int = 1         # the ranks' summed gradients are divided by this: world_size ("mean") or 1 ("sum")
 
     @property
     def sharded(self) -> bool:
@@ -274,4 +282,5 @@ class RunPlan:
                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
                    reduce_overlap=bool(config.zero["overlap_comm"]),
                    comm_dtype=dtype if name is None else _COMM_DTYPES[name.lower()],
-                   pin_memory=bool(off["pin_memory"]))
+                   pin_memory=bool(off["pin_memory"]),
+                   grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]])
