@@ -549,6 +549,50 @@ def test_to_fp32(tmp_path):
     assert main_to_fp32([str(tmp_path / "global_step3"), str(tmp_path / "w2.safetensors")]) == 0  # a tag folder
 
 
+def test_deepspeeds_zero_to_fp32_functions(tmp_path):
+    """deepspeed.utils.zero_to_fp32: the state dict (fp32 masters, buffers, tied names), into a
+    model, and as files (torch or safetensors, one file or numbered shards with an index)."""
+    import zspeed.utils.zero_to_fp32 as z
+    from safetensors.torch import load_file
+    e = make("bf16_offload")
+    train(e, data(3), loss=lm_loss)
+    e.save_checkpoint(tmp_path)
+    masters = {k: m.cpu() for k, m in e._master_named().items()}
+    for where, tag in ((tmp_path, None), (tmp_path, "global_step3"), (tmp_path / "global_step3", None)):
+        sd = z.get_fp32_state_dict_from_zero_checkpoint(where, tag=tag)
+        assert all(torch.equal(sd[k], m) for k, m in masters.items())
+        assert sd["out.weight"] is sd["emb.weight"] and sd["calls"].dtype == torch.float32
+    assert z.get_fp32_state_dict_from_zero_checkpoint(tmp_path, lazy_mode=True)["mid.weight"].contiguous() \
+        .equal(masters["mid.weight"])
+    with pytest.raises(ValueError, match="exclude_frozen_parameters=True"):
+        z.get_fp32_state_dict_from_zero_checkpoint(tmp_path, exclude_frozen_parameters=True)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        z.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "nothing")
+    fresh = z.load_state_dict_from_zero_checkpoint(TinyLM(), tmp_path)
+    assert torch.equal(fresh.mid.weight, masters["mid.weight"]) and fresh.out.weight is fresh.emb.weight
+    # files: one torch file; safetensors shards with an index (tied weight stored once)
+    files = z.convert_zero_checkpoint_to_fp32_state_dict(tmp_path, tmp_path / "bin")
+    assert [os.path.basename(f) for f in files] == ["pytorch_model.bin"]
+    got = torch.load(files[0])
+    assert torch.equal(got["mid.weight"], masters["mid.weight"]) and "out.weight" in got
+    files = z.convert_zero_checkpoint_to_fp32_state_dict(tmp_path, tmp_path / "st", max_shard_size=600,
+                                                         safe_serialization=True)
+    names = [os.path.basename(f) for f in files]
+    assert names[-1] == "model.safetensors.index.json" and names[0] == f"model-00001-of-{len(names) - 1:05d}" \
+        ".safetensors" and len(names) > 2, names
+    index = json.loads(open(files[-1]).read())
+    merged = {}
+    for f in files[:-1]:
+        part = load_file(f)
+        assert all(index["weight_map"][k] == os.path.basename(f) for k in part)
+        merged.update(part)
+    assert set(merged) == set(masters) | {"calls"} and "out.weight" not in merged
+    assert all(torch.equal(merged[k], m) for k, m in masters.items())
+    assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in merged.values())
+    with pytest.raises(ValueError, match="max_shard_size"):
+        z.convert_zero_checkpoint_to_fp32_state_dict(tmp_path, tmp_path / "x", max_shard_size="lots")
+
+
 def test_to_fp32_into_a_folder_and_failures_leave_no_temporary(tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file
     e = make("fp32")

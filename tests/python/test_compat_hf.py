@@ -98,6 +98,13 @@ import deepspeed
 assert "zspeed.runtime.lr_schedules" not in sys.modules
 assert "OneCycle" in deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES
 assert deepspeed.runtime.zero is deepspeed.zero
+# what transformers' DeepSpeed tests import at module level
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint, load_state_dict_from_zero_checkpoint
+from deepspeed.ops.aio import AsyncIOBuilder
+from deepspeed.ops.op_builder import CPUAdamBuilder
+assert deepspeed.ops.__compatible_ops__[AsyncIOBuilder.NAME] is True
+assert AsyncIOBuilder().load().aio_handle is deepspeed.ops.aio.AsyncIOHandle
+assert CPUAdamBuilder().load().DeepSpeedCPUAdam is not None
 try:
     deepspeed.runtime.no_such_module
 except AttributeError as e:

@@ -284,6 +284,27 @@ def test_deepspeed_cpu_lion_defaults_and_state_dtype():
     DeepSpeedCPULion([q]).step()
 
 
+def test_op_builders_report_and_load_the_prebuilt_ops(monkeypatch):
+    import zspeed.ops as ops
+    from zspeed.ops import op_builder as ob
+    compat = ops.__compatible_ops__
+    assert compat == {"async_io": True, "cpu_adam": True, "cpu_adagrad": True, "cpu_lion": True,
+                      "fused_adam": True, "fused_lion": True}
+    assert ob.CPULionBuilder().load().DeepSpeedCPULion is not None
+    assert ob.AsyncIOBuilder().absolute_name() == "zspeed.ops.aio"
+    with pytest.raises(NotImplementedError, match="prebuilt"):
+        ob.CPUAdamBuilder().builder()
+    # without libzspeed: the native ops say so, the torch ones still work, load() names the reason
+    from zspeed import _native
+    def missing():
+        raise zspeed.ZSpeedError("libzspeed not found (test)")
+    monkeypatch.setattr(_native, "load", missing)
+    compat = ops.__compatible_ops__
+    assert compat["async_io"] is False and compat["cpu_adam"] is False and compat["fused_adam"] is True
+    with pytest.raises(zspeed.ZSpeedError, match="libzspeed not found"):
+        ob.AsyncIOBuilder().load()
+
+
 def test_async_pwrite_fd_keyword(tmp_path):
     from zspeed.ops.aio import AsyncIOHandle
     h = AsyncIOHandle(backend="threads")

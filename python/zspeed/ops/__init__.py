@@ -14,6 +14,18 @@ from . import _kernels
 
 __all__ = ["grad_stats", "qblocks"]
 
+
+def __getattr__(name):
+    # DeepSpeed's deepspeed.ops.__compatible_ops__ (op name -> whether it works here; libraries
+    # read it to skip what cannot run), computed on first use.
+    if name == "__compatible_ops__":
+        from .op_builder import compatible_ops
+        return compatible_ops()
+    if name == "op_builder":
+        import importlib
+        return importlib.import_module(".op_builder", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 qblocks = _kernels.qblocks
 
 

@@ -315,3 +315,10 @@ def _validate(buffer: Any, filename: Any, file_offset: int) -> None:
 
 # DeepSpeed's name (AsyncIOBuilder().load().aio_handle): a drop-in alias.
 aio_handle = AsyncIOHandle
+
+
+def __getattr__(name):
+    if name == "AsyncIOBuilder":  # DeepSpeed's deepspeed.ops.aio.AsyncIOBuilder
+        from .op_builder import AsyncIOBuilder
+        return AsyncIOBuilder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

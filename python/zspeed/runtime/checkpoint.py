@@ -1003,6 +1003,46 @@ def consolidate_fp32(ckpt: str | os.PathLike, out: str | os.PathLike, tag: str |
 _FROM_ST = {code: dt for dt, code in _ST_DTYPES.items()}
 
 
+def _fp32_specs(r, src, model) -> dict:
+    """name -> Deferred fp32 tensor of an open checkpoint: each trained parameter's master (from
+    its pieces), every other tensor (frozen parameters, buffers) from model.safetensors, in
+    fp32 where it is floating point."""
+    specs: dict = {}
+    trained = {n: src.numel(n) for n in src.names()}
+    for k in model.keys():
+        sl = model.get_slice(k)
+        shape, dt = sl.get_shape(), _FROM_ST.get(sl.get_dtype())
+        if dt is None:
+            raise CheckpointError(f"'{r.path / 'model.safetensors'}': tensor {k} has dtype "
+                                  f"{sl.get_dtype()}, which zspeed does not read.")
+        n = math.prod(shape)
+        if trained.get(k) == n:
+            specs[k] = Deferred(torch.float32, shape, lambda k=k, n=n, shape=shape:
+                                src.master(k, 0, n).view(shape))
+        else:
+            to = torch.float32 if dt.is_floating_point else dt
+            specs[k] = Deferred(to, shape, lambda k=k, to=to: model.get_tensor(k).to(to).clone())
+    for k, n in trained.items():
+        if k not in specs and n is not None:
+            shape = src.shape(k) or (n,)
+            specs[k] = Deferred(torch.float32, shape, lambda k=k, n=n, shape=shape:
+                                src.master(k, 0, n).view(shape))
+    return specs
+
+
+def _open_meta(r) -> tuple[Path, dict]:
+    where = r.path / "meta.json"
+    meta = r.json("meta.json")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"'{where}' must hold a JSON object; the file is corrupt.")
+    return where, meta
+
+
+def _no_checkpoint(ckpt) -> CheckpointError:
+    return CheckpointError(f"no checkpoint at '{ckpt}': expected a tag folder (with manifest.json) or a folder "
+                           f"with a 'latest' file.")
+
+
 def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
     """Streams the output one tensor at a time: each trained parameter's master is read
     (from its pieces, for a checkpoint of several ranks) when its turn to be written comes,
@@ -1016,38 +1056,37 @@ def _consolidate(ckpt, out, tag) -> tuple[Path, int]:
         raise CheckpointError(f"'{outp}' is a folder; give the output file's name.")
     with open_for_load(root, want_tag) as r:
         if r is None:
-            raise CheckpointError(f"no checkpoint at '{ckpt}': expected a tag folder (with manifest.json) or a "
-                                  f"folder with a 'latest' file.")
+            raise _no_checkpoint(ckpt)
         _refuse_output_inside(out, outp, root, r.path)  # the tag read may be a symlink to a folder elsewhere
-        where = r.path / "meta.json"
-        meta = r.json("meta.json")
-        if not isinstance(meta, dict):
-            raise CheckpointError(f"'{where}' must hold a JSON object; the file is corrupt.")
+        where, meta = _open_meta(r)
         aliases = meta.get("model_aliases", {})
         with PieceReader(r, meta, where) as src, r.open_tensors("model.safetensors") as model:
-            specs: dict = {}
-            trained = {n: src.numel(n) for n in src.names()}
-            for k in model.keys():
-                sl = model.get_slice(k)
-                shape, dt = sl.get_shape(), _FROM_ST.get(sl.get_dtype())
-                if dt is None:
-                    raise CheckpointError(f"'{r.path / 'model.safetensors'}': tensor {k} has dtype "
-                                          f"{sl.get_dtype()}, which zspeed does not read.")
-                n = math.prod(shape)
-                if trained.get(k) == n:
-                    specs[k] = Deferred(torch.float32, shape, lambda k=k, n=n, shape=shape:
-                                        src.master(k, 0, n).view(shape))
-                else:
-                    to = torch.float32 if dt.is_floating_point else dt
-                    specs[k] = Deferred(to, shape, lambda k=k, to=to: model.get_tensor(k).to(to).clone())
-            for k, n in trained.items():
-                if k not in specs and n is not None:
-                    shape = src.shape(k) or (n,)
-                    specs[k] = Deferred(torch.float32, shape, lambda k=k, n=n, shape=shape:
-                                        src.master(k, 0, n).view(shape))
+            specs = _fp32_specs(r, src, model)
             _write_output(outp, specs, {"format": "zspeed-fp32", "source": str(r.path),
                                         "aliases": json.dumps(aliases)})
     return outp, sum(t.numel() for t in specs.values())
+
+
+def fp32_state_dict(ckpt: str | os.PathLike, tag: str | None = None) -> dict:
+    """The whole model of a checkpoint as {name: fp32 tensor} in host memory (masters where
+    trained; other floating tensors converted to fp32, integer buffers as saved); tied
+    weights appear under every name, sharing one tensor. ``ckpt``: a tag folder, or a folder
+    with ``latest`` (then ``tag`` picks another tag)."""
+    root, want_tag = _checkpoint_root(ckpt, tag)
+    with open_for_load(root, want_tag) as r:
+        if r is None:
+            raise _no_checkpoint(ckpt)
+        where, meta = _open_meta(r)
+        aliases = _field(meta, where, "model_aliases")
+        if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in aliases.items()):
+            raise _bad(where, "model_aliases", aliases, "must map names to names")
+        with PieceReader(r, meta, where) as src, r.open_tensors("model.safetensors") as model:
+            out = {k: d.load() for k, d in _fp32_specs(r, src, model).items()}
+    for alias, target in aliases.items():
+        if target in out and alias not in out:
+            out[alias] = out[target]
+    return out
 
 
 def _write_output(outp: Path, tensors: dict, metadata: dict) -> None:
@@ -1060,6 +1099,22 @@ def write_torch_output(outp: Path, obj) -> None:
     def body(d, tmp):
         with os.fdopen(d.create(tmp), "wb") as f:
             torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    _atomic_output(outp, body)
+
+
+def write_safetensors_output(outp: Path, tensors: dict) -> None:
+    """A safetensors file of ``tensors`` (each stored once) under the same rules as
+    :func:`_write_output`."""
+    _write_output(outp, tensors, {"format": "pt"})
+
+
+def write_text_output(outp: Path, text: str) -> None:
+    """A UTF-8 text file under the same rules as :func:`_write_output`."""
+    def body(d, tmp):
+        with os.fdopen(d.create(tmp), "wb") as f:
+            f.write(text.encode())
             f.flush()
             os.fsync(f.fileno())
     _atomic_output(outp, body)

@@ -1,0 +1,115 @@
+"""DeepSpeed's ``deepspeed.utils.zero_to_fp32`` for zspeed checkpoints: the whole model in fp32
+from a checkpoint of any stage and world size (the masters where trained), as a state dict,
+into a model, or as files. The command line does the same: ``zspeed to-fp32`` (streaming one
+tensor at a time, so it also fits models larger than memory).
+
+``checkpoint_dir`` is the folder that holds ``latest`` and the tag folders (``tag`` picks one;
+default: the tag ``latest`` names), or a tag folder itself. What differs from DeepSpeed:
+``exclude_frozen_parameters=True`` is refused (a zspeed checkpoint does not record which of
+the tensors nothing trains are parameters and which are buffers), and ``lazy_mode=True``
+returns ordinary tensors (each still answers ``.contiguous()``)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+__all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
+           "convert_zero_checkpoint_to_fp32_state_dict"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+          "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+
+
+def _no_frozen_exclusion(exclude_frozen_parameters) -> None:
+    if exclude_frozen_parameters:
+        raise ValueError("exclude_frozen_parameters=True: a zspeed checkpoint does not record which untrained "
+                         "tensors are parameters and which are buffers, so it cannot leave out only the frozen "
+                         "parameters; convert everything (the default) and drop the names you do not want.")
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_frozen_parameters=False,
+                                             lazy_mode=False) -> dict:
+    """{name: fp32 tensor} of the whole model in host memory (integer buffers keep their dtype;
+    tied weights appear under each name). ``lazy_mode`` is accepted and returns the same."""
+    del lazy_mode
+    _no_frozen_exclusion(exclude_frozen_parameters)
+    from ..runtime.checkpoint import fp32_state_dict
+    return fp32_state_dict(checkpoint_dir, tag)
+
+
+def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
+    """DeepSpeed's: moves ``model`` to the CPU, loads the checkpoint's fp32 weights into it
+    (``strict=False``, as DeepSpeed) and returns it; the model is then an ordinary torch model
+    (build a new engine to train it with zspeed again)."""
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    model = model.cpu()
+    model.load_state_dict(state_dict, strict=False)
+    return model
+
+
+def _shard_bytes(max_shard_size) -> int:
+    if isinstance(max_shard_size, int) and not isinstance(max_shard_size, bool):
+        n = max_shard_size
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(max_shard_size).upper())
+        if m is None or m.group(2) not in _UNITS:
+            raise ValueError(f"max_shard_size={max_shard_size!r}: give bytes (an integer) or a size such as "
+                             f"'5GB' or '500MB'.")
+        n = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if n <= 0:
+        raise ValueError(f"max_shard_size={max_shard_size!r} must be positive.")
+    return n
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
+                                               safe_serialization=False, tag=None, exclude_frozen_parameters=False):
+    """DeepSpeed's: writes the fp32 model into ``output_dir`` (created if needed) as
+    ``pytorch_model.bin`` (torch.save) or, with ``safe_serialization``, ``model.safetensors``;
+    a model above ``max_shard_size`` is cut into Hugging Face's numbered shards
+    (``model-00001-of-00003.safetensors``, ...) with their ``.index.json``. Tied weights are
+    kept under each name in the torch file and stored once in safetensors (which cannot hold
+    shared tensors; the model ties them again on load). Each file appears complete or not at
+    all. Returns the list of files written."""
+    _no_frozen_exclusion(exclude_frozen_parameters)
+    limit = _shard_bytes(max_shard_size)
+    from pathlib import Path
+
+    from ..runtime.checkpoint import fp32_state_dict, write_safetensors_output, write_text_output, write_torch_output
+    sd = fp32_state_dict(checkpoint_dir, tag)
+    out = Path(output_dir)
+    os.makedirs(out, exist_ok=True)
+    shards, cur, size = [], {}, 0
+    seen: dict = {}
+    for name, t in sd.items():  # tied names stay in the shard of the tensor they share
+        key = (t.data_ptr(), t.dtype, tuple(t.shape))
+        if key in seen:  # a tied name: torch.save keeps the sharing; safetensors stores the tensor once
+            if not safe_serialization:
+                seen[key][name] = t
+            continue
+        n = t.numel() * t.element_size()
+        if cur and size + n > limit:
+            shards.append(cur)
+            cur, size = {}, 0
+        cur[name] = t
+        seen[key] = cur
+        size += n
+    shards.append(cur)
+    stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    names = [f"{stem}{ext}"] if len(shards) == 1 else \
+        [f"{stem}-{i + 1:05d}-of-{len(shards):05d}{ext}" for i in range(len(shards))]
+    written = []
+    for fname, shard in zip(names, shards):
+        if safe_serialization:
+            write_safetensors_output(out / fname, shard)
+        else:
+            write_torch_output(out / fname, shard)
+        written.append(out / fname)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in
+                                                {id(t): t for t in sd.values()}.values())},
+                 "weight_map": {k: fname for fname, shard in zip(names, shards) for k in shard}}
+        idx = out / f"{stem}{ext}.index.json"
+        write_text_output(idx, json.dumps(index, indent=2) + "\n")
+        written.append(idx)
+    return [str(p) for p in written]
