@@ -106,3 +106,60 @@ def test_a_stale_swap_file_of_ours_is_still_reclaimed(tmp_path):
     assert res.stdout.split() == ["(1,", "8192)"]
     _untouched(nvme, victim, planted)
     assert sorted(os.listdir(nvme)) == sorted(planted)
+
+
+RACE = """
+import json, os, torch, zspeed
+import zspeed.runtime.zero3_nvme as zn
+from zspeed.runtime.nvme import reclaim_stale_swap_files
+from engine_helpers import TinyLM, lm_loss, token_data, train
+nvme = os.environ["NVME"]
+swept = []
+
+def sweep():  # what another rank's engine start does in the same nvme_path, at the worst moment
+    swept.append(reclaim_stale_swap_files(nvme))
+
+real_open = zn.lib.zs_aio_file_open
+def aio_open_then_sweep(*args):
+    rc = real_open(*args)
+    sweep()
+    return rc
+zn.lib.zs_aio_file_open = aio_open_then_sweep
+if os.environ["WHERE"] == "before-lock" and os.name != "nt":
+    import fcntl
+    real_flock, first = fcntl.flock, [True]
+    def sweep_then_flock(fd, op):
+        if first[0]:
+            first[0] = False
+            sweep()  # between the creation and the lock: the sweep wins, the claim retries
+        return real_flock(fd, op)
+    fcntl.flock = sweep_then_flock
+m = TinyLM()
+m.mid.weight.requires_grad_(False)
+z = {"stage": 3, "offload_optimizer": {"device": "cpu"}, "stage3_param_persistence_threshold": 0,
+     "offload_param": {"device": "nvme", "nvme_path": nvme, "max_in_cpu": 0, "buffer_count": 2}}
+e, *_ = zspeed.initialize(model=m, config={"train_micro_batch_size_per_gpu": 4, "zero_optimization": z,
+                                           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})
+train(e, token_data(2), loss=lm_loss)
+print(json.dumps({"swept": swept, "files": sorted(os.listdir(nvme))}), flush=True)
+e.close()
+"""
+
+
+@pytest.mark.parametrize("where", ["after-open", "before-lock"])
+def test_a_sweep_racing_with_the_parameter_store_start_cannot_take_its_file(tmp_path, where):
+    """Ranks that share nvme_path start together: one rank's sweep of stale swap files runs
+    while another creates its parameter swap file. The file must be held before anything else
+    opens it (else the sweep deletes it and the start fails), and a sweep that wins the
+    instant between creation and lock makes the claim take a new name."""
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    res = run_script(tmp_path, "race.py", RACE, env={"NVME": str(nvme), "WHERE": where, "ZSPEED_DEVICE": "cpu"},
+                     timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    files = [f for f in out["files"] if f.endswith("_param.swap")]
+    assert len(files) == 1, out  # the store's one file, still there during training
+    removed = sum(n for n, _ in out["swept"])
+    assert removed == (1 if where == "before-lock" and POSIX else 0), out
+    assert not [f for f in os.listdir(nvme) if f.endswith(".swap")]  # close() removed it

@@ -63,23 +63,61 @@ def _round(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+_CLAIM_TRIES = 8
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _claim(folder: str) -> tuple[str, int]:
+    """(path, descriptor) of a new swap file this process holds: created exclusively and held
+    at once (POSIX: an exclusive flock, taken before the aio engine opens the file; Windows:
+    the descriptor itself refuses deletion). Another rank's start-up sweep
+    (reclaim_stale_swap_files) may still lock and delete the file in the instant between its
+    creation and the flock; the name is then checked to still be the locked file, and a new
+    name is tried (each retry needs another such race)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(_CLAIM_TRIES):
+        path = os.path.join(folder, f"{SWAP_PREFIX}{secrets.token_hex(8)}_param.swap")
+        fd = os.open(path, flags, 0o600)
+        if os.name == "nt":
+            return path, fd
+        import fcntl
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+                return path, fd
+        except OSError:  # EWOULDBLOCK: a sweep holds it (and deletes it); ENOENT: it is gone already
+            pass
+        os.close(fd)
+    raise NativeError(-1, "ZS_EBUSY", "swap file claim raced", f"could not create a parameter swap file in "
+                      f"'{folder}': each new file was removed at once {_CLAIM_TRIES} times (another process "
+                      f"sweeping the folder?); give this job its own nvme_path.")
+
+
 class _Disk:
     """The store's file: opened once for the aio engine, held against reclaim_stale_swap_files
     (an exclusive flock on POSIX; an open handle refuses deletion on Windows)."""
 
     def __init__(self, folder: str, aio: dict):
         from ..ops.aio import AsyncIOHandle
-        self.path = os.path.join(folder, f"{SWAP_PREFIX}{secrets.token_hex(8)}_param.swap")
-        self.aio = AsyncIOHandle(block_size=int(aio.get("block_size", 1 << 20)),
-                                 queue_depth=int(aio.get("queue_depth", 8)),
-                                 intra_op_parallelism=int(aio.get("intra_op_parallelism", 1)))
-        f = ctypes.c_void_p()
-        check(lib.zs_aio_file_open(ctypes.byref(f), os.fsencode(self.path), 2 | 4), "zs_aio_file_open")  # RDWR|CREATE
+        self.path, self.lock_fd = _claim(folder)
+        try:
+            self.aio = AsyncIOHandle(block_size=int(aio.get("block_size", 1 << 20)),
+                                     queue_depth=int(aio.get("queue_depth", 8)),
+                                     intra_op_parallelism=int(aio.get("intra_op_parallelism", 1)))
+            f = ctypes.c_void_p()
+            check(lib.zs_aio_file_open(ctypes.byref(f), os.fsencode(self.path), 2), "zs_aio_file_open")  # RDWR
+        except BaseException:
+            os.close(self.lock_fd)
+            _remove(self.path)
+            raise
         self.f = f
-        self.lock_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        if os.name != "nt":
-            import fcntl
-            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.size = 0
 
     def reserve(self, size: int) -> None:
