@@ -162,6 +162,8 @@ with zspeed.zero.Init(config_dict_or_path=cfg):
     model.block.apply(lambda m: m.bias.data.fill_(2.0) if isinstance(m, torch.nn.LayerNorm) else None)
 assert torch.nn.Module.apply is orig_apply, "Module.apply not restored"
 assert model.block.lin.weight.numel() == 0 and hasattr(model.block.lin.weight, "ds_tensor"), "not partitioned"
+from zspeed.runtime.zero.partition_parameters import ZeroParamStatus
+assert model.block.lin.weight.ds_status == ZeroParamStatus.NOT_AVAILABLE and model.head.weight.ds_id >= 0
 got = whole(model)
 every = [None, None]
 torch.distributed.all_gather_object(every, got)

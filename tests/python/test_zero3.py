@@ -192,6 +192,21 @@ def test_empty_partition_cache_releases_gathered_parameters_and_changes_nothing(
         e.empty_partition_cache()
 
 
+def test_partitioned_parameters_carry_deepspeeds_attributes():
+    """ds_id (unique), ds_persist and ds_status, which libraries read (peft, accelerate)."""
+    from zspeed.runtime.zero.partition_parameters import ZeroParamStatus as S
+    e, _ = _train(_cfg(3, opt="cpu", param="cpu", persist=100), steps=1)
+    params = dict(e.module.named_parameters())
+    assert len({p.ds_id for p in params.values()}) == len(params)
+    for n, p in params.items():
+        assert p.ds_persist == (p.ds_numel <= 100), n
+        assert p.ds_status == (S.AVAILABLE if p.ds_persist else S.NOT_AVAILABLE), n
+    with zspeed.zero.GatheredParameters(list(params.values())):
+        assert all(p.ds_status == S.AVAILABLE for p in params.values())
+    assert all(p.ds_status == S.NOT_AVAILABLE for p in params.values() if not p.ds_persist)
+    e.close()
+
+
 def test_eval_and_no_grad_forward_equal_the_whole_model():
     e3, _ = _train(_cfg(3, opt="cpu", param="cpu", precision="bf16"))
     e2, _ = _train(_cfg(2, opt="cpu", precision="bf16"))

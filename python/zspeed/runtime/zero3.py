@@ -51,6 +51,7 @@ from .collectives import Collectives
 from .hooks import ZERO3_COPY_MESSAGE, ZeRO3CopyError
 from .store import ParamStore, full_numel, full_shape
 from .streams import streams_for  # noqa: F401 - full_* are this module's names too
+from .zero.status import ZeroParamStatus, mark_partitioned
 
 log = logging.getLogger("zspeed.zero3")
 
@@ -73,6 +74,9 @@ class _State:
         self.stale = False      # gathered, but the shards changed since (an optimizer step)
         self.pins = 0           # GatheredParameters contexts holding it whole
         self.io = None          # NVMe store: (pool buffer, read request) while its shard is read
+        # DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate):
+        # a unique id, whether it stays whole between uses, and whether it is whole now.
+        mark_partitioned(p, persistent)
 
 
 _FETCHERS: "weakref.WeakSet[ParamFetcher]" = weakref.WeakSet()
@@ -283,6 +287,7 @@ class ParamFetcher:
             for st, shard in zip(todo, shards):
                 self.comm.all_gather(st.full, shard)  # one rank: a copy
                 st.p.data = st.full[:st.numel].view(st.shape)
+                st.p.ds_status = ZeroParamStatus.AVAILABLE
                 st.ready = self.streams.mark()
                 st.waited = st.ready is None
 
@@ -302,6 +307,7 @@ class ParamFetcher:
                 self.streams.wait(st.ready)
                 st.waited = True
             st.p.data = torch.empty(0, dtype=st.sm.dtype, device=self.device)
+            st.p.ds_status = ZeroParamStatus.NOT_AVAILABLE
             st.full = None
             st.ready = None
             st.hold = False

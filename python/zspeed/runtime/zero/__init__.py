@@ -33,9 +33,10 @@ import torch.distributed as td
 from ..._native import ZSpeedError
 from ..partition import DEFAULT_ALIGN
 from . import offload_config  # noqa: F401
+from .status import ZeroParamStatus, mark_partitioned
 
-__all__ = ["Init", "GatheredParameters", "ZeRO3NotSupported", "offload_config", "register_external_parameter",
-           "unregister_external_parameter"]
+__all__ = ["Init", "GatheredParameters", "ZeRO3NotSupported", "ZeroParamStatus", "offload_config",
+           "register_external_parameter", "unregister_external_parameter"]
 
 
 class ZeRO3NotSupported(ZSpeedError, NotImplementedError):
@@ -205,7 +206,7 @@ class Init:
                 return fn
 
             def run(module):
-                mine = [p for p in module.parameters(recurse=False) if hasattr(p, "ds_shape") and p.numel() == 0]
+                mine = [p for p in module.parameters(recurse=False) if hasattr(p, "ds_tensor") and p.numel() == 0]
                 if not mine:
                     out = fn(module)
                 else:
@@ -266,6 +267,7 @@ class Init:
                 p.ds_tensor = full[self.rank * s:(self.rank + 1) * s].to("cpu", copy=True)
                 p.ds_shape, p.ds_numel = shape, n
                 p.data = torch.empty(0, dtype=dt)
+                mark_partitioned(p)
 
 
 def init_gather(p) -> None:

@@ -12,22 +12,14 @@ uses.
 """
 from __future__ import annotations
 
-from enum import Enum
-
 import torch
 
-from . import GatheredParameters, Init, register_external_parameter  # noqa: F401
+from . import GatheredParameters, Init, ZeroParamStatus, register_external_parameter  # noqa: F401
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus",
            "zero_wrapper_for_fp_tensor_constructor"]
 
 _orig_torch_arange = torch.arange
-
-
-class ZeroParamStatus(Enum):
-    AVAILABLE = 1       # whole, in the parameter
-    NOT_AVAILABLE = 2   # only the shards exist
-    INFLIGHT = 3        # being gathered
 
 
 def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_device=None):

@@ -1,0 +1,28 @@
+"""DeepSpeed's per-parameter ZeRO-3 attributes (``ds_id``, ``ds_persist``, ``ds_status``), set
+by zero.Init when it partitions a parameter and kept up to date by the engine's fetcher
+(runtime/zero3.py) as it gathers and releases it."""
+from __future__ import annotations
+
+import itertools
+from enum import Enum
+
+__all__ = ["ZeroParamStatus", "mark_partitioned"]
+
+
+class ZeroParamStatus(Enum):
+    """DeepSpeed's ``p.ds_status`` values (also in partition_parameters)."""
+    AVAILABLE = 1       # whole, in the parameter
+    NOT_AVAILABLE = 2   # only the shards exist
+    INFLIGHT = 3        # being gathered
+
+
+_PARAM_IDS = itertools.count()  # DeepSpeed's p.ds_id: unique per partitioned parameter in the process
+
+
+def mark_partitioned(p, persistent: bool = False) -> None:
+    """DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate):
+    ``ds_id`` (kept once given), ``ds_persist`` and ``ds_status`` (NOT_AVAILABLE: shards only)."""
+    if not hasattr(p, "ds_id"):
+        p.ds_id = next(_PARAM_IDS)
+    p.ds_persist = persistent
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
