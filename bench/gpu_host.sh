@@ -9,6 +9,7 @@
 #   bench/gpu_host.sh examples  the two DeepSpeed-guide example scripts
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
 #   bench/gpu_host.sh zero3     GPU check of ZeRO-3 (tests/gpu/check_zero3_cuda.py)
+#   bench/gpu_host.sh hf        the Hugging Face Trainer route on the GPU (tests/gpu/check_hf_cuda.py)
 #   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
 #                   zspeed vs DeepSpeed at 3.36B (ZS_Z3_LAYERS: more zspeed sizes, e.g. "24 48")
 #   bench/gpu_host.sh scaling   bench_engine.py under torchrun on ZS_NGPU GPUs (default: all), ZS_SCALE_CASE
@@ -96,6 +97,9 @@ engine-bench)
   for impl in zspeed deepspeed torch; do
     python3 bench/bench_engine.py --impl $impl 2>&1 | tee "$OUT/bench_engine_$impl.log" | tail -6
   done
+  ;;
+hf)
+  python3 tests/gpu/check_hf_cuda.py 2>&1 | tee "$OUT/check_hf_cuda.log" | tail -12
   ;;
 zero3)
   python3 tests/gpu/check_zero3_cuda.py 2>&1 | tee "$OUT/check_zero3_cuda.log" | tail -12

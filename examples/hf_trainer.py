@@ -6,6 +6,8 @@ change to an ordinary Trainer script is the two zspeed lines at the top.
     python examples/hf_trainer.py --out /tmp/hf_run --max_steps 6 --save_steps 3
     python examples/hf_trainer.py --out /tmp/hf_run --max_steps 6 --resume /tmp/hf_run/checkpoint-3
     python examples/hf_trainer.py --out /tmp/hf_z3 --stage 3
+
+On a machine with a GPU it trains there (--cpu, or ZSPEED_DEVICE=cpu, keeps it on the CPU).
 """
 import copy
 import argparse
@@ -59,7 +61,13 @@ def main():
     ap.add_argument("--save_steps", type=int, default=3)
     ap.add_argument("--resume", default=None)
     ap.add_argument("--stage", type=int, choices=[2, 3], default=2)
+    ap.add_argument("--cpu", action="store_true", help="train on the CPU even with a GPU (also ZSPEED_DEVICE=cpu)")
     args = ap.parse_args()
+    # The Trainer puts the inputs where its arguments say and zspeed the model on zspeed's device:
+    # both follow the same rule (the GPU when there is one, unless told otherwise).
+    use_cpu = args.cpu or not torch.cuda.is_available() or os.environ.get("ZSPEED_DEVICE", "").startswith("cpu")
+    if use_cpu:
+        os.environ["ZSPEED_DEVICE"] = "cpu"
     ds_config = copy.deepcopy(DS_CONFIG)
     if args.stage == 3:  # the ZeRO-3 offload config of the transformers documentation
         ds_config["zero_optimization"] = {
@@ -75,7 +83,7 @@ def main():
     model = LlamaForCausalLM(cfg)
     targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=4, gradient_accumulation_steps=2,
                               max_steps=args.max_steps, save_steps=args.save_steps, learning_rate=1e-3,
-                              warmup_steps=2, logging_steps=1, report_to=[], deepspeed=ds_config, use_cpu=True,
+                              warmup_steps=2, logging_steps=1, report_to=[], deepspeed=ds_config, use_cpu=use_cpu,
                               seed=0, data_seed=0, dataloader_num_workers=0)
     trainer = Trainer(model=model, args=targs, train_dataset=Tokens())
     out = trainer.train(resume_from_checkpoint=args.resume)
@@ -83,7 +91,7 @@ def main():
         trainer.save_model(os.path.join(args.out, "final"))  # the whole 16-bit model (gathered)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     summary = {"global_step": trainer.state.global_step, "train_loss": out.training_loss, "losses": losses,
-               "engine": type(trainer.model_wrapped).__module__}
+               "engine": type(trainer.model_wrapped).__module__, "device": str(trainer.model_wrapped.device)}
     with open(os.path.join(args.out, "summary.json" if args.resume is None else "summary_resumed.json"), "w") as f:
         json.dump(summary, f)
     print(json.dumps(summary))
