@@ -25,7 +25,7 @@ SETUP_DEMO := $(VENV)/.zspeed-setup-demo
 SETUP_TEST := $(VENV)/.zspeed-setup-test
 
 .PHONY: all setup setup-test build demo test test-c test-asan test-tsan test-windows \
-        test-arm64 test-python test-windows-python wheel-windows install-python clean
+        test-arm64 test-python test-windows-python test-windows-python-quick wheel-windows install-python clean
 
 all: build
 
@@ -96,18 +96,23 @@ test-arm64: setup-test
 # win_amd64 wheel installed with the Windows pip; everything lives in build-winpy/ and is
 # made anew in a fresh checkout (scripts/wine-python.sh says how, and which Wine 8.0
 # work-arounds it needs). Runs the whole Python suite there, the examples' tiny runs, and
-# the same training runs on both systems compared (scripts/windows_parity.py). Not yet part
-# of `make test`: the whole suite takes about 72 minutes under Wine on the 2-core VM
-# (docs/WINDOWS.md); ZS_WINPY_PYTEST_ARGS picks a part of it.
+# the same training runs on both systems compared (scripts/windows_parity.py). The whole
+# suite takes about 72 minutes under Wine on the 2-core VM (docs/WINDOWS.md), so `make test`
+# runs test-windows-python-quick: the Windows-specific test files (QUICK in
+# scripts/test-windows-python.sh), the examples and the comparison. ZS_WINPY_PYTEST_ARGS
+# picks another part.
 WINPY_DIR := $(CURDIR)/build-winpy
 test-windows-python: setup-test build
 	ZS_WINE_DIR=$(WINPY_DIR) bash scripts/test-windows-python.sh
+
+test-windows-python-quick: setup-test build
+	ZS_WINE_DIR=$(WINPY_DIR) ZS_WINPY_QUICK=1 bash scripts/test-windows-python.sh
 
 # The wheel a Windows user installs with `pip install` (no compiler needed there).
 wheel-windows: setup-test
 	ZS_WINE_DIR=$(WINPY_DIR) bash scripts/wine-python.sh --wheel-only
 
-test: test-c test-asan test-tsan test-windows test-arm64 test-python
+test: test-c test-asan test-tsan test-windows test-arm64 test-windows-python-quick test-python
 	@echo "make test: all suites passed"
 
 demo: build install-python
