@@ -12,7 +12,9 @@ ZeRO stage, the optimizer, the offload); zspeed gives the same facts in one INFO
       I/O backend ....... io_uring (auto) (for NVMe offload; unused here)
       memory ............ no GPU (model on cpu); host 12.38 MiB (gradients 3.09, fp32 masters 3.09, ...)
 
-(the demo's run on a 2-core machine without a GPU). With ``offload_optimizer.ratio`` a line
+(the demo's run on a 2-core machine without a GPU). After ``zspeed.hf.install()`` the first line
+reads "DeepSpeed info: version=<the DeepSpeed API version> (zspeed <version> through
+zspeed.hf.install()), ...", the line transformers and users look for. With ``offload_optimizer.ratio`` a line
 says the CPU's share of the parameters (the number ``ratio`` is that share); on a GPU the
 memory line gives what the GPU holds after initialize.
 
@@ -143,8 +145,12 @@ def summary_text(engine) -> str:
     odev = getattr(cfg, "offload_device", off.get("device", "none"))
     pin = " (pinned)" if off.get("pin_memory") and odev in ("cpu", "nvme") else ""
 
-    lines = [get_dist_msg(f"zspeed info: version={__version__}, git-hash={__git_hash__ or 'unknown'}, "
-                          f"git-branch={__git_branch__ or 'unknown'}", ranks=[0]) or "",
+    info = f"zspeed info: version={__version__}"
+    hf = sys.modules.get("zspeed.hf")
+    if hf is not None and hf.installed():  # standing in for DeepSpeed: the line tools look for, said honestly
+        info = f"DeepSpeed info: version={hf.DEEPSPEED_API_VERSION} (zspeed {__version__} through zspeed.hf.install())"
+    lines = [get_dist_msg(f"{info}, git-hash={__git_hash__ or 'unknown'}, git-branch={__git_branch__ or 'unknown'}",
+                          ranks=[0]) or "",
              f"  ZeRO stage ........ {stage}; world size {world} ({local} rank{'' if local == 1 else 's'} on this "
              f"host, {backend}{where})",
              f"  model ............. {_count(total)} trained parameters on {device}, {dtype}",
