@@ -62,6 +62,12 @@ def test_one_process_group_without_an_in_memory_store():
 
 
 def test_one_process_where_the_host_name_resolves_is_left_as_it_is():
+    from zspeed import comm
+    if comm._loopback_interface() is None and not comm._hostname_is_usable():
+        # Windows itself always resolves its own name; Wine asks Linux, and in a fresh root the
+        # name may not resolve: then Gloo warns, and Windows has no loopback name to give it.
+        pytest.skip("this host's name does not resolve and the platform has no loopback interface name "
+                    "for Gloo (Windows CPython under Wine in a fresh root)")
     r = _py(ONE_PROCESS)
     assert r.returncode == 0, r.stderr
     assert GLOO_WARNING not in r.stderr
