@@ -791,10 +791,7 @@ def _plan_pieces(ck, r: CheckpointReader, meta: dict, where) -> tuple[list, dict
 
 def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: bool,
                load_lr_scheduler_states: bool, load_counters: bool = True) -> _Plan:
-    where = r.path / "meta.json"
-    meta = r.json("meta.json")
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"'{where}' must hold a JSON object; the file is corrupt.")
+    where, meta = _open_meta(r)
     if meta.get("format") != FORMAT:
         raise _bad(where, "format", meta.get("format"), f"must be {FORMAT!r}")
     if meta.get("save_id") != r.save_id:
@@ -803,10 +800,7 @@ def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: boo
     plan = _Plan()
 
     model_sd = ck.model.shapes()
-    aliases = _field(meta, where, "model_aliases")
-    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                for k, v in aliases.items()):
-        raise _bad(where, "model_aliases", aliases, "must map names to names")
+    aliases = _aliases(meta, where)
     # Names and shapes are checked on the header; only the tensors this model has are read.
     specs = r.specs("model.safetensors")
     stored = {k: k for k in specs}
@@ -1031,11 +1025,21 @@ def _fp32_specs(r, src, model) -> dict:
 
 
 def _open_meta(r) -> tuple[Path, dict]:
+    """(path, object) of the tag's meta.json, which must hold a JSON object."""
     where = r.path / "meta.json"
     meta = r.json("meta.json")
     if not isinstance(meta, dict):
         raise CheckpointError(f"'{where}' must hold a JSON object; the file is corrupt.")
     return where, meta
+
+
+def _aliases(meta: dict, where: Path) -> dict:
+    """meta.json's model_aliases (tied names -> the name stored), checked."""
+    aliases = _field(meta, where, "model_aliases")
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in aliases.items()):
+        raise _bad(where, "model_aliases", aliases, "must map names to names")
+    return aliases
 
 
 def _no_checkpoint(ckpt) -> CheckpointError:
@@ -1077,10 +1081,7 @@ def fp32_state_dict(ckpt: str | os.PathLike, tag: str | None = None) -> dict:
         if r is None:
             raise _no_checkpoint(ckpt)
         where, meta = _open_meta(r)
-        aliases = _field(meta, where, "model_aliases")
-        if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                    for k, v in aliases.items()):
-            raise _bad(where, "model_aliases", aliases, "must map names to names")
+        aliases = _aliases(meta, where)
         with PieceReader(r, meta, where) as src, r.open_tensors("model.safetensors") as model:
             out = {k: d.load() for k, d in _fp32_specs(r, src, model).items()}
     for alias, target in aliases.items():
@@ -1094,14 +1095,19 @@ def _write_output(outp: Path, tensors: dict, metadata: dict) -> None:
     _atomic_output(outp, lambda d, tmp: StagingWriter(d).write_tensors(tmp, tensors, metadata))
 
 
-def write_torch_output(outp: Path, obj) -> None:
-    """``torch.save(obj)`` into ``outp`` under the same rules as :func:`_write_output`."""
+def _write_stream_output(outp: Path, fill) -> None:
+    """``fill(file)`` writes the file ``outp``, under the same rules as :func:`_write_output`."""
     def body(d, tmp):
         with os.fdopen(d.create(tmp), "wb") as f:
-            torch.save(obj, f)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
     _atomic_output(outp, body)
+
+
+def write_torch_output(outp: Path, obj) -> None:
+    """``torch.save(obj)`` into ``outp`` under the same rules as :func:`_write_output`."""
+    _write_stream_output(outp, lambda f: torch.save(obj, f))
 
 
 def write_safetensors_output(outp: Path, tensors: dict) -> None:
@@ -1112,12 +1118,7 @@ def write_safetensors_output(outp: Path, tensors: dict) -> None:
 
 def write_text_output(outp: Path, text: str) -> None:
     """A UTF-8 text file under the same rules as :func:`_write_output`."""
-    def body(d, tmp):
-        with os.fdopen(d.create(tmp), "wb") as f:
-            f.write(text.encode())
-            f.flush()
-            os.fsync(f.fileno())
-    _atomic_output(outp, body)
+    _write_stream_output(outp, lambda f: f.write(text.encode()))
 
 
 def _atomic_output(outp: Path, write) -> None:

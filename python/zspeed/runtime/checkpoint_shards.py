@@ -41,6 +41,7 @@ import torch
 from .._signatures.optim import OPTIM_QBLOCK
 from .checkpoint_files import CheckpointError, CheckpointReader, parse_json
 from .partition import GroupPlan, PartitionPlan
+from .store import per_element_shape
 
 __all__ = ["SavedLayout", "PieceReader", "piece_key", "master_file", "optim_file", "partition_meta",
            "saved_world_size", "all_gather", "describe", "raise_failed", "MAX_WORLD"]
@@ -357,7 +358,7 @@ class PieceReader:
                 continue
             sl = f.f.get_slice(tensors[k])
             shape = sl.get_shape()
-            if len(shape) >= 1 and math.prod(shape) == sn and not (sn == 1 and k == "step"):  # store.per_element
+            if per_element_shape(k, shape, sn):
                 vals.append(("elements", _flat_slice(sl, lo, hi), fname))
             else:
                 vals.append(("value", self._whole_state(fname, f, tensors[k], sn), fname))

@@ -29,6 +29,7 @@ backend runs.
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -320,9 +321,15 @@ def empty_param(p: torch.Tensor, dtype, device) -> None:
     p.data = torch.empty(0, dtype=dtype, device=device)
 
 
+def per_element_shape(key: str, shape, n: int) -> bool:
+    """Whether optimizer state ``key`` of this shape, for a piece of n elements, holds one value
+    per element (exp_avg, ...) rather than one for the piece's whole tensor (a step, also as a
+    tensor of shape () or (1,)): a tensor of n elements; for a one-element piece, a
+    one-element 'step' counts as the shared step. The checkpoint reader decides on the saved
+    shape, the optimizer paths on the tensor (:func:`per_element`)."""
+    return len(shape) >= 1 and math.prod(shape) == n and not (n == 1 and key == "step")
+
+
 def per_element(key: str, v, n: int) -> bool:
-    """Whether optimizer state value ``v`` of a piece of n elements holds one value per element
-    (exp_avg, ...) rather than one for the piece's whole tensor (a step, also as a tensor of
-    shape () or (1,)). The same rule as the checkpoint reader's: a tensor of n elements; for
-    a one-element piece, a one-element 'step' counts as the shared step."""
-    return torch.is_tensor(v) and v.dim() >= 1 and v.numel() == n and not (n == 1 and key == "step")
+    """:func:`per_element_shape` of a state value (a tensor, or a number: never per element)."""
+    return torch.is_tensor(v) and per_element_shape(key, v.shape, n)

@@ -49,8 +49,8 @@ from torch.overrides import TorchFunctionMode
 
 from .collectives import Collectives
 from .hooks import ZERO3_COPY_MESSAGE, ZeRO3CopyError
-from .store import ParamStore, full_numel, full_shape
-from .streams import streams_for  # noqa: F401 - full_* are this module's names too
+from .store import ParamStore, full_numel, full_shape  # noqa: F401 - full_* are this module's names too
+from .streams import streams_for
 from .zero.status import ZeroParamStatus, mark_partitioned
 
 log = logging.getLogger("zspeed.zero3")

@@ -11,7 +11,6 @@ returns ordinary tensors (each still answers ``.contiguous()``)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
@@ -77,9 +76,8 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
 
     from ..runtime.checkpoint import fp32_state_dict, write_safetensors_output, write_text_output, write_torch_output
     sd = fp32_state_dict(checkpoint_dir, tag)
-    out = Path(output_dir)
-    os.makedirs(out, exist_ok=True)
-    shards, cur, size = [], {}, 0
+    out = Path(output_dir)  # created by the first write
+    shards, cur, size, total = [], {}, 0, 0
     seen: dict = {}
     for name, t in sd.items():  # tied names stay in the shard of the tensor they share
         key = (t.data_ptr(), t.dtype, tuple(t.shape))
@@ -94,6 +92,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
         cur[name] = t
         seen[key] = cur
         size += n
+        total += n
     shards.append(cur)
     stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
     names = [f"{stem}{ext}"] if len(shards) == 1 else \
@@ -106,8 +105,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
             write_torch_output(out / fname, shard)
         written.append(out / fname)
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in
-                                                {id(t): t for t in sd.values()}.values())},
+        index = {"metadata": {"total_size": total},
                  "weight_map": {k: fname for fname, shard in zip(names, shards) for k in shard}}
         idx = out / f"{stem}{ext}.index.json"
         write_text_output(idx, json.dumps(index, indent=2) + "\n")

@@ -207,34 +207,27 @@ class Init:
 
             def run(module):
                 mine = [p for p in module.parameters(recurse=False) if hasattr(p, "ds_tensor") and p.numel() == 0]
-                if not mine:
+                with torch.no_grad():
+                    for p in mine:
+                        init_gather(p)
+                try:
                     out = fn(module)
-                else:
-                    with torch.no_grad():
-                        for p in mine:
-                            init_gather(p)
-                    try:
-                        out = fn(module)
-                    except BaseException:
-                        for p in mine:  # the shards stay as they were
-                            p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
-                        raise
-                    bad = [p for p in mine if tuple(p.shape) != tuple(p.ds_shape)]
-                    with torch.no_grad():
-                        if not bad:
-                            _broadcast(mine, 0)
-                        for p in mine:
-                            if bad:
-                                p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
-                            else:
-                                _init_scatter(p)
-                                p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
-                    if bad:
-                        raise RuntimeError(
-                            f"Module.apply inside zero.Init changed the shape of a partitioned parameter of "
-                            f"{type(module).__name__} from {tuple(bad[0].ds_shape)} to {tuple(bad[0].shape)}; the "
-                            f"change was discarded. Change values only, or build the parameter with its final "
-                            f"shape.")
+                except BaseException:
+                    for p in mine:  # the shards stay as they were
+                        _shard_only(p)
+                    raise
+                bad = next((p for p in mine if tuple(p.shape) != tuple(p.ds_shape)), None)
+                if bad is not None:
+                    for p in mine:
+                        _shard_only(p)
+                    raise RuntimeError(
+                        f"Module.apply inside zero.Init changed the shape of a partitioned parameter of "
+                        f"{type(module).__name__} from {tuple(bad.ds_shape)} to {tuple(bad.shape)}; the change was "
+                        f"discarded. Change values only, or build the parameter with its final shape.")
+                with torch.no_grad():
+                    _broadcast(mine, 0)
+                    for p in mine:
+                        _init_scatter(p)
                 if id(module) not in ctx._depth:  # new parameters fn put in place of the partitioned ones
                     ctx._convert(module)
                 return out
@@ -287,7 +280,12 @@ def _init_scatter(p) -> None:
     full = torch.zeros(s * ws, dtype=flat.dtype)
     full[:p.ds_numel].copy_(flat)
     p.ds_tensor.copy_(full[rank * s:(rank + 1) * s])
-    p.data = torch.empty(0, dtype=flat.dtype)
+    _shard_only(p)
+
+
+def _shard_only(p) -> None:
+    """A zero.Init parameter back to its shard alone (``p.data`` emptied, in the shard's dtype)."""
+    p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
 
 
 def _init_edited(params) -> bool:
@@ -387,7 +385,7 @@ class GatheredParameters:
                 if modified:
                     _init_scatter(p)
                 else:
-                    p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+                    _shard_only(p)
         self._groups.clear()
         self._init_params.clear()
         self._versions = []
