@@ -457,12 +457,12 @@ def test_a_configuration_whose_gpu_tensors_cannot_fit_is_refused_with_the_number
     n = sum(p.numel() for p in model.parameters())
     cfg = _cfg(3, precision="bf16")  # shards, masters and Adam state on the device
     seen = []
-    real = memory.gpu_estimate
+    real = memory.check_gpu_memory
 
-    def estimate(*a, **k):
-        seen.append(real(*a, **k))
-        return seen[-1]
-    monkeypatch.setattr(memory, "gpu_estimate", estimate)
+    def check(need, *a, **k):  # what the components report for the GPU tier
+        seen.append(need)
+        return real(need, *a, **k)
+    monkeypatch.setattr(memory, "check_gpu_memory", check)
     monkeypatch.setattr(memory, "gpu_room", lambda dev: 1000)
     with pytest.raises(ConfigError, match=r"keeps .* GiB on .* before any activation .* this process may use "
                                           r"0.00 GiB there\. Nothing was allocated\. To fit: .*offload_optimizer"):
@@ -490,11 +490,13 @@ def test_a_configuration_that_cannot_fit_in_host_memory_is_refused_before_alloca
     zspeed.initialize(model=Model(), config=_cfg(3, opt="cpu", param="cpu"))
     monkeypatch.delenv("ZSPEED_SKIP_MEMORY_CHECK")
     monkeypatch.setattr(memory, "available_host_bytes", lambda: 1 << 40)
-    zspeed.initialize(model=Model(), config=_cfg(3, opt="cpu", param="cpu"))
-    # The estimate itself: 8-bit moments take a quarter of fp32's.
-    cfg = zspeed.runtime.config.parse_config(_cfg(3, opt="cpu", param="cpu"))
-    e32 = memory.estimate(cfg, 1000, torch.bfloat16)
-    assert e32 == {"parameters": 2000, "gradients": 2000, "fp32 masters": 4000, "optimizer state (fp32)": 8000}
+    e = zspeed.initialize(model=Model(), config=_cfg(3, opt="cpu", param="cpu", precision="bf16"))[0]
+    # The estimate itself (what the components report for host memory, per rank): 2 bytes per
+    # element of the bf16 shards and gradients, 4 of the masters, 8 of Adam's fp32 moments.
+    local = e.memory_needs["host"]["parameters"] // 2
+    assert local >= sum(p.numel() for p in Model().parameters())
+    assert e.memory_needs["host"] == {"parameters": 2 * local, "gradients": 2 * local, "fp32 masters": 4 * local,
+                                      "optimizer state (fp32)": 8 * local}
 
 
 def test_save_16bit_model(tmp_path):

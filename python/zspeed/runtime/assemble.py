@@ -10,6 +10,7 @@ stage, the rank count or the tiering:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -21,13 +22,15 @@ from .cpu import HostPath
 from .errors import ConfigError
 from .dp import NoSync, ReplicaSync, ShardedBuffers, ShardedDevicePath, ShardSync
 from .layout import FlatLayout
+from .memory import Need, Sizes, deepest_path_elems, state_bytes
 from .nvme import NVMePath
+from .split import SplitPath
 from .offload import HostBuffers
 from .optimizers import client_as_config, native_client
 from .partition import PartitionPlan
-from .paths import OptimizerPath, device_path
+from .paths import OptimizerPath, device_path, device_path_class
 from .plan import RunPlan
-from .store import PartitionedStore, ShardedStore
+from .store import PartitionedStore, ShardedStore, full_numel
 
 log = logging.getLogger("zspeed.engine")
 
@@ -42,13 +45,13 @@ def client_kind(client) -> str:
     return "native" if native_client(client) else "other"
 
 
-def host_threads(world_size: int, share: float | None = None) -> int | None:
-    """Threads of this rank's CPU optimizer: the cores shared by the ranks on this host
-    (times ``share``, SuperOffload's cpuadam_cores_perc, when given), unless
-    ZSPEED_NUM_THREADS decides (None: the library's default pool, all cores)."""
-    if (world_size == 1 and share is None) or os.environ.get("ZSPEED_NUM_THREADS"):
-        return None
+def host_threads(share: float | None = None) -> int | None:
+    """Threads of this rank's CPU optimizer: the cores of this host shared by the ranks on it
+    (times ``share``, SuperOffload's cpuadam_cores_perc, when given), unless ZSPEED_NUM_THREADS
+    decides (None: the library's default pool, all cores, for the only rank of a host)."""
     local = max(1, comm.get_local_world_size())
+    if (local == 1 and share is None) or os.environ.get("ZSPEED_NUM_THREADS"):
+        return None
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -58,12 +61,17 @@ def host_threads(world_size: int, share: float | None = None) -> int | None:
 
 def param_store(plan: RunPlan, config, layout: FlatLayout, coll: Collectives):
     """The store of the trained parameters: None for the model's own (replicated) parameters."""
-    if plan.store == "partitioned":
-        return build_store(layout, plan.world_size, plan.rank, plan.device, plan.dtype, config.offload_param, coll)
-    if plan.store == "sharded":
-        part = PartitionPlan(layout.numels, plan.world_size, plan.rank, unit_elems=plan.unit_elems)
-        return ShardedStore(layout, part, plan.device, plan.dtype, coll)
-    return None
+    return _STORES[plan.store](plan, config, layout, coll)
+
+
+def _sharded_store(plan: RunPlan, config, layout: FlatLayout, coll: Collectives) -> ShardedStore:
+    part = PartitionPlan(layout.numels, plan.world_size, plan.rank, unit_elems=plan.unit_elems)
+    return ShardedStore(layout, part, plan.device, plan.dtype, coll)
+
+
+_STORES = {"replicated": lambda plan, config, layout, coll: None, "sharded": _sharded_store,
+           "partitioned": lambda plan, config, layout, coll: build_store(
+               layout, plan.world_size, plan.rank, plan.device, plan.dtype, config.offload_param, coll)}
 
 
 def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
@@ -74,19 +82,35 @@ def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.de
     file under nvme_path (zero3_nvme.py; trained parameters stay in host memory with nvme, as
     that module says)."""
     part = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
-    where = offload_param.get("device", "none")
-    pin = where in ("cpu", "nvme") and device.type == "cuda" and bool(offload_param.get("pin_memory", False))
-    if where == "nvme" and not trained:
-        from .zero3_nvme import NVMeParamStore
-        return NVMeParamStore(layout, part, device, dtype, coll, nvme_path=offload_param["nvme_path"],
-                              buffer_count=int(offload_param.get("buffer_count", 5)),
-                              buffer_size=int(offload_param.get("buffer_size", 100_000_000)),
-                              max_in_cpu=int(offload_param.get("max_in_cpu", 1_000_000_000)), pin=pin, aio=aio)
-    if where == "nvme":
-        log.info("zspeed zero3: offload_param nvme keeps the trained parameters' shards in host memory (the "
-                 "optimizer writes their new weights there every step); parameters nothing trains go to NVMe")
-    param_device = torch.device("cpu") if where in ("cpu", "nvme") else device
-    return PartitionedStore(layout, part, device, dtype, coll, param_device=param_device, pin=pin)
+    medium = _SHARD_MEDIUM[offload_param.get("device", "none"), trained]
+    pin = medium != "device" and device.type == "cuda" and bool(offload_param.get("pin_memory", False))
+    note = _MEDIUM_NOTES.get((offload_param.get("device", "none"), trained))
+    if note:
+        log.info("zspeed zero3: %s", note)
+    return _MEDIUM_STORES[medium](layout, part, device, dtype, coll, offload_param, pin, aio)
+
+
+def _nvme_store(layout, part, device, dtype, coll, op: dict, pin: bool, aio):
+    from .zero3_nvme import NVMeParamStore
+    return NVMeParamStore(layout, part, device, dtype, coll, nvme_path=op["nvme_path"],
+                          buffer_count=int(op.get("buffer_count", 5)),
+                          buffer_size=int(op.get("buffer_size", 100_000_000)),
+                          max_in_cpu=int(op.get("max_in_cpu", 1_000_000_000)), pin=pin, aio=aio)
+
+
+# offload_param.device and whether the parameters are trained -> the medium of their shards
+_SHARD_MEDIUM = {("none", True): "device", ("none", False): "device", ("cpu", True): "host",
+                 ("cpu", False): "host", ("nvme", True): "host", ("nvme", False): "nvme"}
+_MEDIUM_STORES = {
+    "device": lambda layout, part, device, dtype, coll, op, pin, aio: PartitionedStore(
+        layout, part, device, dtype, coll, param_device=device, pin=pin),
+    "host": lambda layout, part, device, dtype, coll, op, pin, aio: PartitionedStore(
+        layout, part, device, dtype, coll, param_device=torch.device("cpu"), pin=pin),
+    "nvme": _nvme_store,
+}
+_MEDIUM_NOTES = {("nvme", True): "offload_param nvme keeps the trained parameters' shards in host memory (the "
+                                 "optimizer writes their new weights there every step); parameters nothing trains "
+                                 "go to NVMe"}
 
 
 def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client, coll: Collectives) -> OptimizerPath:
@@ -95,47 +119,57 @@ def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client, coll: Coll
     name, params = config.optimizer_name, config.optimizer_params
     if client is not None:
         name, params = None, {}  # the client's optimizer replaces the config's (DeepSpeed's rule)
-        if plan.optimizer == "nvme":
-            # The NVMe swapper runs zspeed's kernels itself: the client's settings, not its object
-            # (another client was refused by the plan).
-            name, params = client_as_config(client)
-            client = None
-    force = bool(config.top["zero_force_ds_cpu_optimizer"])
-    if plan.optimizer == "split":
-        split = _split_path(plan, config, layout, name, params, force)
-        if split is not None:  # "auto" may choose 1: the ordinary cpu path
-            return split
+    return _PATHS[plan.optimizer](plan, config, layout, name, params, client, coll)
+
+
+def _device_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, coll) -> OptimizerPath:
     store = param_store(plan, config, layout, coll)
-    if store is not None:
-        kw = dict(stage=plan.stage, overlap=plan.reduce_overlap, comm=coll, comm_dtype=plan.comm_dtype)
-        if plan.optimizer == "device":
-            return ShardedDevicePath(store, name, params, client, **kw)
-        buffers = ShardedBuffers(store, pin_memory=plan.pin_memory, **kw)
-        layout = store.local_layout
-    elif plan.optimizer == "device":
+    if store is None:
         return device_path(layout, plan.device, plan.dtype, name, params, client)
-    else:
-        buffers = HostBuffers(layout, plan.device, plan.dtype, plan.pin_memory, plan.bucket_elems,
-                              flat_grads=plan.optimizer == "nvme" or plan.timing == "delayed")
-    threads = host_threads(plan.world_size, float(config.offload["cpuadam_cores_perc"])
-                           if config.offload["super_offload"] else None)
+    return ShardedDevicePath(store, name, params, client, stage=plan.stage, overlap=plan.reduce_overlap, comm=coll,
+                             comm_dtype=plan.comm_dtype)
+
+
+def _host_buffers(plan: RunPlan, config, layout: FlatLayout, coll) -> tuple:
+    """(the host buffers of an offloaded path, the local layout it steps) over the plan's store."""
+    store = param_store(plan, config, layout, coll)
+    if store is None:
+        return HostBuffers(layout, plan.device, plan.dtype, plan.pin_memory, plan.bucket_elems,
+                           flat_grads=plan.optimizer == "nvme" or plan.timing == "delayed"), layout
+    return ShardedBuffers(store, pin_memory=plan.pin_memory, stage=plan.stage, overlap=plan.reduce_overlap,
+                          comm=coll, comm_dtype=plan.comm_dtype), store.local_layout
+
+
+def _host_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, coll) -> OptimizerPath:
+    buffers, layout = _host_buffers(plan, config, layout, coll)
+    threads = host_threads(plan.cores_share)
     if threads is not None and plan.rank == 0:
         log.info("zspeed: %d rank(s) on this host share its cores: %d CPU optimizer threads per rank "
                  "(set ZSPEED_NUM_THREADS to choose)", comm.get_local_world_size(), threads)
-    if plan.optimizer == "nvme":
-        return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
-                        aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
-    return HostPath(layout, buffers, name, params, client=client, force_native=force,
-                    chunk_elems=plan.chunk_elems, num_threads=threads, timing=plan.timing)
+    return HostPath(layout, buffers, name, params, client=client,
+                    force_native=bool(config.top["zero_force_ds_cpu_optimizer"]), chunk_elems=plan.chunk_elems,
+                    num_threads=threads, timing=plan.timing)
 
 
-def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, force: bool):
+def _nvme_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, coll) -> OptimizerPath:
+    if client is not None:
+        # The NVMe swapper runs zspeed's kernels itself: the client's settings, not its object
+        # (another client was refused by the plan).
+        name, params = client_as_config(client)
+        client = None
+    buffers, layout = _host_buffers(plan, config, layout, coll)
+    return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
+                    aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
+
+
+def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, client, coll) -> OptimizerPath:
     """offload_optimizer.ratio < 1 (or "auto"): the optimizer split between the GPU and the CPU
-    (split.py); None when "auto" chooses to step everything on the CPU."""
+    (split.py), or the ordinary CPU path when "auto" chooses to step everything there."""
     from . import memory
     from .split import SplitPath, choose_ratio, measure_rates
     ratio = plan.ratio
-    threads = host_threads(plan.world_size, None)
+    force = bool(config.top["zero_force_ds_cpu_optimizer"])
+    threads = host_threads()
     device = plan.device
     if ratio == "auto":
         room = memory.gpu_room(device)
@@ -149,10 +183,13 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, f
                 f"{gpu_s * 1e9:.3f} ns/element)" if room is not None and cpu_s and gpu_s else " (no GPU)"))
         log.warning(msg)
         if ratio >= 1.0:
-            return None
+            return _host_path(plan, config, layout, name, params, client, coll)
     return SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
                      bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
                      num_threads=threads, timing=plan.timing)
+
+
+_PATHS = {"device": _device_path, "host": _host_path, "nvme": _nvme_path, "split": _split_path}
 
 
 # -- where the model's tensors go ---------------------------------------------------------------
@@ -181,6 +218,18 @@ class WholeModel:
         """Host memory the model's own tensors hold now that the engine frees (none: placed already)."""
         return 0
 
+    def sizes(self, config, module: torch.nn.Module, layout: FlatLayout) -> Sizes:
+        """The element counts of the run's footprint (memory.py), once the module is placed."""
+        total = sum(layout.totals)
+        return Sizes(esize=torch.empty((), dtype=self.plan.dtype).element_size(), total=total,
+                     local=-(-total // self.plan.shard_degree),
+                     model=sum(full_numel(p) for p in dict.fromkeys(module.parameters())),
+                     cpu_share=_CPU_SHARE.get(self.plan.optimizer, lambda r: 1.0)(self.plan.ratio))
+
+    def bytes_needed(self, config, s: Sizes) -> list:
+        """What the model's own tensors hold (memory.py): the whole model on the device."""
+        return [Need("gpu", "weights", s.esize * s.model)]
+
     def finish(self, config, path: OptimizerPath, module: torch.nn.Module, coll: Collectives):
         """After the optimizer path exists: the ZeRO-3 fetcher, or None."""
         return None
@@ -206,6 +255,24 @@ class PartitionedModel(WholeModel):
         rows = list(layout.params) + (list(self.frozen_layout.params) if self.frozen_layout is not None else [])
         return sum(p.numel() * p.element_size() for ps in rows for p in ps if p.device.type == "cpu")
 
+    def sizes(self, config, module: torch.nn.Module, layout: FlatLayout) -> Sizes:
+        z = config.zero
+        persist = int(z["stage3_param_persistence_threshold"])
+        small = sum(full_numel(p) for p in module.parameters() if full_numel(p) <= persist)
+        window = min(int(z["stage3_prefetch_bucket_size"]), int(z["stage3_max_live_parameters"]))
+        frozen = sum(self.frozen_layout.totals) if self.frozen_layout is not None else 0
+        return dataclasses.replace(super().sizes(config, module, layout),
+                                   frozen=-(-frozen // self.plan.world_size),
+                                   working=deepest_path_elems(module, full_numel) + window + small)
+
+    def bytes_needed(self, config, s: Sizes) -> list:
+        """The shards on their medium, the working set gathered on the GPU, and the shards of the
+        parameters nothing trains (NVMe beyond max_in_cpu with offload_param nvme)."""
+        medium = self.plan.param_medium
+        return [Need(_TIER[medium], _SHARDS[medium], s.esize * s.local),
+                Need("gpu", "gathered parameters (deepest module path + prefetch + persistent)", s.esize * s.working),
+                *_FROZEN[self.plan.frozen_medium](config.offload_param, s)]
+
     def finish(self, config, path: OptimizerPath, module: torch.nn.Module, coll: Collectives):
         from .zero3 import ParamFetcher
         plan = self.plan
@@ -213,6 +280,69 @@ class PartitionedModel(WholeModel):
             self.frozen_store = build_store(self.frozen_layout, plan.world_size, plan.rank, plan.device, plan.dtype,
                                             config.offload_param, coll, trained=False, aio=config.aio)
         return ParamFetcher.from_zero(path.sharded, module, config.zero, comm=coll, frozen=self.frozen_store)
+
+
+_TIER = {"device": "gpu", "host": "host"}
+_SHARDS = {"device": "parameter shards", "host": "parameters"}
+
+
+def _frozen_on_nvme(op: dict, s: Sizes) -> list:
+    """offload_param nvme: max_in_cpu of the frozen shards and the read buffers in host memory, the
+    rest in the swap file."""
+    kept = min(s.frozen, int(op["max_in_cpu"]))
+    pool = int(op["buffer_count"]) * min(int(op["buffer_size"]), s.frozen)
+    n = s.frozen - kept
+    return [Need("host", "frozen parameters (max_in_cpu, NVMe read buffers)", s.esize * (kept + pool)),
+            Need("nvme", f"offload_param ({n:,} elements x {s.esize} bytes of frozen parameter shards)",
+                 s.esize * n, where=op["nvme_path"])]
+
+
+_FROZEN = {"device": lambda op, s: [Need("gpu", "frozen parameter shards", s.esize * s.frozen)],
+           "host": lambda op, s: [Need("host", "frozen parameters", s.esize * s.frozen)],
+           "nvme": _frozen_on_nvme}
+_CPU_SHARE = {"split": lambda ratio: {"auto": 1.0}.get(ratio, ratio)}  # "auto": the most the host holds
+
+
+def path_class(plan: RunPlan) -> type:
+    """The optimizer path class of the plan (the split's "auto" may still fall back to HostPath)."""
+    return {"device": {"replicated": device_path_class(plan.dtype)}.get(plan.store, ShardedDevicePath),
+            "host": HostPath, "nvme": NVMePath, "split": SplitPath}[plan.optimizer]
+
+
+def footprint(plan: RunPlan, place: "WholeModel", config, s: Sizes) -> list:
+    """Every memory.Need of the run: the placement's and the optimizer path's."""
+    return [n for n in place.bytes_needed(config, s) + path_class(plan).bytes_needed(plan, config, s) if n.bytes]
+
+
+_INT8 = {"int8": []}
+_TIER_FIXES = {
+    "host": {"host": lambda sd: _INT8.get(sd, ["optimizer.params.state_dtype \"int8\" (Adam's moments in 2 bytes "
+                                              "instead of 8)"]) + [
+        "offload_optimizer.device \"nvme\" (masters and optimizer state on disk)"]},
+    "nvme": {"nvme": lambda sd: _INT8.get(sd, ["optimizer.params.state_dtype \"int8\" (about 6 bytes per element "
+                                              "instead of 12)"])},
+    "gpu": {"device": lambda sd: ["zero_optimization.offload_optimizer.device \"cpu\" (masters and optimizer "
+                                  "state in host memory)"]},
+}
+_TIER_FIXES["host"]["split"] = _TIER_FIXES["host"]["host"]
+_STAGE3 = "zero_optimization.stage 3 with offload_param.device \"cpu\" (only the running modules' parameters on the GPU)"
+_STORE_FIXES = {
+    "host": {"partitioned": "more hosts (each rank holds 1/world_size of the model at ZeRO-3)"},
+    "gpu": {"replicated": _STAGE3, "sharded": _STAGE3},
+}
+_MEDIUM_FIXES = {"device": "offload_param.device \"cpu\" (the parameter shards in host memory)",
+                 "host": "smaller stage3_prefetch_bucket_size / stage3_param_persistence_threshold"}
+
+
+def memory_fixes(plan: RunPlan, config, tier: str) -> list:
+    """What to change when ``tier`` cannot hold the run (the refusal's advice)."""
+    sd, _ = state_bytes(config)
+    out = _TIER_FIXES[tier].get(plan.optimizer, lambda sd: [])(sd)
+    out.append({"host": _STORE_FIXES["host"].get(plan.store, "ZeRO stage 3, or more hosts"),
+                "gpu": _STORE_FIXES["gpu"].get(plan.store, _MEDIUM_FIXES[plan.param_medium]),
+                "nvme": None}[tier])
+    out += {"gpu": ["more GPUs (each rank holds 1/world_size of the sharded parts)"]}.get(tier, [])
+    return [f for f in out if f]
 
 
 def placement(plan: RunPlan) -> WholeModel:

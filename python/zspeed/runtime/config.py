@@ -729,6 +729,7 @@ class ZSpeedConfig:
             raise ConfigError(f"a DeepSpeed config must be a dict or a path to a JSON file, "
                               f"got {type(config).__name__}.")
         self.raw = copy.deepcopy(config)
+        self.cpu_cores_share: float | None = None  # the CPU optimizer's share of the cores (super_offload's)
         # Things DeepSpeed accepts that zspeed runs differently; the engine logs them once.
         self.warnings: list[str] = []
         ws = world_size_from_env() if world_size is None else world_size
@@ -887,6 +888,7 @@ class ZSpeedConfig:
             self.warnings.append("zero_optimization.offload_optimizer.super_offload: DeepSpeed's SuperOffload "
                                  "(a ZeRO-3 feature for superchips) is not implemented by zspeed; the optimizer "
                                  "is offloaded as usual, its CPU step using cpuadam_cores_perc of the cores.")
+            self.cpu_cores_share = float(self.offload["cpuadam_cores_perc"])
         if self.fp16["fp16_master_weights_and_grads"]:
             raise ConfigError("fp16.fp16_master_weights_and_grads is not supported by zspeed (master "
                               "weights are always fp32); remove the key or set it to false.")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from .layout import FlatLayout
+from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers, OffloadedPath
 from .optimizers import build_host_optimizer
 from .paths import copy_masters
@@ -39,6 +40,15 @@ CHUNK_CAP = 1 << 26  # elements per optimizer chunk at most
 
 class HostPath(OffloadedPath):
     """The CPU optimizer over fp32 masters in host memory; its step timed by a runner (runner.py)."""
+
+    @classmethod
+    def bytes_needed(cls, plan, config, s: Sizes) -> list:
+        """What this path holds (memory.py): in host memory, the reduced gradients in the training
+        dtype, the fp32 masters and the optimizer state of the CPU's share of the rank's part."""
+        sd, per = state_bytes(config)
+        n = int(s.local * s.cpu_share)
+        return [Need("host", "gradients", s.esize * n), Need("host", "fp32 masters", 4 * n),
+                Need("host", f"optimizer state ({sd})", int(per * n))]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
                  client: torch.optim.Optimizer | None, force_native: bool, chunk_elems: int,

@@ -42,6 +42,7 @@ import math
 import torch
 
 from .collectives import Collectives
+from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
@@ -357,6 +358,19 @@ class ShardedDevicePath(OptimizerPath):
     """torch's optimizer on the device over this rank's shards (offload_optimizer.device none,
     several ranks): one flat fp32 master per group (the local space), reduced gradients
     in fp32 beside it, updated weights into the shards and all-gathered."""
+
+    # The gradients it keeps on the device, by stage: stage 1 the model's whole ones until the
+    # step's reduction, stages 2-3 this rank's reduced part in fp32.
+    _GRADS = {1: lambda s: Need("gpu", "gradients", s.esize * s.total),
+              2: lambda s: Need("gpu", "gradients (this rank's part, fp32)", 4 * s.local)}
+    _GRADS[3] = _GRADS[2]
+
+    @classmethod
+    def bytes_needed(cls, plan, config, s: Sizes) -> list:
+        """What this path holds (memory.py): gradients, fp32 masters and state of the rank's part."""
+        sd, per = state_bytes(config)
+        return [cls._GRADS[plan.stage](s), Need("gpu", f"fp32 masters and optimizer state ({sd})",
+                                                 int((4 + per) * s.local))]
 
     def __init__(self, sm: ParamStore, name: str | None, params: dict, client, *, stage: int,
                  overlap: bool, comm: Collectives, comm_dtype: torch.dtype):

@@ -37,7 +37,7 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
-from .assemble import client_kind, grad_sync, optimizer_path, placement
+from .assemble import client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
 from .device import pick_device
 from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
@@ -168,6 +168,12 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_memory(config)
         self.optimizer_path = optimizer_path(self.plan, config, self._layout, optimizer, self.collectives)
         self._fetcher = self._placement.finish(config, self.optimizer_path, self.module, self.collectives)
+        share = getattr(self.optimizer_path, "cpu_share", None)  # the split "auto" chose
+        if share is not None:
+            from dataclasses import replace
+            from .memory import by_tier
+            self.memory_needs = by_tier(footprint(self.plan, self._placement, config,
+                                                  replace(self._sizes, cpu_share=share)))
         self._frozen_sm = self._placement.frozen_store
         if self._fetcher is not None:
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
@@ -216,24 +222,19 @@ class ZSpeedEngine(torch.nn.Module):
                                       f"the same script with the same config and model.")
 
     def _check_memory(self, config: ZSpeedConfig) -> None:
-        """Refuses, before allocating, a configuration whose host memory cannot fit (memory.py)."""
-        from .memory import check_host_memory, check_nvme_space
-        total = sum(self._layout.totals)
-        sharded = config.zero_stage == 3 or (self.world_size > 1 and config.zero_stage >= 1)
-        local = -(-total // self.world_size) if sharded else total
-        freeable = self._placement.host_bytes_freed(self._layout)
-        frozen = 0
-        fl = self._placement.frozen_layout
-        if fl is not None:  # parameters nothing trains are partitioned (and freed) too
-            frozen = -(-sum(fl.totals) // self.world_size)
-        check_host_memory(config, local, self.dtype, freeable, comm.get_local_world_size(), frozen)
-        check_nvme_space(config, local, comm.get_local_world_size(), frozen, self.dtype)
+        """Refuses, before allocating, a configuration whose tensors cannot fit on one of the
+        memory tiers (memory.py: the components' footprints, summed per tier)."""
         from . import memory
-        room = memory.gpu_room(self.device)  # None on the CPU
-        if room is not None:
-            need = memory.gpu_estimate(config, self.module, total, local, self.dtype, self.world_size,
-                                       numel=full_numel)
-            memory.check_gpu_memory(need, room, self.device, config)
+        sizes = self._placement.sizes(config, self.module, self._layout)
+        needs = footprint(self.plan, self._placement, config, sizes)
+        self.memory_needs = memory.by_tier(needs)
+        ranks_here = comm.get_local_world_size()
+        memory.check_host_memory(self.memory_needs.get("host", {}), self._placement.host_bytes_freed(self._layout),
+                                 ranks_here, memory_fixes(self.plan, config, "host"))
+        memory.check_nvme_space(needs, ranks_here, memory_fixes(self.plan, config, "nvme"))
+        memory.check_gpu_memory(self.memory_needs.get("gpu", {}), memory.gpu_room(self.device), self.device,
+                                memory_fixes(self.plan, config, "gpu"))
+        self._sizes = sizes
 
     def _check_client_optimizer(self, client: torch.optim.Optimizer, config: ZSpeedConfig) -> None:
         """DeepSpeed's rules for an optimizer the script passes: it takes precedence over the

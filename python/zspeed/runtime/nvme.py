@@ -55,6 +55,7 @@ import torch
 from .._signatures.optim import OPTIM_QBLOCK
 from .config import ConfigError
 from .layout import FlatLayout
+from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers, OffloadedPath
 from .paths import indexed_groups
 
@@ -127,6 +128,15 @@ def _partitions(numels: list, cap: int, per_param: bool, align: int) -> list:
 
 class NVMePath(OffloadedPath):
     """The optimizer path of offload_optimizer.device nvme (see the module docstring)."""
+
+    @classmethod
+    def bytes_needed(cls, plan, config, s: Sizes) -> list:
+        """What this path holds (memory.py): the reduced gradients in host memory; the fp32 masters
+        and the optimizer state in the swap files under nvme_path."""
+        sd, per = state_bytes(config)
+        return [Need("host", "gradients", s.esize * s.local),
+                Need("nvme", f"offload_optimizer ({s.local:,} elements x {4 + per:.1f} bytes of fp32 masters and "
+                     f"{sd} optimizer state)", int((4 + per) * s.local), where=config.offload["nvme_path"])]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):

@@ -36,10 +36,11 @@ import abc
 import torch
 
 from .layout import FlatLayout
+from .memory import Need, Sizes, state_bytes
 from .trace import OFF
 from .optimizers import build_device_optimizer, rebuild_like, torch_grad_stats
 
-__all__ = ["OptimizerPath", "DevicePath", "DeviceMasterPath", "device_path", "copy_masters", "indexed_groups"]
+__all__ = ["OptimizerPath", "DevicePath", "DeviceMasterPath", "device_path", "device_path_class", "copy_masters", "indexed_groups"]
 
 
 def indexed_groups(param_groups: list) -> list:
@@ -195,6 +196,16 @@ class DevicePath(OptimizerPath):
         self._grads: list = []
         self._scaled = False  # the gradients of the step under way were multiplied by its factor
 
+    @classmethod
+    def bytes_needed(cls, plan, config, s: Sizes) -> list:
+        """What this path holds (memory.py): the whole model's gradients and the optimizer's state
+        on the device (an fp32 model's parameters are their own masters)."""
+        sd, per = state_bytes(config)
+        return [Need("gpu", "gradients", s.esize * s.total),
+                Need("gpu", f"{cls._MASTERS_LABEL}optimizer state ({sd})", int((cls._MASTER_BYTES + per) * s.total))]
+
+    _MASTERS_LABEL, _MASTER_BYTES = "", 0
+
     def _make_masters(self, layout: FlatLayout) -> list:
         return [list(ps) for ps in layout.params]  # the parameters are their own masters
 
@@ -249,6 +260,8 @@ class DeviceMasterPath(DevicePath):
     fp32 copies of the gradients, and the parameters are refreshed from the masters after
     each step."""
 
+    _MASTERS_LABEL, _MASTER_BYTES = "fp32 masters and ", 4
+
     def _make_masters(self, layout: FlatLayout) -> list:
         return [[p.detach().clone().float() for p in ps] for ps in layout.params]
 
@@ -282,8 +295,12 @@ def device_path(layout: FlatLayout, device: torch.device, dtype: torch.dtype, na
                 client) -> DevicePath:
     """The device path for a model of ``dtype``: over the parameters themselves (fp32), or
     over fp32 masters (bf16/fp16)."""
-    cls = DevicePath if dtype == torch.float32 else DeviceMasterPath
-    return cls(layout, device, dtype, name, params, client)
+    return device_path_class(dtype)(layout, device, dtype, name, params, client)
+
+
+def device_path_class(dtype: torch.dtype) -> type:
+    """DevicePath for an fp32 model, DeviceMasterPath for a bf16/fp16 one."""
+    return DevicePath if dtype == torch.float32 else DeviceMasterPath
 
 
 def copy_masters(dst: list, src: list) -> None:

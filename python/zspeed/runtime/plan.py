@@ -231,6 +231,8 @@ class RunPlan:
     comm_dtype: torch.dtype
     pin_memory: bool
     grad_divisor: int = 1         # the ranks' summed gradients are divided by this: world_size ("mean") or 1 ("sum")
+    shard_degree: int = 1         # the ranks the trained parameters are split over: world_size when sharded, else 1
+    cores_share: float | None = None  # the CPU optimizer's share of this rank's cores (None: all of them)
 
     @property
     def sharded(self) -> bool:
@@ -248,39 +250,38 @@ class RunPlan:
               backend: str | None, client: str) -> "RunPlan":
         """The plan of ``config`` for this launch (after :func:`check` of every row)."""
         check(Facts.from_config(config, world_size=world_size, client=client))
-        stage = config.zero_stage
-        if stage == 3:
-            store = "partitioned"
-        elif world_size > 1 and stage >= 1:
-            store = "sharded"
-        else:
-            store = "replicated"
-        if world_size == 1:
-            comm = "none"
-        elif backend == "nccl":
-            comm = "device"
-        else:
-            comm = "staged" if device.type == "cuda" else "host"
-        pdev = config.offload_param["device"]
-        param_medium = "host" if pdev in ("cpu", "nvme") else "device"
-        off = config.offload
-        if config.offload_device == "nvme":
-            opt = "nvme"
-        elif config.offload_device == "cpu":
-            opt = "split" if off["ratio"] != 1.0 else "host"
-        else:
-            opt = "device"
-        timing = "delayed" if off["delayed_update"] else "overlap" if off["overlap_forward"] else "sync"
+        stage, several = config.zero_stage, world_size > 1
+        pdev, off = config.offload_param["device"], config.offload
+        store = _STORE[stage, several]
+        param_medium = _MEDIUM[pdev]
         name = config.top["communication_data_type"]
-        if name is not None and name.lower() not in _COMM_DTYPES:
+        if (name or "fp32").lower() not in _COMM_DTYPES:
             raise ConfigError(f"communication_data_type = {name!r} is not one of fp32, fp16, bf16.")
         bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
         return cls(stage=stage, world_size=world_size, rank=rank, device=device, dtype=dtype, store=store,
-                   param_medium=param_medium, frozen_medium="nvme" if pdev == "nvme" else param_medium,
-                   comm=comm, optimizer=opt, timing=timing, ratio=off["ratio"],
-                   unit_elems=1 if stage == 3 else bucket, bucket_elems=bucket,
+                   param_medium=param_medium, frozen_medium=_FROZEN_MEDIUM.get(pdev, param_medium),
+                   comm=_COMM[several, backend == "nccl", device.type],
+                   optimizer=_OPTIMIZER[config.offload_device, off["ratio"] != 1.0],
+                   timing=_TIMING[bool(off["delayed_update"]), bool(off["overlap_forward"])], ratio=off["ratio"],
+                   unit_elems=_UNIT.get(store, bucket), bucket_elems=bucket,
                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
                    reduce_overlap=bool(config.zero["overlap_comm"]),
-                   comm_dtype=dtype if name is None else _COMM_DTYPES[name.lower()],
-                   pin_memory=bool(off["pin_memory"]),
+                   comm_dtype=_COMM_DTYPES.get((name or "").lower(), dtype),
+                   pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
+                   shard_degree=_SHARD_DEGREE[store](world_size),
                    grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]])
+
+
+# The plan's decisions, one table each (read by RunPlan.build alone).
+_STORE = {(0, False): "replicated", (1, False): "replicated", (2, False): "replicated", (3, False): "partitioned",
+          (0, True): "replicated", (1, True): "sharded", (2, True): "sharded", (3, True): "partitioned"}
+_SHARD_DEGREE = {"replicated": lambda ws: 1, "sharded": lambda ws: ws, "partitioned": lambda ws: ws}
+_MEDIUM = {"none": "device", "cpu": "host", "nvme": "host"}       # offload_param.device -> the shards' medium
+_FROZEN_MEDIUM = {"nvme": "nvme"}                                  # ... of parameters nothing trains
+_COMM = {**{(False, nccl, dev): "none" for nccl in (False, True) for dev in ("cpu", "cuda")},
+         (True, True, "cpu"): "device", (True, True, "cuda"): "device",
+         (True, False, "cpu"): "host", (True, False, "cuda"): "staged"}
+_OPTIMIZER = {("none", False): "device", ("none", True): "device", ("cpu", False): "host", ("cpu", True): "split",
+              ("nvme", False): "nvme", ("nvme", True): "nvme"}
+_TIMING = {(True, False): "delayed", (True, True): "delayed", (False, True): "overlap", (False, False): "sync"}
+_UNIT = {"partitioned": 1}   # ZeRO-3: one parameter per unit; otherwise units of a bucket

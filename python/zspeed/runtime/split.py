@@ -35,6 +35,7 @@ import torch
 
 from .cpu import HostPath
 from .layout import FlatLayout
+from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
 from .paths import OptimizerPath, device_path, indexed_groups
 
@@ -96,6 +97,16 @@ class SplitOptimizer(torch.optim.Optimizer):
 class SplitPath(OptimizerPath):
     """The first (1 - ratio) of the parameters on a DevicePath, the rest on a HostPath."""
 
+    @classmethod
+    def bytes_needed(cls, plan, config, s: Sizes) -> list:
+        """What this path holds (memory.py): the CPU's share as HostPath holds it, and the GPU's
+        share's fp32 masters and optimizer state on the GPU (``s.cpu_share``: 1 until "auto" has
+        chosen, the most the host can be asked for)."""
+        sd, per = state_bytes(config)
+        return HostPath.bytes_needed(plan, config, s) + [
+            Need("gpu", f"fp32 masters and optimizer state of the GPU's share ({sd})",
+                 int((4 + per) * (s.local - int(s.local * s.cpu_share))))]
+
     def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
                  ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
                  num_threads: int | None, timing: str = "sync"):
@@ -123,6 +134,7 @@ class SplitPath(OptimizerPath):
             if cps:
                 cpu_groups.append({**g, "params": cps})
         self.gpu_elems = sum(p.numel() for g in dev_groups for p in g["params"])
+        self.cpu_share = 1.0 - self.gpu_elems / total if total else 1.0  # of the elements, as chosen
         self.dev = device_path(FlatLayout(dev_groups), device, dtype, name, params, None) if dev_groups else None
         self.cpu = None
         self.buffers = None

@@ -98,7 +98,7 @@ def _cpu_threads(engine, native: dict) -> str:
     ranks of a host unless ZSPEED_NUM_THREADS decides)."""
     try:
         from .assemble import host_threads
-        n = host_threads(int(engine.world_size))
+        n = host_threads()
     except Exception:  # noqa: BLE001
         n = None
     if n is None:
@@ -107,6 +107,22 @@ def _cpu_threads(engine, native: dict) -> str:
         return "threads unknown"
     why = " (ZSPEED_NUM_THREADS)" if os.environ.get("ZSPEED_NUM_THREADS") else ""
     return f"{n} thread{'' if n == 1 else 's'}{why}"
+
+
+_HOST_STEP = {"host": True, "nvme": True, "split": True}
+
+
+def _no_gpu(device, odev) -> str:
+    what = {"none": "model and optimizer"}.get(odev, "model")
+    return f"no GPU ({what} on {device})"
+
+
+def _gpu_now(device, odev) -> str:
+    import torch
+    return f"GPU {_bytes(torch.cuda.memory_allocated(device))} allocated now"
+
+
+_GPU_NOW = {"cuda": _gpu_now}
 
 
 def summary_text(engine) -> str:
@@ -138,12 +154,13 @@ def summary_text(engine) -> str:
     params = dict(getattr(cfg, "optimizer_params", {}) or {})
     name = getattr(cfg, "optimizer_name", None) or (type(basic).__name__ if basic is not None else "none")
     state = str(params.get("state_dtype", "fp32"))
-    how = _get(plan, "timing") or ("overlap" if off.get("overlap_forward") else
-                                   "delayed" if off.get("delayed_update") else "sync")
+    how = _get(plan, "timing")
     timing = {"overlap": "overlap_forward (the CPU step runs during the next forward)",
               "delayed": "delayed_update (one step stale)", "sync": "synchronous"}.get(how, how)
     odev = getattr(cfg, "offload_device", off.get("device", "none"))
-    pin = " (pinned)" if off.get("pin_memory") and odev in ("cpu", "nvme") else ""
+    host_step = _HOST_STEP.get(_get(plan, "optimizer"), False)  # a CPU optimizer steps (some of) the state
+    pin_asked = bool(off.get("pin_memory")) and host_step
+    pin = " (pinned)" if pin_asked else ""
 
     info = f"zspeed info: version={__version__}"
     hf = sys.modules.get("zspeed.hf")
@@ -163,13 +180,13 @@ def summary_text(engine) -> str:
     if gpu_elems is not None:  # offload_optimizer.ratio: the CPU's share of the parameters
         cpu_elems = total - int(gpu_elems)
         share = cpu_elems / total if total else 0.0
-        other = "GPU" if getattr(device, "type", "") == "cuda" else str(device)
+        other = {"cuda": "GPU"}.get(getattr(device, "type", ""), str(device))
         lines.append(f"  ratio ............. {share:.3f} (given {off.get('ratio')!r}): the CPU steps {100 * share:.1f}% "
                      f"of the parameters, the {other} {100 * (1 - share):.1f}%")
     elif off.get("ratio") not in (None, 1, 1.0):
         lines.append(f"  ratio ............. 1 (given {off.get('ratio')!r}): the CPU steps every parameter")
     simd = (native.get("simd") or {}).get("level", "unknown")
-    if odev in ("cpu", "nvme"):
+    if host_step:
         kernels = "zspeed's C kernels" if type(basic).__module__.startswith("zspeed") else type(basic).__name__
         lines.append(f"  CPU optimizer ..... {kernels}, {simd} SIMD, {_cpu_threads(engine, native)}")
     else:
@@ -182,26 +199,16 @@ def summary_text(engine) -> str:
         io = f"{forced} (ZSPEED_AIO_BACKEND)"
     if uring and not uring.get("available") and sys.platform.startswith("linux"):
         io += f"; io_uring: {uring.get('why', 'unavailable')}"
-    lines.append(f"  I/O backend ....... {io}" + ("" if odev == "nvme" or offp.get("device") == "nvme"
-                                                 else " (for NVMe offload; unused here)"))
+    uses_disk = "nvme" in (_get(plan, "optimizer"), _get(plan, "frozen_medium"))
+    lines.append(f"  I/O backend ....... {io}" + ("" if uses_disk else " (for NVMe offload; unused here)"))
 
     # Memory per tier: what the GPU holds now, and what the host and NVMe tiers hold for this rank.
     tiers = []
     try:
-        import torch
-        if getattr(device, "type", str(device)) == "cuda":
-            tiers.append(f"GPU {_bytes(torch.cuda.memory_allocated(device))} allocated now")
-        else:
-            tiers.append(f"no GPU (model{' and optimizer' if odev == 'none' else ''} on {device})")
-        from . import memory
-        sharded = stage == 3 or (world > 1 and stage >= 1)
-        local_elems = -(-cpu_elems // world) if sharded else cpu_elems
-        host = memory.estimate(cfg, local_elems, dtype if isinstance(dtype, torch.dtype) else torch.float32)
-        if host:
-            tiers.append(f"host {_parts(host)}")
-        if odev == "nvme":
-            sd, per = memory._state_bytes(cfg)
-            tiers.append(f"NVMe {_bytes((4 + per) * local_elems)} (fp32 masters and {sd} optimizer state)")
+        tiers.append(_GPU_NOW.get(getattr(device, "type", str(device)), _no_gpu)(device, odev))
+        needs = _get(engine, "memory_needs") or {}
+        tiers += [f"{name} {_parts(needs[tier])}" for tier, name in (("host", "host"), ("nvme", "NVMe"))
+                  if needs.get(tier)]
     except Exception:  # noqa: BLE001
         pass
     if tiers:
