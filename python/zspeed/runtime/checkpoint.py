@@ -12,9 +12,13 @@ Layout::
     save_dir/<tag>/meta.json            counters, loss scaler, scheduler, optimizer groups,
                                         non-tensor state, client_state, config, world_size
 
-With several ranks and ZeRO stage 1 or 2, master.safetensors and optim.safetensors
-are replaced by each rank's partition files, master.rank<r>.safetensors and
-optim.rank<r>.safetensors, and meta.json records the partition (checkpoint_shards.py).
+Where a store keeps the parameters as pieces (several ranks at ZeRO stage 1 or 2, and
+ZeRO-3 at any rank count), master.safetensors and optim.safetensors are replaced by each
+rank's partition files, master.rank<r>.safetensors and optim.rank<r>.safetensors, and
+meta.json records the partition (checkpoint_shards.py); _WholeFiles and _PieceFiles are the
+two, chosen once from the store. One save and one load serve any number of ranks: with one
+the exchanges between the phases are the rank's own results, and an error is raised as it
+was.
 
 How the folder is written and read (transactions, the manifest, crash safety) is
 checkpoint_files.py. This module turns the engine into those files and back:
@@ -197,7 +201,57 @@ class _Save:
     optim: dict | None         # optim.safetensors (one process's layout)
 
 
-def _prepare(ck, tag, client_state, *, shared: bool, sharded: bool) -> _Save:
+def _groups_json(ck) -> list:
+    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+            for g in ck.optim.optimizer.param_groups]
+
+
+class _WholeFiles:
+    """The optimizer state of whole parameters (the model's own, replicated on every rank): rank
+    0 writes master.safetensors and optim.safetensors, meta.json holds the non-tensor state."""
+    every_rank_writes = False
+
+    def world_size(self, ck) -> int:
+        return 1
+
+    def optimizer(self, ck, sv: "_Save", meta: dict) -> dict:
+        """meta.json's "optimizer" (and what else meta.json records of the layout)."""
+        sv.optim, opt_json = _optimizer_payload(ck)
+        return opt_json
+
+    def write(self, ck, w: StagingWriter, sv: "_Save", file_meta: dict, rank: int) -> dict:
+        if sv.optim is None:  # not the rank that writes the shared files
+            return {}
+        return {"master.safetensors": w.write_tensors("master.safetensors", ck.optim.master_named(), file_meta),
+                "optim.safetensors": w.write_tensors("optim.safetensors", sv.optim, file_meta)}
+
+
+class _PieceFiles(_WholeFiles):
+    """The optimizer state of a store's pieces (sharded over the ranks, or partitioned at ZeRO-3,
+    one rank too): every rank writes master.rank<r> and optim.rank<r> (checkpoint_shards.py),
+    meta.json records the partition."""
+    every_rank_writes = True
+
+    def world_size(self, ck) -> int:
+        return ck.world_size
+
+    def optimizer(self, ck, sv: "_Save", meta: dict) -> dict:
+        meta["partition"] = partition_meta(ck.optim.store.plan)
+        return {"class": ck.optim.checkpoint_class, "param_groups": _groups_json(ck), "scalars": {}}
+
+    def write(self, ck, w: StagingWriter, sv: "_Save", file_meta: dict, rank: int) -> dict:
+        return _write_partition(ck, w, file_meta, rank)
+
+
+def _files_of(ck) -> _WholeFiles:
+    """How ``ck``'s optimizer state goes into files: whole parameters, or a store's pieces."""
+    return _FILES[ck.optim.store is not None]
+
+
+_FILES = {False: _WholeFiles(), True: _PieceFiles()}
+
+
+def _prepare(ck, tag, client_state, *, shared: bool) -> _Save:
     """The tag and, for the rank that writes the shared files, everything they hold."""
     sv = _Save()
     sv.tag = validate_tag(f"global_step{ck.counters.global_steps}" if tag is None else tag)
@@ -206,15 +260,10 @@ def _prepare(ck, tag, client_state, *, shared: bool, sharded: bool) -> _Save:
     model_sd = ck.model.state_for_save()
     if not shared:
         return sv
+    files = _files_of(ck)
     client_tensors: dict = {}
     client_json = _encode_client(client_state or {}, "client_state", client_tensors)
     sv.model, aliases = _dedupe(model_sd)
-    if sharded:  # the state tensors go into the ranks' own files
-        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-                  for g in ck.optim.optimizer.param_groups]
-        opt_json = {"class": ck.optim.checkpoint_class, "param_groups": groups, "scalars": {}}
-    else:
-        sv.optim, opt_json = _optimizer_payload(ck)
     sched = ck.scheduler
     has_sched = sched is not None and hasattr(sched, "state_dict")
     sv.save_id = secrets.token_hex(8)
@@ -226,11 +275,10 @@ def _prepare(ck, tag, client_state, *, shared: bool, sharded: bool) -> _Save:
         "loss_scaler": ck.scaler.state_dict(),
         "lr_scheduler": sched.state_dict() if has_sched else None,
         "lr_scheduler_class": type(sched).__name__ if has_sched else None,
-        "optimizer": opt_json, "client_state": client_json, "config": ck.config,
-        "world_size": ck.world_size if sharded else 1,
+        "optimizer": None, "client_state": client_json, "config": ck.config,
+        "world_size": files.world_size(ck),
     }
-    if sharded:
-        meta["partition"] = partition_meta(ck.optim.store.plan)
+    meta["optimizer"] = files.optimizer(ck, sv, meta)
     try:
         sv.meta = json.dumps(meta, indent=1, default=_json_default).encode()
     except (TypeError, ValueError) as e:
@@ -246,18 +294,14 @@ def _prepare(ck, tag, client_state, *, shared: bool, sharded: bool) -> _Save:
     return sv
 
 
-def _write_files(ck, w: StagingWriter, sv: _Save, save_id: str, rank: int, sharded: bool) -> dict:
+def _write_files(ck, w: StagingWriter, sv: _Save, save_id: str, rank: int) -> dict:
     """Writes this rank's files; returns their manifest entries. The shared files come from
-    ``sv`` (prepared on the rank that writes them), the partition files from the path."""
+    ``sv`` (prepared on the rank that writes them), the optimizer's from the path."""
     file_meta = {"format": FORMAT, "save_id": save_id}
     entries = {}
     if sv.model is not None:
         entries["model.safetensors"] = w.write_tensors("model.safetensors", sv.model, file_meta)
-    if sharded:
-        entries.update(_write_partition(ck, w, file_meta, rank))
-    elif sv.optim is not None:
-        entries["master.safetensors"] = w.write_tensors("master.safetensors", ck.optim.master_named(), file_meta)
-        entries["optim.safetensors"] = w.write_tensors("optim.safetensors", sv.optim, file_meta)
+    entries.update(_files_of(ck).write(ck, w, sv, file_meta, rank))
     if sv.client is not None:
         entries["client.safetensors"] = w.write_tensors("client.safetensors", sv.client, file_meta)
     if sv.meta is not None:
@@ -296,28 +340,19 @@ def save_checkpoint(ck, save_dir, tag=None, client_state: dict | None = None, sa
     True like DeepSpeed. On any failure (CheckpointError: a bad tag or client_state, a full
     disk, an I/O error) the folder holds what it held before. With several ranks every rank
     must call it (rank 0's tag and client_state are saved); a failure on any rank is a
-    CheckpointError on every rank."""
-    if ck.world_size > 1 or ck.optim.store is not None:
-        return _save_ranks(ck, save_dir, tag, client_state, save_latest)
-    sv = _prepare(ck, tag, client_state, shared=True, sharded=False)
-    with SaveTransaction(save_dir, sv.tag) as tx:
-        entries = _write_files(ck, tx.writer, sv, sv.save_id, 0, False)
-        d = tx.commit(entries, sv.save_id, save_latest)
-    log.info("zspeed: saved checkpoint %s", d)
-    return True
+    CheckpointError on every rank.
 
-
-def _save_ranks(ck, save_dir, tag, client_state, save_latest) -> bool:
-    """The save of several ranks (module docstring): prepare and open, write, commit, with
-    the ranks' results exchanged after each phase so that all of them go on or all fail."""
+    The save of any number of ranks (one is the case without exchanges): prepare and open,
+    write, commit, with the ranks' results exchanged after each phase so that all of them go
+    on or all fail."""
     rank, ws = ck.rank, ck.world_size
-    sharded = ck.optim.store is not None
+    files = _files_of(ck)
     doing = "the checkpoint save"
     with contextlib.ExitStack() as stack:
         sv = staging = owner = err = own = None
         tx = None
         try:
-            sv = _prepare(ck, tag, client_state, shared=rank == 0, sharded=sharded)
+            sv = _prepare(ck, tag, client_state, shared=rank == 0)
             if rank == 0:
                 tx = stack.enter_context(SaveTransaction(save_dir, sv.tag))
                 staging, owner = tx.staging, tx.dir.lstat(tx.staging).st_uid
@@ -335,11 +370,11 @@ def _save_ranks(ck, save_dir, tag, client_state, save_latest) -> bool:
         entries = {}
         try:
             if rank == 0:
-                entries = _write_files(ck, tx.writer, sv, save_id, rank, sharded)
-            elif sharded:
+                entries = _write_files(ck, tx.writer, sv, save_id, rank)
+            elif files.every_rank_writes:
                 w = StagingWriter.open_existing(save_dir, staging, owner)
                 try:
-                    entries = _write_files(ck, w, sv, save_id, rank, sharded)
+                    entries = _write_files(ck, w, sv, save_id, rank)
                 finally:
                     w.close()
         except Exception as e:
@@ -352,8 +387,8 @@ def _save_ranks(ck, save_dir, tag, client_state, save_latest) -> bool:
                 merged = {}
                 for _, ent in written:
                     merged.update(ent)
-                d = tx.commit(merged, save_id, save_latest, world_size=ws if sharded else 1)
-                log.info("zspeed: saved checkpoint %s (%d ranks)", d, ws)
+                d = tx.commit(merged, save_id, save_latest, world_size=files.world_size(ck))
+                log.info("zspeed: saved checkpoint %s (%d rank%s)", d, ws, "s"[:ws - 1])
             except Exception as e:
                 err, own = describe(e), e
     # The transaction is closed (its lock released) before the last exchange.
@@ -840,27 +875,25 @@ def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: boo
     return plan
 
 
-def _load_optimizer(ck, sd: dict, where: Path, ranks: bool) -> None:
+def _load_optimizer(ck, sd: dict, where: Path) -> None:
     """ck.optim.optimizer.load_state_dict(sd), the one step of a load that the optimizer itself
-    may still refuse (a client optimizer's checks). With several ranks the ranks compare
-    outcomes, and a rank whose load succeeded while another's failed puts its previous
-    state back, so that every rank keeps its optimizer unchanged."""
+    may still refuse (a client optimizer's checks). The ranks compare outcomes, and a rank
+    whose load succeeded while another's failed puts its previous state back, so that every
+    rank keeps its optimizer unchanged."""
     err = own = None
     opt = ck.optim.optimizer
     # An optimizer that validates first (nvme) cannot refuse after the plan's checks; for the
     # others the previous state_dict (references to the current tensors, no copy) is kept.
-    before = opt.state_dict() if ranks and not ck.optim.validates_first else None
+    before = None if ck.optim.validates_first else opt.state_dict()
     try:
         opt.load_state_dict(sd)
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
         err, own = f"optimizer state in '{where}' cannot be loaded: {e}", e
-    if not ranks:
-        if err is not None:
-            raise CheckpointError(err) from None
-        return
     outcomes = all_gather((err,), "the checkpoint load")
     if any(o[0] is not None for o in outcomes) and err is None and before is not None:
         opt.load_state_dict(before)
+    if len(outcomes) == 1 and err is not None:
+        raise CheckpointError(err) from None
     raise_failed(outcomes, "the checkpoint load", own)
 
 
@@ -869,7 +902,7 @@ def _apply(ck, plan: _Plan, where: Path) -> None:
     whose own load could still refuse (a client optimizer's checks), and then nothing else
     has changed yet."""
     if plan.optimizer is not None:
-        _load_optimizer(ck, plan.optimizer, where, ck.world_size > 1)
+        _load_optimizer(ck, plan.optimizer, where)
     ck.model.load(plan.model)
     if plan.local_masters is not None:
         ck.optim.load_local_masters(plan.local_masters)
@@ -900,21 +933,12 @@ def load_checkpoint(ck, load_dir, tag=None, load_module_strict=True, load_optimi
     all raise the same CheckpointError and none changes. ``load_counters``: the step counters
     (global_steps, global_samples, micro_steps, skipped_steps), restored also without the
     optimizer states, as DeepSpeed does; only a module-only load leaves them."""
-    if ck.world_size > 1 or ck.optim.store is not None:
-        return _load_ranks(ck, load_dir, tag, load_module_strict, load_optimizer_states,
-                           load_lr_scheduler_states, load_counters)
-    with open_for_load(load_dir, tag) as r:
-        if r is None:
-            return None, None
-        plan = _plan_load(ck, r, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
-                          load_counters)
-    _apply(ck, plan, r.path)
-    log.info("zspeed: loaded checkpoint %s", r.path)
-    return str(r.path), plan.client
+    return _load_ranks(ck, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
+                       load_counters)
 
 
 def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states, load_counters):
-    """Every rank plans its load (reads and checks what it needs, with the folder locked for
+    """The load of any number of ranks (one is the case without exchanges). Every rank plans its load (reads and checks what it needs, with the folder locked for
     reading), the ranks compare (after the lock is released: on Windows the lock is
     exclusive), and only when every rank succeeded with the same checkpoint do they apply."""
     doing = "the checkpoint load"

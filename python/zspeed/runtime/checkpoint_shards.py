@@ -416,6 +416,8 @@ def all_gather(obj, doing: str) -> list:
     """Every rank's ``obj`` (small, picklable), in rank order. A collective that fails (a rank
     died or is stuck past the timeout) is a CheckpointError saying so."""
     import torch.distributed as td
+    if not td.is_initialized():  # one process: nothing to exchange
+        return [obj]
     out: list = [None] * td.get_world_size()
     try:
         td.all_gather_object(out, obj)
@@ -439,6 +441,8 @@ def raise_failed(results: list, doing: str, own: BaseException | None = None) ->
     gathered tuples whose first item is an error message or None) reports an error, naming
     each failed rank and its reason; ``own`` (this rank's exception) is chained to it."""
     bad = [(r, res[0]) for r, res in enumerate(results) if res[0] is not None]
+    if bad and len(results) == 1 and own is not None:
+        raise own  # one rank: its own error, as it was raised
     if bad:
         ranks = ", ".join(str(r) for r, _ in bad)
         raise CheckpointError(f"{doing} failed on rank{'s' if len(bad) > 1 else ''} {ranks} of {len(results)}: "
