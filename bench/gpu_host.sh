@@ -9,6 +9,8 @@
 #   bench/gpu_host.sh examples  the two DeepSpeed-guide example scripts
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
 #   bench/gpu_host.sh zero3     GPU check of ZeRO-3 (tests/gpu/check_zero3_cuda.py)
+#   bench/gpu_host.sh budget-bench  1.28B GPT, ZeRO-2 + CPU offload, GPU capped at ZS_CAP (24) GiB:
+#                   ratio "auto" + overlap_forward, ratio 1, DeepSpeed (ZS_BUDGET_IMPLS picks the rows)
 #   bench/gpu_host.sh hf        the Hugging Face Trainer route on the GPU (tests/gpu/check_hf_cuda.py)
 #   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
 #                   zspeed vs DeepSpeed at 3.36B (ZS_Z3_LAYERS: more zspeed sizes, e.g. "24 48")
@@ -96,6 +98,23 @@ engine-bench)
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29512
   for impl in zspeed deepspeed torch; do
     python3 bench/bench_engine.py --impl $impl 2>&1 | tee "$OUT/bench_engine_$impl.log" | tail -6
+  done
+  ;;
+budget-bench)
+  # 1.28B GPT, ZeRO-2 + CPU offload with the GPU capped at ZS_CAP GiB (default 24): ratio
+  # "auto" + overlap_forward (sized from step 1's peak), ratio 1, and DeepSpeed, side by side;
+  # ZS_BUDGET_IMPLS (default "auto one deepspeed") picks the rows.
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29513
+  cap=${ZS_CAP:-24}
+  for row in ${ZS_BUDGET_IMPLS:-auto one deepspeed}; do
+    case $row in
+      auto) args="--ratio auto --overlap-forward" ;;
+      one) args="--ratio 1" ;;
+      deepspeed) args="--impl deepspeed" ;;
+      *) echo "unknown row $row"; continue ;;
+    esac
+    python3 bench/bench_engine.py --gpu-cap "$cap" $args 2>&1 | tee "$OUT/budget_$row.log" \
+      | grep -E "ratio|RESULT|median|Error|error" | tail -4
   done
   ;;
 hf)

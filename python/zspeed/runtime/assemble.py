@@ -165,28 +165,23 @@ def _nvme_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, 
 def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, client, coll) -> OptimizerPath:
     """offload_optimizer.ratio < 1 (or "auto"): the optimizer split between the GPU and the CPU
     (split.py), or the ordinary CPU path when "auto" chooses to step everything there."""
-    from . import memory
-    from .split import SplitPath, choose_ratio, measure_rates
-    ratio = plan.ratio
+    from . import split
+    ratio, auto = plan.ratio, None
     force = bool(config.top["zero_force_ds_cpu_optimizer"])
     threads = host_threads()
     device = plan.device
     if ratio == "auto":
-        room = memory.gpu_room(device)
-        if room is not None:
-            room -= torch.cuda.memory_allocated(device)
-        cpu_s, gpu_s = measure_rates(device, name, params, force, threads) if room is not None else (None, None)
-        ratio = choose_ratio(sum(layout.totals), room, cpu_s, gpu_s)
-        msg = (f"zspeed: offload_optimizer.ratio \"auto\" -> {ratio:.3f}: the CPU steps {100 * ratio:.1f}% of the "
-               f"parameters, the GPU {100 * (1 - ratio):.1f}%" +
-               (f" (GPU room {room / 2**30:.1f} GiB, CPU {cpu_s * 1e9:.2f} ns/element, GPU "
-                f"{gpu_s * 1e9:.3f} ns/element)" if room is not None and cpu_s and gpu_s else " (no GPU)"))
-        log.warning(msg)
-        if ratio >= 1.0:
+        if split.device_memory(device) is None:
+            log.warning("zspeed: offload_optimizer.ratio \"auto\" -> 1.000: the CPU steps 100.0%% of the parameters "
+                        "(no GPU)")
             return _host_path(plan, config, layout, name, params, client, coll)
-    return SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
-                     bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
-                     num_threads=threads, timing=plan.timing)
+        cpu_s, gpu_s = split.measure_rates(device, name, params, force, threads)
+        log.warning("zspeed: offload_optimizer.ratio \"auto\": step 1 runs with the whole optimizer on the CPU; "
+                    "the GPU's share is then sized from that step's peak GPU memory")
+        ratio, auto = 1.0, split.AutoSplit(device, cpu_s, gpu_s)
+    return split.SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
+                           bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
+                           num_threads=threads, timing=plan.timing, auto=auto)
 
 
 _PATHS = {"device": _device_path, "host": _host_path, "nvme": _nvme_path, "split": _split_path}

@@ -69,6 +69,7 @@ from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, Checkpoin
 from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
                                 piece_key, raise_failed, saved_world_size)
 from .loss_scaler import check_state_dict as _check_scaler_state
+from .optimizers import adam_state_dtype, convert_adam_state
 
 log = logging.getLogger("zspeed.checkpoint")
 
@@ -494,44 +495,16 @@ _Q8_SCALES = ("exp_avg_scale", "exp_avg_sq_scale")
 _ENGINE_WINS = {"state_dtype", "fused", "foreach", "capturable", "differentiable"}
 
 
-def _state_dtype_of(st: dict) -> str:
-    m = st.get("exp_avg")
-    if m is not None and m.dtype == torch.int8:
-        return "int8"
-    return "bf16" if m is not None and m.dtype == torch.bfloat16 else "fp32"
-
-
 def _convert_adam_state(st: dict, target: str, numel: int, shape, where, name: str) -> dict:
     """An Adam state (fp32, bf16 or 8-bit) in the configured state dtype ``target``."""
-    have = _state_dtype_of(st)
-    if have == target:
-        return st
-    from ..ops.adam import q8_dequantize, q8_quantize
-    from ..ops import qblocks
-    out = dict(st)
-    if have == "int8":
-        m = torch.empty(numel, dtype=torch.float32)
-        v = torch.empty(numel, dtype=torch.float32)
-        q8_dequantize(st["exp_avg"].reshape(-1).contiguous(), st["exp_avg_scale"].contiguous(),
-                      st["exp_avg_sq"].reshape(-1).contiguous(), st["exp_avg_sq_scale"].contiguous(), m, v)
-        del out["exp_avg_scale"], out["exp_avg_sq_scale"]
-    else:
-        m = st["exp_avg"].reshape(-1).to(torch.float32).contiguous()
-        v = st["exp_avg_sq"].reshape(-1).to(torch.float32).contiguous()
-    if target == "int8":
-        if bool((v < 0).any()):
-            raise CheckpointError(f"'{where}': {name}/exp_avg_sq has negative values, which Adam's second "
-                                  f"moment cannot have; the checkpoint is corrupt.")
-        nb = qblocks(numel)
-        cm, cv = torch.empty(numel, dtype=torch.int8), torch.empty(numel, dtype=torch.uint8)
-        sm, sv = torch.empty(nb, dtype=torch.float32), torch.empty(nb, dtype=torch.float32)
-        q8_quantize(m, v, cm, sm, cv, sv)
-        out.update(exp_avg=cm.view(shape), exp_avg_sq=cv.view(shape), exp_avg_scale=sm, exp_avg_sq_scale=sv)
-    else:
-        dt = torch.bfloat16 if target == "bf16" else torch.float32
-        out.update(exp_avg=m.view(shape).to(dt), exp_avg_sq=v.view(shape).to(dt))
-    log.info("zspeed: optimizer state of %s converted from %s to the configured state_dtype %s", name, have,
-             target)
+    have = adam_state_dtype(st)
+    try:
+        out = convert_adam_state(st, target, numel, shape)
+    except ValueError as e:
+        raise CheckpointError(f"'{where}': {name}/{e}; the checkpoint is corrupt.") from None
+    if have != target:
+        log.info("zspeed: optimizer state of %s converted from %s to the configured state_dtype %s", name, have,
+                 target)
     return out
 
 
@@ -553,7 +526,7 @@ def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) ->
         if not (t.is_floating_point() or q8):
             raise CheckpointError(f"'{where}': optimizer state {name}/{k} has dtype {t.dtype}; {cls} keeps "
                                   f"floating-point (or 8-bit) state.")
-    if cls == "CPUAdam" and _state_dtype_of(st) == "int8":
+    if cls == "CPUAdam" and adam_state_dtype(st) == "int8":
         from ..ops import qblocks
         for k in _Q8_SCALES:
             t = st.get(k)

@@ -359,8 +359,9 @@ SCHEMA: dict[str, S] = {
         "ratio": K(1.0, NUM + (str,), "device cpu: fraction of the parameters (by elements) whose optimizer "
                    "steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and step there "
                    "at the same time (one rank, stage 1-2, Adam/AdamW; the CPU's share keeps optimizer.params.state_dtype, "
-                   "the GPU's fp32); \"auto\" picks it from free "
-                   "GPU memory and measured step rates and logs the choice", auto=AUTO_KEEP, check=_offload_ratio),
+                   "the GPU's fp32); \"auto\" runs the first step with everything on the CPU, then sizes the "
+                   "GPU's share from that step's peak GPU memory (within set_per_process_memory_fraction, less a "
+                   "margin) and the measured step rates, and logs the choice (docs/OFFLOAD.md)", auto=AUTO_KEEP, check=_offload_ratio),
         "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
         "pipeline_write": K(False, (bool,), "accepted: zspeed's nvme step always overlaps writes with compute"),
         "super_offload": K(False, (bool,), "DeepSpeed's SuperOffload (a ZeRO-3 feature; accepted, not "

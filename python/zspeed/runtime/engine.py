@@ -534,6 +534,7 @@ class ZSpeedEngine(torch.nn.Module):
             self.lr_scheduler.step(**(lr_kwargs or {}))
         path.release()
         self._count_step()
+        path.step_done()
 
     def _decide_step(self) -> float | None:
         """Gathers the boundary's gradients and their statistics; None for a skipped step (fp16

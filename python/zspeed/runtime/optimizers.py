@@ -21,7 +21,7 @@ import torch
 from ..ops._ds_optim import TorchLion  # noqa: F401 - a name of this module too
 from .config import ConfigError
 
-__all__ = ["TorchLion", "build_device_optimizer", "build_host_optimizer", "HostOptimizer",
+__all__ = ["TorchLion", "adam_state_dtype", "convert_adam_state", "build_device_optimizer", "build_host_optimizer", "HostOptimizer",
            "rebuild_like", "native_client", "client_as_config"]
 
 
@@ -238,3 +238,44 @@ def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
                            weight_decay=params["weight_decay"], num_threads=num_threads)
     return HostOptimizer(opt, native=True,
                          grad_stats=lambda ts, scale: grad_stats(ts, scale=scale, num_threads=num_threads))
+
+
+def adam_state_dtype(st: dict) -> str:
+    """The dtype an Adam state dict keeps its moments in: "fp32", "bf16" or "int8"."""
+    m = st.get("exp_avg")
+    if m is not None and m.dtype == torch.int8:
+        return "int8"
+    return "bf16" if m is not None and m.dtype == torch.bfloat16 else "fp32"
+
+
+def convert_adam_state(st: dict, target: str, numel: int, shape) -> dict:
+    """An Adam state (fp32, bf16 or zspeed's 8-bit moments with their block scales) in the state
+    dtype ``target`` (the moments shaped ``shape``); ``st`` itself when it is in it already.
+    ValueError (naming the key) for a second moment with negative values, which 8-bit cannot hold."""
+    have = adam_state_dtype(st)
+    if have == target:
+        return st
+    from ..ops.adam import q8_dequantize, q8_quantize
+    from ..ops import qblocks
+    out = dict(st)
+    if have == "int8":
+        m = torch.empty(numel, dtype=torch.float32)
+        v = torch.empty(numel, dtype=torch.float32)
+        q8_dequantize(st["exp_avg"].reshape(-1).contiguous(), st["exp_avg_scale"].contiguous(),
+                      st["exp_avg_sq"].reshape(-1).contiguous(), st["exp_avg_sq_scale"].contiguous(), m, v)
+        del out["exp_avg_scale"], out["exp_avg_sq_scale"]
+    else:
+        m = st["exp_avg"].reshape(-1).to(torch.float32).contiguous()
+        v = st["exp_avg_sq"].reshape(-1).to(torch.float32).contiguous()
+    if target == "int8":
+        if bool((v < 0).any()):
+            raise ValueError("exp_avg_sq has negative values, which Adam's second moment cannot have")
+        nb = qblocks(numel)
+        cm, cv = torch.empty(numel, dtype=torch.int8), torch.empty(numel, dtype=torch.uint8)
+        sm, sv = torch.empty(nb, dtype=torch.float32), torch.empty(nb, dtype=torch.float32)
+        q8_quantize(m, v, cm, sm, cv, sv)
+        out.update(exp_avg=cm.view(shape), exp_avg_sq=cv.view(shape), exp_avg_scale=sm, exp_avg_sq_scale=sv)
+    else:
+        dt = torch.bfloat16 if target == "bf16" else torch.float32
+        out.update(exp_avg=m.view(shape).to(dt), exp_avg_sq=v.view(shape).to(dt))
+    return out

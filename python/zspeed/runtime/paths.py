@@ -172,6 +172,9 @@ class OptimizerPath(abc.ABC):
         and the optimizer state it touched (a step still running is waited for first)."""
         self.flush()
 
+    def step_done(self) -> None:
+        """Called after each completed (not skipped) optimizer step."""
+
     def hook_modules(self, module: torch.nn.Module) -> list:
         """Hooks the path needs on the model's modules (offload_optimizer.overlap_forward: cpu.py);
         returns their handles."""

@@ -20,14 +20,19 @@ keeps), and on load each parameter's state is converted to its half's dtype
 (:meth:`SplitOptimizer.state_dtypes`), so a checkpoint moves between a split engine, a
 CPU-offloaded one and any ratio or state dtype.
 
-``"auto"`` (:func:`choose_ratio`): the smallest CPU share such that the GPU's part fits in
-half of the GPU memory the engine leaves free (16 bytes per element: master, moments and
-the fp32 gradient), and at least the share that makes both sides finish together given
-their measured step rates. On a CPU-only run it is 1 (nothing to split).
+``"auto"`` (:class:`AutoSplit`): the first step runs with the whole optimizer on the CPU (it
+cannot run out of GPU memory where ratio 1 fits); then the split is sized from that step's
+peak GPU memory: the GPU's share is the largest whose fp32 masters, moments and gradient
+copies (16 bytes per element) fit in what the process may use (free memory, within
+torch.cuda.set_per_process_memory_fraction) less the peak and a margin (8%, at least 512
+MiB), and the CPU's at least the share that makes both sides finish together given their
+measured step rates (:func:`choose_ratio`); every master and state moves to its new half
+(:meth:`SplitPath.resize`). On a CPU-only run it is 1 (nothing to split).
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
 import weakref
 
@@ -37,11 +42,12 @@ from .cpu import HostPath
 from .layout import FlatLayout
 from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
+from .optimizers import convert_adam_state
 from .paths import OptimizerPath, device_path, indexed_groups
 
 log = logging.getLogger("zspeed.split")
 
-__all__ = ["SplitPath", "SplitOptimizer", "choose_ratio"]
+__all__ = ["SplitPath", "SplitOptimizer", "AutoSplit", "choose_ratio", "device_memory"]
 
 # Per element on the GPU for its share: fp32 master, exp_avg, exp_avg_sq, fp32 gradient copy.
 GPU_BYTES_PER_ELEM = 16
@@ -49,17 +55,65 @@ GPU_BYTES_PER_ELEM = 16
 _OWN = {"params", "fused", "foreach", "capturable", "differentiable", "state_dtype", "torch_adam", "maximize"}
 
 
-def choose_ratio(elems: int, gpu_room: int | None, cpu_s_per_elem: float | None,
+def choose_ratio(elems: int, gpu_budget: int | None, cpu_s_per_elem: float | None,
                  gpu_s_per_elem: float | None) -> float:
-    """The CPU share for ``"auto"`` (see the module docstring); 1.0 without a GPU."""
-    if gpu_room is None or elems <= 0:
+    """The CPU share for ``"auto"``: the smallest whose GPU share fits in ``gpu_budget`` bytes
+    (GPU_BYTES_PER_ELEM per element), and at least the share that makes both sides finish
+    together given their measured step rates; 1.0 without a budget (no GPU)."""
+    if gpu_budget is None or elems <= 0:
         return 1.0
-    fits = min(1.0, max(0.0, (gpu_room // 2) / (GPU_BYTES_PER_ELEM * elems)))  # GPU share that fits
+    fits = min(1.0, max(0.0, gpu_budget / (GPU_BYTES_PER_ELEM * elems)))  # GPU share that fits
     r = 1.0 - fits
     if cpu_s_per_elem and gpu_s_per_elem:
         # Both finish together when r * cpu = (1 - r) * gpu.
         r = max(r, gpu_s_per_elem / (gpu_s_per_elem + cpu_s_per_elem))
     return min(1.0, max(r, 1e-3))
+
+
+# What "auto" leaves free on the GPU besides the measured peak: allocator fragmentation and
+# batches a little larger than the first.
+MARGIN_FRACTION = 0.08
+MARGIN_MIN = 512 << 20
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(bytes this process may use on ``device``, the peak it allocated since the last reset),
+    or None where the device has no such accounting (the CPU)."""
+    from .memory import gpu_room
+    limit = gpu_room(device)
+    if limit is None:
+        return None
+    return limit, torch.cuda.max_memory_allocated(device)
+
+
+class AutoSplit:
+    """``ratio: "auto"``: the first step runs with the whole optimizer on the CPU, so it cannot
+    run out of GPU memory where ratio 1 fits; its peak GPU memory (the model, its gradients,
+    the activations of a real batch) then sizes the GPU's share: what the process may use, less
+    that peak and a margin, holds the share's fp32 masters, moments and gradient copies."""
+
+    def __init__(self, device: torch.device, cpu_s: float | None, gpu_s: float | None):
+        self.device, self.cpu_s, self.gpu_s = device, cpu_s, gpu_s
+        try:  # the first step's peak, not start-up's
+            torch.cuda.reset_peak_memory_stats(device)
+        except (RuntimeError, ValueError, AssertionError):
+            pass  # a device without allocator statistics: nothing to reset
+
+    def choose(self, path: "SplitPath", elems: int) -> float:
+        got = device_memory(self.device)
+        if got is None:
+            return 1.0
+        limit, peak = got
+        margin = max(MARGIN_MIN, int(MARGIN_FRACTION * limit))
+        budget = max(0, limit - peak - margin)
+        ratio = choose_ratio(elems, budget, self.cpu_s, self.gpu_s)
+        rates = (f"; CPU {self.cpu_s * 1e9:.2f} ns/element, GPU {self.gpu_s * 1e9:.3f} ns/element"
+                 if self.cpu_s and self.gpu_s else "")
+        log.warning("zspeed: offload_optimizer.ratio \"auto\" -> %.3f after step 1: the CPU steps %.1f%% of the "
+                    "parameters, the GPU %.1f%% (GPU limit %.2f GiB, peak of step 1 %.2f GiB, margin %.2f GiB: "
+                    "%.2f GiB for the GPU share at %d bytes/element%s)", ratio, 100 * ratio, 100 * (1 - ratio),
+                    limit / 2**30, peak / 2**30, margin / 2**30, budget / 2**30, GPU_BYTES_PER_ELEM, rates)
+        return ratio
 
 
 class SplitOptimizer(torch.optim.Optimizer):
@@ -109,8 +163,20 @@ class SplitPath(OptimizerPath):
 
     def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
                  ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
-                 num_threads: int | None, timing: str = "sync"):
+                 num_threads: int | None, timing: str = "sync", auto: "AutoSplit | None" = None):
         super().__init__(layout)
+        self._args = dict(device=device, dtype=dtype, name=name, params=params, pin_memory=pin_memory, bucket=bucket,
+                          force_native=force_native, chunk_elems=chunk_elems, num_threads=num_threads, timing=timing)
+        self.auto = auto  # "auto": sized after the first step (see step_done)
+        self._hooked: list = []   # (module, the CPU half's hook handles) of hook_modules
+        self._build(ratio)
+        defaults = (self.cpu or self.dev).optimizer.defaults
+        self.optimizer = SplitOptimizer([dict(g) for g in layout.groups], dict(defaults), self)
+
+    def _build(self, ratio: float) -> None:
+        """The two halves for a CPU share of ``ratio`` (of the elements, in whole parameters)."""
+        a = self._args
+        layout = self.layout
         total = sum(layout.totals)
         gpu_left = (1.0 - float(ratio)) * total
         self.where: list[list] = []  # per group, per parameter: ("dev" | "cpu", sub-group, index)
@@ -135,18 +201,50 @@ class SplitPath(OptimizerPath):
                 cpu_groups.append({**g, "params": cps})
         self.gpu_elems = sum(p.numel() for g in dev_groups for p in g["params"])
         self.cpu_share = 1.0 - self.gpu_elems / total if total else 1.0  # of the elements, as chosen
-        self.dev = device_path(FlatLayout(dev_groups), device, dtype, name, params, None) if dev_groups else None
+        self.dev = device_path(FlatLayout(dev_groups), a["device"], a["dtype"], a["name"], a["params"], None) \
+            if dev_groups else None
         self.cpu = None
         self.buffers = None
         if cpu_groups:
             cl = FlatLayout(cpu_groups)
-            self.buffers = HostBuffers(cl, device, dtype, pin_memory, bucket, flat_grads=False)
-            self.cpu = HostPath(cl, self.buffers, name, params, client=None, force_native=force_native,
-                                chunk_elems=chunk_elems, num_threads=num_threads, timing=timing)
-        defaults = (self.cpu or self.dev).optimizer.defaults
-        self.optimizer = SplitOptimizer([dict(g) for g in layout.groups], dict(defaults), self)
+            self.buffers = HostBuffers(cl, a["device"], a["dtype"], a["pin_memory"], a["bucket"], flat_grads=False)
+            self.cpu = HostPath(cl, self.buffers, a["name"], a["params"], client=None,
+                                force_native=a["force_native"], chunk_elems=a["chunk_elems"],
+                                num_threads=a["num_threads"], timing=a["timing"])
         self._halves = [h for h in (self.dev, self.cpu) if h is not None]
         self._dev_done = False  # the GPU's half of the step under way ran (see apply)
+
+    def resize(self, ratio: float) -> None:
+        """Moves the split to a CPU share of ``ratio``, between steps: every fp32 master and
+        optimizer state goes to its new half (states converted to what that half keeps: fp32 on
+        the GPU, the configured state_dtype on the CPU), the hyperparameters stay the engine's."""
+        self.flush()
+        masters = [[m.detach().to("cpu", torch.float32).reshape(-1).clone() for m in row] for row in self.masters()]
+        states = self.export_states()
+        for module, handles in self._hooked:
+            for h in handles:
+                h.remove()
+        old = self._halves
+        self._build(ratio)
+        for h in old:
+            h.close()
+        self._each("set_trace", self.trace)
+        self._hooked = [(m, self.cpu.hook_modules(m) if self.cpu is not None else []) for m, _ in self._hooked]
+        targets = self.optimizer.state_dtypes()
+        shapes = [p.shape for ps in self.layout.params for p in ps]
+        for idx, st in states.items():
+            if "exp_avg" in st:
+                states[idx] = convert_adam_state(st, targets[idx], math.prod(shapes[idx]), shapes[idx])
+        self.load_masters(masters)
+        self.import_states(states)
+
+    def step_done(self) -> None:
+        """After a completed step: with ``"auto"``, the first one sizes the split (AutoSplit)."""
+        auto, self.auto = self.auto, None
+        if auto is not None:
+            ratio = auto.choose(self, sum(self.layout.totals))
+            if ratio < self.cpu_share:
+                self.resize(ratio)
 
     # -- the step -----------------------------------------------------------------------------
     @property
@@ -299,10 +397,27 @@ class SplitPath(OptimizerPath):
         self._each("flush")
 
     def hook_modules(self, module: torch.nn.Module) -> list:
-        return self.cpu.hook_modules(module) if self.cpu is not None else []
+        handles = self.cpu.hook_modules(module) if self.cpu is not None else []
+        self._hooked.append((module, handles))
+        return [_Unhook(self, len(self._hooked) - 1)]
 
     def close(self) -> None:
         self._each("close")
+
+
+class _Unhook:
+    """The handle hook_modules returns: removes the hooks the CPU half holds now (a resize
+    replaces them)."""
+
+    def __init__(self, path: SplitPath, i: int):
+        self._path, self._i = weakref.ref(path), i
+
+    def remove(self) -> None:
+        path = self._path()
+        if path is not None:
+            for h in path._hooked[self._i][1]:
+                h.remove()
+            path._hooked[self._i] = (path._hooked[self._i][0], [])
 
 
 def measure_rates(device: torch.device, name: str, params: dict, force_native: bool,
