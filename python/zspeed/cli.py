@@ -1,6 +1,6 @@
 """The ``zspeed`` command (``python -m zspeed``).
 
-Subcommands: ``report`` (environment report, ``--json``), ``to-fp32``
+Subcommands: ``report`` (environment report, ``--json``), ``plan`` (what fits: planner.py), ``to-fp32``
 (consolidate a checkpoint's fp32 weights, like DeepSpeed's zero_to_fp32),
 ``launch`` (DeepSpeed's launcher command line, see launch.py) and ``bench``
 (the native command's benchmarks: adam, io, swap).
@@ -45,6 +45,11 @@ def _cmd_to_fp32(argv: List[str]) -> int:
     return main_to_fp32(argv)
 
 
+def _cmd_plan(argv: List[str]) -> int:
+    from .planner import main as plan_main
+    return plan_main(argv)
+
+
 def _cmd_launch(argv: List[str]) -> int:
     from .launch import main as launch_main
     return launch_main(argv)
@@ -83,6 +88,8 @@ COMMANDS: Dict[str, tuple] = {
                           "(bench --help lists them)"),
     "launch": (_cmd_launch, "start a training script on several processes (DeepSpeed's "
                             "`deepspeed` launcher, over torchrun)"),
+    "plan": (_cmd_plan, "which ZeRO stage, offload tiers and state dtype fit a model on this machine "
+                        "(or one you describe), with the bytes per tier"),
     "report": (_cmd_report, "print the environment report (--json for JSON)"),
     "to-fp32": (_cmd_to_fp32, "consolidate a checkpoint's fp32 weights (of any world "
                               "size) into one safetensors file (zero_to_fp32)"),

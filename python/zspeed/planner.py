@@ -1,0 +1,374 @@
+"""``zspeed plan``: which ZeRO stage, offload tiers and optimizer state dtype fit a model on a
+machine, the bytes each tier holds, and the optimizer step's CPU time.
+
+The question it answers is the one offload users ask first ("will a 13B fit my 24 GB card and
+64 GB of RAM, and how fast?"). It uses the engine's own accounting, not a second model of it:
+for each candidate configuration it builds the run plan (runtime/plan.py) and asks the
+components what they will hold (runtime/assemble.footprint, the same sums the engine checks
+before it allocates), over the model's parameters on the ``meta`` device (no memory, no
+weights read). On top of the engine's own tensors it counts what the engine does not know
+at start-up:
+
+  autograd's gradients   stages 0-2: the whole model's, in the training dtype, on the GPU
+  activations            a transformer's per layer, with torch's scaled_dot_product_attention
+                         (no attention matrix kept): 34 bytes x sequence x batch x hidden
+                         per layer; with activation checkpointing each layer's input (2 bytes
+                         x sequence x batch x hidden) plus one layer's during its recompute
+                         (Korthikanti et al., "Reducing Activation Recomputation in Large
+                         Transformer Models", 2022, without the attention-score term)
+
+and, for ``"ratio": "auto"``, the GPU share the engine's AutoSplit would choose from that peak.
+The CPU optimizer's speed is measured here (zspeed's C Adam on this machine's cores, a few
+million elements), and the step's CPU time is the CPU share's elements at that rate. Nothing
+else (forward and backward, copies) is predicted: it depends on the GPU.
+
+Limits: the activation formula is a transformer's; a model passed as a module without
+a known shape gets no activation estimate (said in the output). The GPU check of each row is
+the sum against the given GPU memory less a margin (the engine's AutoSplit margin).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+__all__ = ["Shape", "Candidate", "PlanReport", "plan", "main"]
+
+GiB = float(1 << 30)
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A transformer's shape (what the activation estimate needs)."""
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    ffn: int | None = None
+
+    @classmethod
+    def for_params(cls, n: float) -> "Shape":
+        """A GPT of about ``n`` parameters (12 x layers x hidden^2 in the blocks; hidden about
+        100 x layers, as GPT-3's and Llama's shapes are, rounded to a multiple of 128)."""
+        layers = max(2, round((n / 1.2e5) ** (1 / 3)))
+        hidden = max(128, 128 * round(math.sqrt(n / (12 * layers)) / 128))
+        return cls(layers=layers, hidden=hidden, heads=max(1, hidden // 128), vocab=32000)
+
+    @classmethod
+    def of_hf_config(cls, c) -> "Shape":
+        get = (lambda k, d=None: c.get(k, d)) if isinstance(c, dict) else (lambda k, d=None: getattr(c, k, d))
+        return cls(layers=int(get("num_hidden_layers", get("n_layer", 0))),
+                   hidden=int(get("hidden_size", get("n_embd", get("d_model", 0)))),
+                   heads=int(get("num_attention_heads", get("n_head", 1))),
+                   vocab=int(get("vocab_size", 32000)), ffn=get("intermediate_size", get("ffn_dim", get("d_ff"))))
+
+
+def _meta_gpt(s: Shape):
+    """A GPT-shaped module of ``s`` on the meta device (tied input/output embedding)."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            ff = s.ffn or 4 * s.hidden
+            self.ln1, self.ln2 = nn.LayerNorm(s.hidden), nn.LayerNorm(s.hidden)
+            self.qkv, self.proj = nn.Linear(s.hidden, 3 * s.hidden), nn.Linear(s.hidden, s.hidden)
+            self.fc1, self.fc2 = nn.Linear(s.hidden, ff), nn.Linear(ff, s.hidden)
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(s.vocab, s.hidden)
+            self.blocks = nn.ModuleList(Block() for _ in range(s.layers))
+            self.ln_f = nn.LayerNorm(s.hidden)
+            self.head = nn.Linear(s.hidden, s.vocab, bias=False)
+            self.head.weight = self.tok.weight
+
+    with torch.device("meta"):
+        return GPT()
+
+
+def _hf_model(config):
+    """The transformers causal LM of ``config`` (a path to config.json or its folder, a dict, or a
+    PretrainedConfig) on the meta device."""
+    import torch
+    try:
+        import transformers
+    except ImportError as e:
+        raise ValueError("a Hugging Face config needs the transformers package (pip install transformers)") from e
+    if isinstance(config, (str, os.PathLike)):
+        p = os.fspath(config)
+        config = transformers.AutoConfig.from_pretrained(os.path.dirname(p) if p.endswith(".json") else p)
+    elif isinstance(config, dict):
+        d = dict(config)
+        config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config), config
+
+
+@dataclass
+class Candidate:
+    """One configuration and what it holds."""
+    name: str
+    config: dict
+    tiers: dict = field(default_factory=dict)      # tier -> {what: bytes}, per rank
+    fits: bool = True
+    why: list = field(default_factory=list)        # what does not fit
+    cpu_share: float = 1.0                          # of the optimizer's elements
+    cpu_step_s: float | None = None
+
+    def total(self, tier: str) -> int:
+        return sum(self.tiers.get(tier, {}).values())
+
+
+@dataclass
+class PlanReport:
+    """The answer of :func:`plan`: the machine, the model and the candidates, in order of
+    preference (the first that fits is the recommendation)."""
+    params: int
+    machine: dict
+    candidates: list
+    notes: list
+
+    @property
+    def best(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.fits), None)
+
+    def to_dict(self) -> dict:
+        return {"params": self.params, "machine": self.machine, "notes": self.notes,
+                "best": self.best.name if self.best else None,
+                "candidates": [{"name": c.name, "fits": c.fits, "why": c.why, "cpu_share": c.cpu_share,
+                                "cpu_step_s": c.cpu_step_s, "tiers": c.tiers, "config": c.config}
+                               for c in self.candidates]}
+
+    def __str__(self) -> str:
+        m = self.machine
+        lines = [f"zspeed plan: {self.params / 1e9:.2f}B parameters, {m['dtype']}, batch {m['batch']} x "
+                 f"{m['seq']}{' with activation checkpointing' if m['ckpt'] else ''}, {m['gpus']} GPU(s) of "
+                 f"{m['gpu_gib']:.1f} GiB, {m['host_gib']:.1f} GiB host memory, "
+                 + (f"{m['disk_gib']:.0f} GiB disk" if m.get("disk_gib") else "no NVMe disk given")
+                 + f", {m['cores']} cores (CPU Adam {m['cpu_ns']:.2f} ns/element measured here"
+                 + (f", scaled to {m['cores']} cores" if m.get("scaled") else "") + ")", ""]
+        head = f"  {'configuration':<52} {'fits':<5} {'GPU GiB':>8} {'host GiB':>9} {'NVMe GiB':>9} {'CPU step':>9}"
+        lines += [head, "  " + "-" * (len(head) - 2)]
+        for c in self.candidates:
+            step = f"{c.cpu_step_s:.2f} s" if c.cpu_step_s is not None else "-"
+            lines.append(f"  {c.name:<52} {'yes' if c.fits else 'no':<5} {c.total('gpu') / GiB:>8.2f} "
+                         f"{c.total('host') * m['gpus'] / GiB:>9.2f} {c.total('nvme') * m['gpus'] / GiB:>9.2f} "
+                         f"{step:>9}")
+            for w in c.why:
+                lines.append(f"      does not fit: {w}")
+        best = self.best
+        lines.append("")
+        if best is None:
+            lines.append("Nothing fits: more host memory, an NVMe disk (--disk), more GPUs, or a smaller batch.")
+        else:
+            lines.append(f"Recommended: {best.name}. Its zero_optimization section:")
+            lines.append("  " + json.dumps(best.config["zero_optimization"]))
+            if best.config.get("optimizer", {}).get("params", {}).get("state_dtype"):
+                lines.append(f"  with optimizer.params.state_dtype \"{best.config['optimizer']['params']['state_dtype']}\"")
+            lines.append("Per tier (per rank on the GPU, for all ranks of the host in host memory and NVMe):")
+            for tier in ("gpu", "host", "nvme"):
+                if best.tiers.get(tier):
+                    k = 1 if tier == "gpu" else m["gpus"]
+                    lines.append(f"  {tier:<5} " + ", ".join(f"{w} {v * k / GiB:.2f}" for w, v in best.tiers[tier].items())
+                                 + " GiB")
+        lines += [f"Note: {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+def _candidates(stage3_nvme: bool) -> list:
+    """(name, zero_optimization, state dtype, ratio "auto") in order of preference: the fastest
+    first."""
+    rows = [("ZeRO-2, optimizer on the GPU", {"stage": 2}, "fp32", False),
+            ("ZeRO-2 + CPU offload, ratio auto", {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "fp32", True),
+            ("ZeRO-2 + CPU offload, ratio 1", {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "fp32", False),
+            ("ZeRO-2 + CPU offload, int8 states", {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "int8", False),
+            ("ZeRO-3, both offloaded to CPU", {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                               "offload_param": {"device": "cpu"}}, "fp32", False),
+            ("ZeRO-3, both offloaded, int8 states", {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                     "offload_param": {"device": "cpu"}}, "int8", False)]
+    if stage3_nvme:
+        rows.append(("ZeRO-3, parameters CPU, optimizer NVMe", {"stage": 3, "offload_optimizer": {"device": "nvme"},
+                                                                "offload_param": {"device": "cpu"}}, "int8", False))
+    return rows
+
+
+def _activations(shape: Shape | None, batch: int, seq: int, ckpt: bool, esize: int) -> int | None:
+    if shape is None:
+        return None
+    per = seq * batch * shape.hidden
+    layer = 17 * esize * per  # 34 bytes per element of sequence x batch x hidden at 2 bytes
+    return (esize * per * shape.layers + layer) if ckpt else layer * shape.layers
+
+
+def cpu_adam_seconds_per_element(threads: int | None = None) -> float | None:
+    """zspeed's C AdamW on this machine (seconds per element), None without the native library."""
+    try:
+        import torch
+        from .runtime.config import parse_config
+        from .runtime.split import measure_rates
+        c = parse_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+                          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, world_size=1)
+        return measure_rates(torch.device("cpu"), c.optimizer_name, c.optimizer_params, False, threads)[0]
+    except Exception:  # noqa: BLE001 - the timing only informs the report
+        return None
+
+
+def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory: float = 24.0,
+         host_memory: float | None = None, disk: float | None = None, cores: int | None = None, gpus: int = 1,
+         dtype: str = "bf16", batch: int = 1, seq: int = 1024, ckpt: bool = False,
+         cpu_seconds_per_element: float | None = None) -> PlanReport:
+    """What fits (see the module docstring). Give the model as a module (best on the meta device),
+    a transformers config (``hf_config``: a config.json path, a dict with model_type, or a
+    PretrainedConfig) or a parameter count (``params``: a GPT of that size); memory in GiB
+    (``host_memory`` defaults to what this machine has available; ``disk``: free space for NVMe
+    swap files, None for no NVMe); ``gpus``: GPUs (ranks) on the host."""
+    import torch
+    from .runtime import memory
+    from .runtime.assemble import footprint, placement
+    from .runtime.config import ConfigError, parse_config
+    from .runtime.layout import FlatLayout
+    from .runtime.plan import RunPlan
+    from .runtime.split import GPU_BYTES_PER_ELEM, MARGIN_FRACTION, MARGIN_MIN, choose_ratio
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    if gpus < 1 or batch < 1 or seq < 1 or gpu_memory <= 0:
+        raise ValueError("gpus, batch and seq must be >= 1 and gpu_memory > 0")
+    given = sum(x is not None for x in (model, params, hf_config))
+    if given != 1:
+        raise ValueError("give exactly one of model=, params= or hf_config=")
+    notes: list = []
+    shape = None
+    if params is not None:
+        if params < 1e6:
+            raise ValueError(f"params={params:g}: give the parameter count itself, e.g. 13e9")
+        shape = Shape.for_params(params)
+        model = _meta_gpt(shape)
+        notes.append(f"the model is a GPT of {shape.layers} layers x {shape.hidden} hidden ({shape.heads} heads, "
+                     f"vocabulary {shape.vocab}); give --hf-config for your model's own shape")
+    elif hf_config is not None:
+        model, cfg = _hf_model(hf_config)
+        shape = Shape.of_hf_config(cfg)
+    else:
+        c = getattr(model, "config", None)
+        if c is not None and (getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer", None)) and \
+                (getattr(c, "hidden_size", None) or getattr(c, "n_embd", None) or getattr(c, "d_model", None)):
+            shape = Shape.of_hf_config(c)
+        else:
+            notes.append("the module's transformer shape is unknown: activations are not counted (add them "
+                         "to the GPU column)")
+    tdtype = getattr(torch, _DTYPES[dtype])
+    esize = torch.empty((), dtype=tdtype).element_size()
+    trained = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+    layout = FlatLayout([{"params": trained}])
+    nparams = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+    avail = memory.available_host_bytes()
+    host_b = int(host_memory * GiB) if host_memory is not None else avail
+    if host_memory is None:
+        notes.append("host memory: what this machine has available now (--host-mem to plan another)")
+    ncores = cores or os.cpu_count() or 1
+    here = os.cpu_count() or 1
+    cpu_s = cpu_seconds_per_element if cpu_seconds_per_element is not None else cpu_adam_seconds_per_element()
+    scaled = cpu_s is not None and cores is not None and cores != here
+    if scaled:  # the C kernel's threads scale about linearly with cores until memory bandwidth binds
+        cpu_s = cpu_s * here / cores
+        notes.append(f"CPU Adam time measured on {here} cores here and scaled to {cores}: an estimate")
+    gpu_b = int(gpu_memory * GiB)
+    margin = max(MARGIN_MIN, int(MARGIN_FRACTION * gpu_b))
+    act = _activations(shape, batch, seq, ckpt, esize)
+    rows = []
+    for name, zero, sd, auto in _candidates(disk is not None):
+        cfg = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
+               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, **({"state_dtype": sd} if sd != "fp32" else {})}},
+               "zero_optimization": json.loads(json.dumps(zero)), "zspeed_summary": False}
+        if dtype != "fp32":
+            cfg[dtype] = {"enabled": True}
+        if auto:
+            cfg["zero_optimization"]["offload_optimizer"]["ratio"] = "auto"
+        if zero.get("offload_optimizer", {}).get("device") == "nvme":  # a folder that exists: the disk is --disk
+            cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = tempfile.gettempdir()
+        try:
+            config = parse_config(cfg, world_size=gpus)
+            rp = RunPlan.build(config, world_size=gpus, rank=0, device=torch.device("cuda", 0), dtype=tdtype,
+                               backend="nccl" if gpus > 1 else None, client="none")
+        except ConfigError as e:
+            notes.append(f"{name}: {e}")
+            continue
+        place = placement(rp)
+        sizes = place.sizes(config, model, layout)
+        cand = Candidate(name, cfg)
+        needs = footprint(rp, place, config, sizes)
+        if rp.store != "partitioned":
+            needs.append(memory.Need("gpu", "gradients (autograd's, whole model)", esize * sizes.model))
+        if act is not None:
+            needs.append(memory.Need("gpu", "activations" + (" (checkpointed)" if ckpt else ""), act))
+        tiers = memory.by_tier([n for n in needs if n.bytes])
+        if auto:  # what AutoSplit would give the GPU after the first step
+            budget = max(0, gpu_b - sum(tiers.get("gpu", {}).values()) - margin)
+            share = choose_ratio(sizes.local, budget, None, None)
+            sizes = dataclasses.replace(sizes, cpu_share=share)
+            needs = [n for n in footprint(rp, place, config, sizes) if n.bytes] + \
+                [n for n in needs if n.what.startswith(("gradients (autograd", "activations"))]
+            tiers = memory.by_tier(needs)
+            cand.name = f"{name} (GPU takes {100 * (1 - share):.0f}%)"
+        cand.tiers = tiers
+        cand.cpu_share = sizes.cpu_share if rp.optimizer != "device" else 0.0
+        if cpu_s is not None and rp.optimizer in ("host", "split"):  # NVMe: the disk's speed decides
+            cand.cpu_step_s = cpu_s * sizes.local * cand.cpu_share
+        if rp.optimizer == "nvme":
+            cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/path/on/your/nvme"
+        gpu_need = cand.total("gpu")
+        if gpu_need + margin > gpu_b:
+            cand.why.append(f"GPU: {gpu_need / GiB:.2f} GiB + {margin / GiB:.2f} GiB margin > {gpu_memory:g} GiB")
+        host_need = cand.total("host") * gpus
+        if host_b is not None and host_need > 0.9 * host_b:
+            cand.why.append(f"host: {host_need / GiB:.2f} GiB > 90% of {host_b / GiB:.1f} GiB")
+        nvme_need = cand.total("nvme") * gpus
+        if nvme_need and nvme_need > disk * GiB:
+            cand.why.append(f"NVMe: {nvme_need / GiB:.2f} GiB > {disk:g} GiB")
+        cand.fits = not cand.why
+        rows.append(cand)
+    if disk is not None:
+        notes.append("with the optimizer on NVMe each step reads and writes the masters and state (the NVMe "
+                     "column) once: the disk's speed sets the step time (bench/RESULTS.md has measured rates)")
+    machine = {"gpus": gpus, "gpu_gib": gpu_memory, "host_gib": (host_b or 0) / GiB, "disk_gib": disk,
+               "cores": ncores, "cpu_ns": (cpu_s or float("nan")) * 1e9, "scaled": scaled, "dtype": dtype,
+               "batch": batch, "seq": seq, "ckpt": ckpt}
+    return PlanReport(params=nparams, machine=machine, candidates=rows, notes=notes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="zspeed plan", description=(
+        "Which ZeRO stage, offload tiers and optimizer state dtype fit a model on a machine, what each "
+        "tier holds, and the CPU optimizer's time per step (measured here). Give the model as a "
+        "parameter count or a Hugging Face config."))
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--params", type=float, help="parameter count of a GPT-shaped model, e.g. 13e9")
+    src.add_argument("--hf-config", help="a transformers config.json (or its folder): the model's own shape")
+    ap.add_argument("--gpu-mem", type=float, default=24.0, help="GiB of memory per GPU (default 24)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) on this host (default 1)")
+    ap.add_argument("--host-mem", type=float, default=None, help="GiB of host memory (default: available here)")
+    ap.add_argument("--disk", type=float, default=None, help="GiB free on an NVMe disk for swap files (default: none)")
+    ap.add_argument("--cores", type=int, default=None, help="CPU cores of the host (default: this machine's)")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    ap.add_argument("--batch", type=int, default=1, help="micro-batch per GPU (default 1)")
+    ap.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
+    ap.add_argument("--ckpt", action="store_true", help="with activation checkpointing per layer")
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    a = ap.parse_args(argv)
+    try:
+        rep = plan(params=a.params, hf_config=a.hf_config, gpu_memory=a.gpu_mem, host_memory=a.host_mem,
+                   disk=a.disk, cores=a.cores, gpus=a.gpus, dtype=a.dtype, batch=a.batch, seq=a.seq, ckpt=a.ckpt)
+    except ValueError as e:
+        sys.stderr.write(f"zspeed plan: {e}\n")
+        return 2
+    sys.stdout.write(json.dumps(rep.to_dict(), indent=1) + "\n" if a.json else str(rep))
+    return 0 if rep.best is not None else 1

@@ -1,0 +1,138 @@
+"""zspeed plan (python/zspeed/planner.py): what fits, per tier, from the engine's own accounting.
+
+The GPU figures are checked against peaks measured on the H200 host (bench/RESULTS.md, the
+1.28B GPT of bench/bench_engine.py, batch 8 x 1024, bf16, ZeRO-2 + CPU offload): 17.45 GiB at
+ratio 1, 6.15 GiB as the first step's peak with activation checkpointing, and "auto" choosing
+0.755 on a 24 GiB cap. The estimate is a formula, so the tolerance is 5% of the measured peak
+(the allocator's own rounding and small tensors the formula leaves out)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_helpers as eh  # noqa: E402
+
+import zspeed  # noqa: E402
+from zspeed.planner import Shape, plan  # noqa: E402
+
+GiB = float(1 << 30)
+
+
+def _gpt_1b():
+    from gpt import GPT, GPTConfig
+    with torch.device("meta"):
+        return GPT(GPTConfig.gpt_1b())
+
+
+def _row(rep, start):
+    return next(c for c in rep.candidates if c.name.startswith(start))
+
+
+def test_the_gpu_estimate_matches_the_peaks_measured_on_the_h200():
+    rep = plan(_gpt_1b(), gpu_memory=24, host_memory=125, batch=8, seq=1024, cpu_seconds_per_element=2.4e-10)
+    r1 = _row(rep, "ZeRO-2 + CPU offload, ratio 1")
+    assert r1.total("gpu") / GiB == pytest.approx(17.45, rel=0.05)
+    assert set(r1.tiers["gpu"]) == {"weights", "gradients (autograd's, whole model)", "activations"}
+    # The first step's peak with checkpointing, which sizes "auto" there.
+    ck = plan(_gpt_1b(), gpu_memory=24, host_memory=125, batch=8, seq=1024, ckpt=True, cpu_seconds_per_element=1e-9)
+    assert _row(ck, "ZeRO-2 + CPU offload, ratio 1").total("gpu") / GiB == pytest.approx(6.15, rel=0.05)
+    # "auto" on the 24 GiB cap: the H200 run chose 0.755 (the CPU's share).
+    auto = _row(rep, "ZeRO-2 + CPU offload, ratio auto")
+    assert auto.cpu_share == pytest.approx(0.755, abs=0.03)
+    assert auto.fits and rep.best is auto
+    # The CPU step at the given rate: the CPU's share of the elements.
+    n = sum(p.numel() for p in dict.fromkeys(_gpt_1b().parameters()))
+    assert r1.cpu_step_s == pytest.approx(2.4e-10 * n, rel=1e-6)
+    # Without offload the optimizer's fp32 state does not fit 24 GiB (it needs 36.5 GiB on the H200).
+    assert not _row(rep, "ZeRO-2, optimizer on the GPU").fits
+
+
+def test_the_host_tier_is_what_the_engine_itself_reserves():
+    """The planner and the engine sum the same components: for a model the engine can build
+    here, the planner's host tier equals engine.memory_needs["host"] for each stage."""
+    for zero in ({"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                 {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}):
+        cfg = eh.config(zero_optimization=zero)
+        cfg["bf16"] = {"enabled": True}
+        e, *_ = zspeed.initialize(model=eh.mlp(), config=cfg)
+        rep = plan(eh.mlp(), gpu_memory=24, host_memory=64, cpu_seconds_per_element=1e-9)
+        name = "ZeRO-2 + CPU offload, ratio 1" if zero["stage"] == 2 else "ZeRO-3, both offloaded to CPU"
+        assert _row(rep, name).tiers["host"] == e.memory_needs["host"], (zero, e.memory_needs)
+        e.close()
+    assert any("activations are not counted" in n for n in rep.notes)
+
+
+def test_13b_on_a_24_gib_card_and_64_gib_of_host_memory():
+    """The common question: nothing fits in host memory (16 bytes per parameter at ZeRO-3 with
+    fp32 states, about 10 with int8); with an NVMe disk the optimizer goes there."""
+    rep = plan(params=13e9, gpu_memory=24, host_memory=64, ckpt=True, cpu_seconds_per_element=1e-9)
+    assert rep.best is None and rep.params == pytest.approx(13e9, rel=0.03)
+    z3 = _row(rep, "ZeRO-3, both offloaded to CPU")
+    assert z3.total("gpu") < 4 * GiB and any("host" in w for w in z3.why)
+    assert z3.total("host") == pytest.approx(16 * rep.params, rel=0.01)  # bf16 shards + grads, fp32 masters + moments
+    disk = plan(params=13e9, gpu_memory=24, host_memory=64, disk=500, ckpt=True, cpu_seconds_per_element=1e-9)
+    best = disk.best
+    assert best is not None and best.config["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
+    assert best.total("nvme") == pytest.approx(6 * disk.params, rel=0.02)  # fp32 masters + int8 moments
+    assert best.cpu_step_s is None and any("disk's speed" in n for n in disk.notes)
+    # Two GPUs on the host: each rank holds half at ZeRO-3; the host holds both halves.
+    two = plan(params=13e9, gpu_memory=24, host_memory=64, gpus=2, ckpt=True, cpu_seconds_per_element=1e-9)
+    assert _row(two, "ZeRO-3, both offloaded to CPU").total("host") == pytest.approx(z3.total("host") / 2, rel=0.01)
+    assert any("ratio" in n for n in two.notes)  # the split on several ranks is refused, and said why
+
+
+def test_shapes_of_a_parameter_count():
+    for n in (1.3e9, 7e9, 70e9):
+        s = Shape.for_params(n)
+        assert 12 * s.layers * s.hidden ** 2 == pytest.approx(n, rel=0.1) and s.hidden % 128 == 0
+
+
+def test_the_cli():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "zspeed", "plan", *a], capture_output=True, text=True,
+                                    env=env, timeout=300)
+    r = run("--params", "1.3e9", "--gpu-mem", "24", "--host-mem", "64", "--batch", "4")
+    assert r.returncode == 0, r.stderr
+    assert "Recommended:" in r.stdout and "GPU GiB" in r.stdout and "ns/element measured here" in r.stdout
+    r = run("--params", "13e9", "--gpu-mem", "24", "--host-mem", "64", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["best"] is None
+    r = run("--params", "13", "--gpu-mem", "24")
+    assert r.returncode == 2 and "give the parameter count itself" in r.stderr
+    r = run("--gpu-mem", "24")
+    assert r.returncode == 2 and "--params" in r.stderr
+
+
+def test_a_transformers_config(tmp_path):
+    pytest.importorskip("transformers", reason="the --hf-config route needs transformers")
+    cfg = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1000}
+    rep = plan(hf_config=cfg, gpu_memory=8, host_memory=16, batch=2, seq=256, cpu_seconds_per_element=1e-9)
+    with torch.device("meta"):
+        import transformers
+        m = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**dict(cfg)))
+    assert rep.params == sum(p.numel() for p in dict.fromkeys(m.parameters()))
+    assert rep.best is not None and rep.best.name == "ZeRO-2, optimizer on the GPU"
+    act = rep.best.tiers["gpu"]["activations"]
+    assert act == 34 * 256 * 2 * 512 * 4  # bytes per layer: 34 x seq x batch x hidden (bf16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert plan(hf_config=str(path), gpu_memory=8, host_memory=16, batch=2, seq=256,
+                cpu_seconds_per_element=1e-9).params == rep.params
+
+
+def test_bad_input_names_the_fix():
+    with pytest.raises(ValueError, match="exactly one of"):
+        plan(params=1e9, hf_config={"model_type": "llama"})
+    with pytest.raises(ValueError, match="dtype"):
+        plan(params=1e9, dtype="int4")
+    with pytest.raises(ValueError, match=">= 1"):
+        plan(params=1e9, gpus=0)
