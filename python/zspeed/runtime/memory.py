@@ -179,7 +179,10 @@ def check_host_memory(need: dict, freeable: int, ranks_here: int, fixes: list) -
 
 def deepest_path_elems(module: torch.nn.Module, numel) -> int:
     """The largest sum, over a root-to-leaf path of the module tree, of the modules' own
-    parameter elements (``numel(p)`` counts a partitioned parameter whole)."""
+    parameter elements (``numel(p)`` counts a partitioned parameter whole); a ZeRO-3 leaf module
+    (set_z3_leaf_modules) holds its whole subtree at once."""
+    if getattr(module, "_z3_leaf", False):
+        return sum(numel(p) for p in dict.fromkeys(module.parameters()))
     own = sum(numel(p) for p in module.parameters(recurse=False))
     kids = [deepest_path_elems(c, numel) for c in module.children()]
     return max(kids, default=0) + own

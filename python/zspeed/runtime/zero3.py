@@ -127,6 +127,21 @@ def _add(lst, st):
     return lst
 
 
+def _hooked_modules(module: torch.nn.Module) -> list:
+    """The modules the fetcher hooks: every module, except below a ZeRO-3 leaf (``_z3_leaf``,
+    utils/z3_leaf_module.py), whose subtree is gathered by the leaf's own hooks."""
+    out, todo, seen = [], [module], set()
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        out.append(m)
+        if not getattr(m, "_z3_leaf", False):
+            todo.extend(reversed(list(m.children())))
+    return out
+
+
 class ParamFetcher:
     """Gathers and releases the partitioned parameters around the modules that use them
     (see the module docstring)."""
@@ -171,10 +186,14 @@ class ParamFetcher:
         self._bw_cursor = None
         self._handles = []
         self.module = module
-        for m in module.modules():
-            own = [self.states[id(p)] for p in m.parameters(recurse=False) if id(p) in self.states]
+        for m in _hooked_modules(module):
+            leaf = bool(getattr(m, "_z3_leaf", False))  # set_z3_leaf_modules: its subtree gathered at once
+            own = [self.states[id(p)] for p in dict.fromkeys(m.parameters(recurse=leaf)) if id(p) in self.states]
             if own:
                 self._module_params[id(m)] = own
+            if leaf:
+                for st in own:
+                    st.p.ds_z3_leaf_module = m
             self._handles.append(m.register_forward_pre_hook(self._pre_forward))
             self._handles.append(m.register_forward_hook(self._post_forward, always_call=True))
         # The root's enter runs after its own _pre_forward (the root's parameters are gathered

@@ -1,6 +1,7 @@
 """DeepSpeed's ``deepspeed.utils`` names that training scripts use: the ``logger``,
 ``log_dist`` / ``log_dist_once`` (log on chosen ranks), ``set_log_level_from_string``,
-``RepeatingLoader`` and ``required_torch_version`` (also as ``deepspeed.utils.torch``).
+``RepeatingLoader``, ``required_torch_version`` (also as ``deepspeed.utils.torch``) and the
+ZeRO-3 leaf modules (``set_z3_leaf_modules`` and its siblings, z3_leaf_module.py).
 
 The logger is the standard ``logging`` logger named "zspeed" (every zspeed module logs
 under it). As a library, zspeed adds no handler of its own: a script that wants zspeed's
@@ -14,9 +15,13 @@ import functools
 import logging
 
 from ..runtime.dataloader import RepeatingLoader
+from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules, set_z3_leaf_modules_by_name,
+                             unset_z3_leaf_modules, z3_leaf_module, z3_leaf_parameter)
 
 __all__ = ["logger", "log_dist", "log_dist_once", "print_dist", "set_log_level_from_string",
-           "get_log_level_from_string", "RepeatingLoader", "get_dist_msg", "required_torch_version"]
+           "get_log_level_from_string", "RepeatingLoader", "get_dist_msg", "required_torch_version",
+           "set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "set_z3_leaf_modules_by_name",
+           "z3_leaf_module", "z3_leaf_parameter"]
 
 logger = logging.getLogger("zspeed")
 

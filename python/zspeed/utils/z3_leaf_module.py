@@ -1,0 +1,84 @@
+"""DeepSpeed's ZeRO-3 leaf modules (``deepspeed.utils.set_z3_leaf_modules`` and its siblings).
+
+A leaf module is gathered whole: when it runs, ZeRO-3 gathers the parameters of its whole
+subtree at once and puts no hooks on its children. Mixture-of-experts blocks need this (which
+experts run changes from one batch to the next, so the order of per-child gathers that the
+fetcher records and prefetches from does not repeat), and so do models with very fine-grained
+modules (fewer hooks). Mark the modules before ``zspeed.initialize`` (or ``zero.Init``'s
+engine): the engine's ZeRO-3 fetcher reads the marks when it is built.
+
+The mark is DeepSpeed's: the attribute ``_z3_leaf`` on the module instance. Classes are given
+as types or names (the class's ``__name__`` or its fully qualified ``module.QualName``), as in
+DeepSpeed; a call that matches nothing raises ValueError unless ``raise_if_not_found`` is False.
+"""
+from __future__ import annotations
+
+__all__ = ["z3_leaf_module", "z3_leaf_parameter", "get_z3_leaf_modules", "set_z3_leaf_modules",
+           "unset_z3_leaf_modules", "set_z3_leaf_modules_by_name"]
+
+
+def z3_leaf_module(model) -> bool:
+    """Whether ``model`` (a module) is marked as a ZeRO-3 leaf."""
+    return bool(getattr(model, "_z3_leaf", False))
+
+
+def z3_leaf_parameter(param) -> bool:
+    """Whether ``param`` belongs to a leaf module's subtree in a ZeRO-3 engine (the fetcher marks
+    it with ``ds_z3_leaf_module``)."""
+    return hasattr(param, "ds_z3_leaf_module")
+
+
+def get_z3_leaf_modules(model) -> list:
+    """The modules of ``model`` marked as leaves."""
+    return [m for m in model.modules() if z3_leaf_module(m)]
+
+
+def _qualified(m) -> str:
+    cls = type(m)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _mark(model, classes, flag: bool, raise_if_not_found: bool) -> list:
+    classes = list(classes) if isinstance(classes, (list, tuple, set)) else [classes]
+    bad = [c for c in classes if not isinstance(c, (type, str))]
+    if bad or not classes:
+        raise ValueError(f"leaf_module_classes must be a list of module classes or class names, got {classes!r}")
+    found = []
+    for m in model.modules():
+        if any((isinstance(c, type) and isinstance(m, c)) or
+               (isinstance(c, str) and c in (type(m).__name__, _qualified(m))) for c in classes):
+            m._z3_leaf = flag
+            found.append(m)
+    if not found and raise_if_not_found:
+        names = ", ".join(c if isinstance(c, str) else c.__name__ for c in classes)
+        raise ValueError(f"no module of {names} in the model (its classes: "
+                         f"{sorted({type(m).__name__ for m in model.modules()})[:12]}); check the class names")
+    return found
+
+
+def set_z3_leaf_modules(model, leaf_module_classes, raise_if_not_found: bool = True) -> list:
+    """Marks every module of ``model`` that is an instance of one of ``leaf_module_classes``
+    (types or class names) as a ZeRO-3 leaf; returns the marked modules."""
+    return _mark(model, leaf_module_classes, True, raise_if_not_found)
+
+
+def unset_z3_leaf_modules(model, leaf_module_classes, raise_if_not_found: bool = True) -> list:
+    """Removes the leaf mark from the modules of those classes; returns them."""
+    return _mark(model, leaf_module_classes, False, raise_if_not_found)
+
+
+def set_z3_leaf_modules_by_name(model, module_names, flag: bool = True, raise_if_not_found: bool = True):
+    """Marks the modules named in ``module_names`` (as ``model.named_modules()`` names them);
+    returns (the marked modules, the names not found)."""
+    by_name = dict(model.named_modules())
+    found, missing = [], []
+    for name in module_names:
+        m = by_name.get(name)
+        if m is None:
+            missing.append(name)
+            continue
+        m._z3_leaf = flag
+        found.append(m)
+    if missing and raise_if_not_found:
+        raise ValueError(f"no module named {missing[0]!r} in the model (model.named_modules() names them)")
+    return found, missing
