@@ -991,6 +991,24 @@ class ZSpeedConfig:
         return out
 
 
+def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
+    """(zero_optimization, its offload_optimizer, its offload_param), each key checked and
+    defaulted by the schema alone, without the rules between keys and sections that a whole
+    config's parse applies (runtime/zero/config.py's DeepSpeedZeroConfig reads a section so)."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"zero_optimization must be an object, got {type(section).__name__}.")
+    autos: set = set()
+    zero = _parse_section("zero_optimization", dict(section), SCHEMA["zero_optimization"].keys, autos)
+    zero.pop("zenflow", None)
+    off = _parse_section("zero_optimization.offload_optimizer", zero.pop("offload_optimizer") or {},
+                         SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
+    offp = _parse_section("zero_optimization.offload_param", zero.pop("offload_param") or {},
+                          SCHEMA["zero_optimization.offload_param"].keys, autos)
+    if zero.get("cpu_offload") and off["device"] == "none":
+        off["device"] = "cpu"
+    return zero, off, offp
+
+
 def parse_config(config: Any = None, args: Any = None, world_size: int | None = None) -> ZSpeedConfig:
     """Accepts a dict, a JSON path, or ``args.deepspeed_config`` / ``args.deepspeed_config_dict``.
 

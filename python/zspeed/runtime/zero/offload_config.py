@@ -1,10 +1,13 @@
 """DeepSpeed's offload enums (``deepspeed.runtime.zero.offload_config``): the devices of
-``offload_optimizer`` / ``offload_param`` and the states of ``engine.offload_states``."""
+``offload_optimizer`` / ``offload_param`` and the states of ``engine.offload_states``, and the
+offload sections as objects (DeepSpeedZeroOffloadParamConfig / ...OptimizerConfig, built by
+zero/config.py's DeepSpeedZeroConfig)."""
 from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["OffloadDeviceEnum", "OffloadStateTypeEnum"]
+__all__ = ["OffloadDeviceEnum", "OffloadStateTypeEnum", "DeepSpeedZeroOffloadParamConfig",
+           "DeepSpeedZeroOffloadOptimizerConfig"]
 
 
 class OffloadDeviceEnum(str, Enum):
@@ -21,3 +24,32 @@ class OffloadStateTypeEnum(str, Enum):
     lp_params = "lp_params"
     lp_grads = "lp_grads"
     contiguous_grad_buffer = "contiguous_grad_buffer"
+
+
+class _Offload:
+    """A validated offload section: every key as a read-only attribute, ``device`` as
+    OffloadDeviceEnum (built by DeepSpeedZeroConfig from zspeed's schema)."""
+
+    def __init__(self, **values):
+        values["device"] = OffloadDeviceEnum(values.get("device", "none"))
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}") from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"a zspeed {type(self).__name__} is read-only")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device.value!r})"
+
+
+class DeepSpeedZeroOffloadParamConfig(_Offload):
+    """``zero_optimization.offload_param`` (DeepSpeed's name)."""
+
+
+class DeepSpeedZeroOffloadOptimizerConfig(_Offload):
+    """``zero_optimization.offload_optimizer`` (DeepSpeed's name)."""

@@ -1,0 +1,68 @@
+"""DeepSpeed's config and loss-scaler names that scripts import (runtime/zero/config.py,
+runtime/zero/offload_config.py, runtime/fp16/loss_scaler.py): ZeroStageEnum, DeepSpeedZeroConfig
+with DeepSpeed's deprecated spellings, get_zero_config, and the add_safe_globals idiom."""
+from __future__ import annotations
+
+import pytest
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch")
+
+from zspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # noqa: E402
+from zspeed.runtime.zero.config import (DeepSpeedZeroConfig, DeepSpeedZeroOffloadOptimizerConfig,  # noqa: E402
+                                        DeepSpeedZeroOffloadParamConfig, ZeroStageEnum, get_zero_config)
+from zspeed.runtime.zero.offload_config import OffloadDeviceEnum  # noqa: E402
+
+
+def test_stage_enum_is_an_int():
+    assert ZeroStageEnum.weights == 3 and ZeroStageEnum.max_stage is ZeroStageEnum.weights
+    assert [int(s) for s in (ZeroStageEnum.disabled, ZeroStageEnum.optimizer_states, ZeroStageEnum.gradients)] == \
+        [0, 1, 2]
+    assert 2 <= ZeroStageEnum.gradients < ZeroStageEnum.weights
+
+
+def test_deprecated_fields_and_defaults():
+    c = DeepSpeedZeroConfig(**{"cpu_offload_param": True})
+    assert isinstance(c.offload_param, DeepSpeedZeroOffloadParamConfig) and c.offload_param.device == "cpu"
+    assert c.offload_param.device is OffloadDeviceEnum.cpu and c.offload_optimizer is None
+    c = DeepSpeedZeroConfig(**{"cpu_offload": True, "cpu_offload_use_pin_memory": True})
+    assert isinstance(c.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig) and c.offload_optimizer.pin_memory
+    c = DeepSpeedZeroConfig(stage=3)
+    assert c.stage is ZeroStageEnum.weights and c.reduce_bucket_size == 500_000_000 and c.overlap_comm is not None
+    assert c.offload_param is None and c.offload_optimizer is None
+    with pytest.raises(AttributeError, match="read-only"):
+        c.stage = 2
+    with pytest.raises(AttributeError, match="no field 'nope'"):
+        c.nope  # noqa: B018
+
+
+def test_bad_sections_name_the_key():
+    with pytest.raises(ValueError, match="Did you mean 'reduce_bucket_size'"):
+        DeepSpeedZeroConfig(stage=2, reduce_bucket_sizes=3)
+    with pytest.raises(ValueError, match="zero_optimization.stage"):
+        DeepSpeedZeroConfig(stage=5)
+    with pytest.raises(ValueError, match="offload_param"):
+        DeepSpeedZeroConfig(stage=3, offload_param={"device": "disk"})
+
+
+def test_get_zero_config():
+    c = get_zero_config({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})
+    assert c.stage == 2 and c.offload_optimizer.device == "cpu"
+    assert get_zero_config({}).stage == 0
+    assert get_zero_config({"zero_optimization": True}).stage == 1
+
+
+def test_loss_scalers_and_safe_globals():
+    assert issubclass(DynamicLossScaler, LossScaler)
+    assert DynamicLossScaler().loss_scale == 2.0 ** 16 and LossScaler(4.0).loss_scale == 4.0
+    if hasattr(torch.serialization, "add_safe_globals"):  # what resuming scripts do before torch.load
+        torch.serialization.add_safe_globals([LossScaler, ZeroStageEnum])
+
+
+def test_the_deepspeed_names_after_install():
+    import zspeed.hf
+    zspeed.hf.install()
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler as L
+        from deepspeed.runtime.zero.config import ZeroStageEnum as Z
+        assert L is LossScaler and Z is ZeroStageEnum
+    finally:
+        zspeed.hf.uninstall()
