@@ -66,3 +66,27 @@ def test_the_deepspeed_names_after_install():
         assert L is LossScaler and Z is ZeroStageEnum
     finally:
         zspeed.hf.uninstall()
+
+
+def test_engine_names_scripts_touch():
+    import argparse
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import engine_helpers as eh
+    import zspeed
+    cfg = eh.config(zero_optimization={"stage": 2})
+    cfg["bf16"] = {"enabled": True}
+    m = eh.mlp()
+    e, *_ = zspeed.initialize(model=m, config=cfg)
+    groups = e.optimizer.fp16_groups
+    assert groups == e.optimizer.bit16_groups and [p for g in groups for p in g] == list(m.parameters())
+    assert all(p.dtype == torch.bfloat16 for g in groups for p in g)
+    assert e.sparse_tensor_module_names == set()
+    # DeepSpeed's deprecated --deepscale_config flag name.
+    args = argparse.Namespace(deepscale_config=cfg, local_rank=0)
+    with pytest.warns(DeprecationWarning, match="deepscale_config is deprecated"):
+        e2, *_ = zspeed.initialize(args=args, model=eh.mlp())
+    assert e2.zero_optimization_stage() == 2
+    with pytest.raises(ValueError, match="both deepscale_config"):
+        zspeed.initialize(args=argparse.Namespace(deepscale_config=cfg, deepspeed_config=cfg), model=eh.mlp())

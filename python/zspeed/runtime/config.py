@@ -1016,6 +1016,14 @@ def parse_config(config: Any = None, args: Any = None, world_size: int | None = 
     from_args = None
     if args is not None:
         from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepspeed_config_dict", None)
+        old = getattr(args, "deepscale_config", None)  # DeepSpeed's deprecated name of the flag
+        if old is not None:
+            if from_args is not None:
+                raise ConfigError("args has both deepscale_config (the deprecated name) and deepspeed_config; "
+                                  "keep only --deepspeed_config.")
+            warnings.warn("args.deepscale_config is deprecated (as in DeepSpeed); use --deepspeed_config.",
+                          DeprecationWarning, stacklevel=3)
+            from_args = old
     if config is not None and from_args is not None:
         raise ConfigError("the DeepSpeed config was given twice (config= and args.deepspeed_config); "
                           "pass only one.")

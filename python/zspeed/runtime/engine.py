@@ -183,6 +183,9 @@ class ZSpeedEngine(torch.nn.Module):
         self.basic_optimizer = self.optimizer_path.optimizer
         self.optimizer = (EngineOptimizer(self, self.basic_optimizer) if needs_wrapper(config)
                           else self.basic_optimizer)
+        # DeepSpeed's names of the modules whose gradients it all-reduces sparse (Embedding with
+        # sparse_gradients); zspeed reduces every gradient dense, so none.
+        self.sparse_tensor_module_names: set = set()
         self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)

@@ -156,6 +156,17 @@ class EngineOptimizer(torch.optim.Optimizer):
         return self._engine.get_global_grad_norm()
 
     @property
+    def fp16_groups(self) -> list:
+        """Per parameter group, the model's trained parameters in the training dtype (DeepSpeed's
+        fp16 and ZeRO-3 optimizers' name; at ZeRO-3 they are the partitioned parameters)."""
+        return [list(ps) for ps in self._engine._model_params]
+
+    @property
+    def bit16_groups(self) -> list:
+        """The same groups under DeepSpeed's ZeRO stage 1-2 name."""
+        return self.fp16_groups
+
+    @property
     def checkpoint_class(self) -> str:
         return self._engine.optimizer_path.checkpoint_class
 
