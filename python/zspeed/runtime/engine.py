@@ -663,6 +663,21 @@ class ZSpeedEngine(torch.nn.Module):
         with self._collectives("finish_step"):
             self._settle()
 
+    def offload_states(self, include=None, device=None, pin_memory: bool = True, non_blocking: bool = False):
+        """DeepSpeed's run-time move of the engine's states off the GPU (for RLHF-style phases):
+        not in zspeed, refused by name with what to do instead."""
+        raise NotImplementedError(
+            "engine.offload_states() (moving optimizer states, master weights and gradients off the GPU at run "
+            "time) is a DeepSpeed feature zspeed does not have: zspeed's states stay where the config puts them. "
+            "To keep them off the GPU for the whole run, set zero_optimization.offload_optimizer.device \"cpu\" "
+            "(and at ZeRO-3 offload_param.device \"cpu\"); engine.empty_partition_cache() frees gathered "
+            "parameters and the allocator's cache.")
+
+    def reload_states(self, non_blocking: bool = False):
+        """The counterpart of offload_states (not in zspeed either)."""
+        raise NotImplementedError("engine.reload_states() goes with engine.offload_states(), which zspeed does not "
+                                  "have (see its message): nothing was offloaded, so there is nothing to reload.")
+
     def empty_partition_cache(self) -> None:
         """DeepSpeed's: gives back the device memory of gathered ZeRO-3 parameters (every one but
         the persistent ones goes back to its shard; the next forward gathers again), then the
