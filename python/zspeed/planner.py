@@ -37,7 +37,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-__all__ = ["Shape", "Candidate", "PlanReport", "plan", "main"]
+__all__ = ["Shape", "Candidate", "PlanReport", "plan", "largest", "main"]
 
 GiB = float(1 << 30)
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -345,12 +345,49 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     return PlanReport(params=nparams, machine=machine, candidates=rows, notes=notes)
 
 
+def largest(*, gpu_memory: float = 24.0, host_memory: float | None = None, disk: float | None = None,
+            gpus: int = 1, dtype: str = "bf16", batch: int = 1, seq: int = 1024, ckpt: bool = True,
+            cpu_seconds_per_element: float | None = None) -> dict:
+    """The largest GPT (``Shape.for_params`` shapes) each candidate configuration fits on the
+    machine, by bisection on the parameter count: {candidate name without its GPU share: params}
+    (0 where not even 100M parameters fit)."""
+    if cpu_seconds_per_element is None:
+        cpu_seconds_per_element = cpu_adam_seconds_per_element() or 1e-9
+    kw = dict(gpu_memory=gpu_memory, host_memory=host_memory, disk=disk, gpus=gpus, dtype=dtype, batch=batch,
+              seq=seq, ckpt=ckpt, cpu_seconds_per_element=cpu_seconds_per_element)
+
+    seen: dict = {}
+
+    def fits(n) -> dict:
+        rep = plan(params=n, **kw)
+        seen[n] = rep.params  # the GPT of that size has this many parameters (its shape is rounded)
+        return {c.name.split(" (GPU takes")[0]: c.fits for c in rep.candidates}
+
+    names = list(fits(1e8))
+    out = {}
+    for name in names:
+        lo, hi = 1e8, 1e13
+        if not fits(lo).get(name):
+            out[name] = 0
+            continue
+        for _ in range(40):  # to well under 1% of the answer
+            mid = math.sqrt(lo * hi)
+            if fits(mid).get(name):
+                lo = mid
+            else:
+                hi = mid
+            if hi / lo < 1.002:
+                break
+        out[name] = seen[lo]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zspeed plan", description=(
         "Which ZeRO stage, offload tiers and optimizer state dtype fit a model on a machine, what each "
         "tier holds, and the CPU optimizer's time per step (measured here). Give the model as a "
         "parameter count or a Hugging Face config."))
-    src = ap.add_mutually_exclusive_group(required=True)
+    src = ap.add_mutually_exclusive_group()
     src.add_argument("--params", type=float, help="parameter count of a GPT-shaped model, e.g. 13e9")
     src.add_argument("--hf-config", help="a transformers config.json (or its folder): the model's own shape")
     ap.add_argument("--gpu-mem", type=float, default=24.0, help="GiB of memory per GPU (default 24)")
@@ -363,7 +400,28 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
     ap.add_argument("--ckpt", action="store_true", help="with activation checkpointing per layer")
     ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--largest", action="store_true", help="instead: the largest GPT each configuration fits "
+                    "(with --ckpt for activation checkpointing)")
     a = ap.parse_args(argv)
+    if a.largest:
+        if a.params is not None or a.hf_config is not None:
+            ap.error("--largest finds the model size itself: leave out --params and --hf-config")
+        try:
+            sizes = largest(gpu_memory=a.gpu_mem, host_memory=a.host_mem, disk=a.disk, gpus=a.gpus, dtype=a.dtype,
+                            batch=a.batch, seq=a.seq, ckpt=a.ckpt)
+        except ValueError as e:
+            sys.stderr.write(f"zspeed plan: {e}\n")
+            return 2
+        if a.json:
+            sys.stdout.write(json.dumps(sizes, indent=1) + "\n")
+        else:
+            sys.stdout.write(f"zspeed plan --largest: the largest GPT each configuration fits ({a.gpus} GPU(s) of "
+                             f"{a.gpu_mem:g} GiB, batch {a.batch} x {a.seq}{', checkpointing' if a.ckpt else ''}):\n")
+            for name, n in sizes.items():
+                sys.stdout.write(f"  {name:<52} {n / 1e9:8.2f}B\n")
+        return 0 if any(sizes.values()) else 1
+    if a.params is None and a.hf_config is None:
+        ap.error("give the model: --params N or --hf-config PATH (or --largest)")
     try:
         rep = plan(params=a.params, hf_config=a.hf_config, gpu_memory=a.gpu_mem, host_memory=a.host_mem,
                    disk=a.disk, cores=a.cores, gpus=a.gpus, dtype=a.dtype, batch=a.batch, seq=a.seq, ckpt=a.ckpt)

@@ -136,3 +136,25 @@ def test_bad_input_names_the_fix():
         plan(params=1e9, dtype="int4")
     with pytest.raises(ValueError, match=">= 1"):
         plan(params=1e9, gpus=0)
+
+
+def test_the_largest_model_per_configuration():
+    """--largest bisects the parameter count: at ZeRO-3 with fp32 states the host holds 16 bytes
+    per parameter (bf16 shards and gradients, fp32 masters and two moments) within 90% of its
+    memory, with int8 states about 10. GPT shapes come in steps (whole layers, hidden sizes in
+    multiples of 128), so the answer lies within one step (15%) below the bound."""
+    from zspeed.planner import largest
+    sizes = largest(gpu_memory=24, host_memory=64, ckpt=True, cpu_seconds_per_element=1e-9)
+    bound = 0.9 * 64 * GiB
+    z3 = sizes["ZeRO-3, both offloaded to CPU"]
+    assert 0.85 * bound / 16 <= z3 <= bound / 16
+    z3q = sizes["ZeRO-3, both offloaded, int8 states"]
+    assert 0.85 * bound / 10.1 <= z3q <= bound / 9.9
+    # ZeRO-2 + offload keeps the weights on the GPU: 14 host bytes per parameter, so on a small
+    # host it fits more than ZeRO-3 until the GPU (4 bytes per parameter) is full.
+    assert sizes["ZeRO-2, optimizer on the GPU"] < sizes["ZeRO-2 + CPU offload, ratio 1"] <= bound / 14
+    assert z3 < z3q
+    rep = plan(params=z3, gpu_memory=24, host_memory=64, ckpt=True, cpu_seconds_per_element=1e-9)
+    assert rep.params == z3 and _row(rep, "ZeRO-3, both offloaded to CPU").fits
+    rep = plan(params=1.02 * bound / 16, gpu_memory=24, host_memory=64, ckpt=True, cpu_seconds_per_element=1e-9)
+    assert not _row(rep, "ZeRO-3, both offloaded to CPU").fits
