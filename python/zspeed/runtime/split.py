@@ -244,7 +244,8 @@ class SplitPath(OptimizerPath):
         if auto is not None:
             ratio = auto.choose(self, sum(self.layout.totals))
             if ratio < self.cpu_share:
-                self.resize(ratio)
+                with self.trace.span("auto split: resize", ratio=round(ratio, 4)):
+                    self.resize(ratio)
 
     # -- the step -----------------------------------------------------------------------------
     @property
