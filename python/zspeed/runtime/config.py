@@ -994,7 +994,8 @@ class ZSpeedConfig:
 def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
     """(zero_optimization, its offload_optimizer, its offload_param), each key checked and
     defaulted by the schema alone, without the rules between keys and sections that a whole
-    config's parse applies (runtime/zero/config.py's DeepSpeedZeroConfig reads a section so)."""
+    config's parse applies (the deprecated cpu_offload is left as given; runtime/zero/config.py's
+    DeepSpeedZeroConfig reads a section so)."""
     if not isinstance(section, dict):
         raise ConfigError(f"zero_optimization must be an object, got {type(section).__name__}.")
     autos: set = set()
@@ -1004,8 +1005,6 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
                          SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
     offp = _parse_section("zero_optimization.offload_param", zero.pop("offload_param") or {},
                           SCHEMA["zero_optimization.offload_param"].keys, autos)
-    if zero.get("cpu_offload") and off["device"] == "none":
-        off["device"] = "cpu"
     return zero, off, offp
 
 

@@ -33,33 +33,35 @@ class ZeroStageEnum(int, Enum):
     max_stage = 3
 
 
-_DEPRECATED = ("cpu_offload_param", "cpu_offload_use_pin_memory")
+# DeepSpeed's deprecated booleans and the section each turns on (on the cpu).
+_DEPRECATED = {"cpu_offload_param": "offload_param", "cpu_offload": "offload_optimizer"}
+
+
+def _section_object(cls, values: dict):
+    """The offload section as its config object, or None where its device is "none" (DeepSpeed's
+    fields are None when the section is absent)."""
+    return cls(**values) if values["device"] != "none" else None
 
 
 class DeepSpeedZeroConfig:
     """A validated ``zero_optimization`` section (see the module docstring)."""
 
     def __init__(self, **section):
-        from ..config import ConfigError, parse_zero_section
+        from ..config import parse_zero_section
         section = dict(section)
-        param_cpu = bool(section.pop("cpu_offload_param", False))
         pin = section.pop("cpu_offload_use_pin_memory", None)
-        if param_cpu and section.get("offload_param") is None:
-            section["offload_param"] = {"device": "cpu"}
-        if section.get("cpu_offload") and section.get("offload_optimizer") is None:
-            section["offload_optimizer"] = {"device": "cpu"}
+        for old, new in _DEPRECATED.items():  # a deprecated boolean: its section on the cpu
+            if section.pop(old, False) and section.get(new) is None:
+                section[new] = {"device": "cpu"}
         if pin is not None:
             for key in ("offload_param", "offload_optimizer"):
                 if isinstance(section.get(key), dict):
                     section[key] = {"pin_memory": bool(pin), **section[key]}
-        zero, off, offp = parse_zero_section(section)
-        stage = zero["stage"]
-        if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage <= 3:
-            raise ConfigError(f"zero_optimization.stage = {stage!r} is not one of 0, 1, 2, 3.")
+        zero, off, offp = parse_zero_section(section)  # the schema checks the stage (0-3) too
         values = dict(zero)
-        values["stage"] = ZeroStageEnum(stage)
-        values["offload_param"] = DeepSpeedZeroOffloadParamConfig(**offp) if offp["device"] != "none" else None
-        values["offload_optimizer"] = DeepSpeedZeroOffloadOptimizerConfig(**off) if off["device"] != "none" else None
+        values["stage"] = ZeroStageEnum(zero["stage"])
+        values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, offp)
+        values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig, off)
         object.__setattr__(self, "_values", values)
 
     def __getattr__(self, name):
