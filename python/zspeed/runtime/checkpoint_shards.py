@@ -416,7 +416,7 @@ def all_gather(obj, doing: str) -> list:
     """Every rank's ``obj`` (small, picklable), in rank order. A collective that fails (a rank
     died or is stuck past the timeout) is a CheckpointError saying so."""
     import torch.distributed as td
-    if not td.is_initialized():  # one process: nothing to exchange
+    if not (td.is_available() and td.is_initialized()):  # one process: nothing to exchange
         return [obj]
     out: list = [None] * td.get_world_size()
     try:
