@@ -280,3 +280,22 @@ def test_engine_errors_name_the_fix():
     del c["optimizer"]
     with pytest.raises(ConfigError, match="do not pass an optimizer"):
         zspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), config=c)
+
+
+def test_auto_keeps_the_split_when_the_move_would_not_fit_in_host_memory(monkeypatch, caplog):
+    """The resize holds the new CPU half beside the old one for a moment: with too little host
+    memory for that, "auto" keeps step 1's layout (everything on the CPU) and says why."""
+    from zspeed.runtime import memory, split
+    total = sum(p.numel() for p in eh.mlp().parameters())
+    limit = 10 << 30
+    margin = max(split.MARGIN_MIN, int(split.MARGIN_FRACTION * limit))
+    _fake_gpu(monkeypatch, limit=limit, peak=limit - margin - split.GPU_BYTES_PER_ELEM * total // 2)
+    e, *_ = zspeed.initialize(model=eh.mlp(), config=_cfg("auto"))
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 100)  # after the start-up check
+    with caplog.at_level("WARNING", logger="zspeed"):
+        eh.train(e, DATA, 2)
+    assert e.optimizer_path.cpu_share == 1.0 and e.optimizer_path.dev is None
+    assert any("the split stays at 1.000" in r.getMessage() and "of host memory" in r.getMessage()
+               for r in caplog.records)
+    monkeypatch.undo()
+    _close(_weights(e), _weights(_run(_cfg(1.0), steps=2)), "fp32")

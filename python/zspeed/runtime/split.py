@@ -219,15 +219,15 @@ class SplitPath(OptimizerPath):
         optimizer state goes to its new half (states converted to what that half keeps: fp32 on
         the GPU, the configured state_dtype on the CPU), the hyperparameters stay the engine's."""
         self.flush()
-        masters = [[m.detach().to("cpu", torch.float32).reshape(-1).clone() for m in row] for row in self.masters()]
+        # The old halves' masters and states stay referenced (not copied) until the new halves
+        # hold them; the GPU's masters come to host memory on the way.
+        masters = [[m.detach().to("cpu", torch.float32).reshape(-1) for m in row] for row in self.masters()]
         states = self.export_states()
         for module, handles in self._hooked:
             for h in handles:
                 h.remove()
         old = self._halves
         self._build(ratio)
-        for h in old:
-            h.close()
         self._each("set_trace", self.trace)
         self._hooked = [(m, self.cpu.hook_modules(m) if self.cpu is not None else []) for m, _ in self._hooked]
         targets = self.optimizer.state_dtypes()
@@ -237,12 +237,32 @@ class SplitPath(OptimizerPath):
                 states[idx] = convert_adam_state(st, targets[idx], math.prod(shapes[idx]), shapes[idx])
         self.load_masters(masters)
         self.import_states(states)
+        del masters, states
+        for h in old:
+            h.close()
+
+    def resize_host_bytes(self, ratio: float) -> int:
+        """Host memory the new CPU half of :meth:`resize` allocates while the old one still holds
+        its buffers: fp32 masters, the moments in the configured state dtype, the gradient and
+        weight buffers in the training dtype."""
+        from .memory import _STATE_BYTES
+        n = int(sum(self.layout.totals) * ratio)
+        sd = str((self._args["params"] or {}).get("state_dtype", "fp32")).lower()
+        esize = torch.empty((), dtype=self._args["dtype"]).element_size()
+        return int(n * (4 + 2 * _STATE_BYTES.get(sd, 4.0) + 2 * esize))
 
     def step_done(self) -> None:
         """After a completed step: with ``"auto"``, the first one sizes the split (AutoSplit)."""
         auto, self.auto = self.auto, None
         if auto is not None:
             ratio = auto.choose(self, sum(self.layout.totals))
+            from .memory import available_host_bytes
+            need, avail = self.resize_host_bytes(ratio), available_host_bytes()
+            if ratio < self.cpu_share and avail is not None and need > 0.9 * avail:
+                log.warning("zspeed: offload_optimizer.ratio \"auto\": the split stays at %.3f: moving the state "
+                            "needs %.2f GiB of host memory for a moment and %.2f GiB is available (set ratio "
+                            "yourself to start with the split)", self.cpu_share, need / 2**30, avail / 2**30)
+                ratio = self.cpu_share
             if ratio < self.cpu_share:
                 with self.trace.span("auto split: resize", ratio=round(ratio, 4)):
                     self.resize(ratio)
