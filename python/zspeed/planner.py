@@ -305,19 +305,18 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         place = placement(rp)
         sizes = place.sizes(config, model, layout)
         cand = Candidate(name, cfg)
-        needs = footprint(rp, place, config, sizes)
+        # What the engine cannot know at start-up, on top of its components' footprint.
+        extra = []
         if rp.store != "partitioned":
-            needs.append(memory.Need("gpu", "gradients (autograd's, whole model)", esize * sizes.model))
+            extra.append(memory.Need("gpu", "gradients (autograd's, whole model)", esize * sizes.model))
         if act is not None:
-            needs.append(memory.Need("gpu", "activations" + (" (checkpointed)" if ckpt else ""), act))
-        tiers = memory.by_tier([n for n in needs if n.bytes])
+            extra.append(memory.Need("gpu", "activations" + (" (checkpointed)" if ckpt else ""), act))
+        tiers = memory.by_tier([n for n in footprint(rp, place, config, sizes) + extra if n.bytes])
         if auto:  # what AutoSplit would give the GPU after the first step
             budget = max(0, gpu_b - sum(tiers.get("gpu", {}).values()) - margin)
             share = choose_ratio(sizes.local, budget, None, None)
             sizes = dataclasses.replace(sizes, cpu_share=share)
-            needs = [n for n in footprint(rp, place, config, sizes) if n.bytes] + \
-                [n for n in needs if n.what.startswith(("gradients (autograd", "activations"))]
-            tiers = memory.by_tier(needs)
+            tiers = memory.by_tier([n for n in footprint(rp, place, config, sizes) + extra if n.bytes])
             cand.name = f"{name} (GPU takes {100 * (1 - share):.0f}%)"
         cand.tiers = tiers
         cand.cpu_share = sizes.cpu_share if rp.optimizer != "device" else 0.0

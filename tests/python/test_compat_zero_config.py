@@ -3,8 +3,17 @@ runtime/zero/offload_config.py, runtime/fp16/loss_scaler.py): ZeroStageEnum, Dee
 with DeepSpeed's deprecated spellings, get_zero_config, and the add_safe_globals idiom."""
 from __future__ import annotations
 
+import argparse
+import os
+import sys
+
 import pytest
 torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_helpers as eh  # noqa: E402
+
+import zspeed  # noqa: E402
 
 from zspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # noqa: E402
 from zspeed.runtime.zero.config import (DeepSpeedZeroConfig, DeepSpeedZeroOffloadOptimizerConfig,  # noqa: E402
@@ -58,7 +67,7 @@ def test_loss_scalers_and_safe_globals():
 
 
 def test_the_deepspeed_names_after_install():
-    import zspeed.hf
+    import zspeed.hf  # noqa: F811 - the submodule
     zspeed.hf.install()
     try:
         from deepspeed.runtime.fp16.loss_scaler import LossScaler as L
@@ -69,12 +78,6 @@ def test_the_deepspeed_names_after_install():
 
 
 def test_engine_names_scripts_touch():
-    import argparse
-    import os
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import engine_helpers as eh
-    import zspeed
     cfg = eh.config(zero_optimization={"stage": 2})
     cfg["bf16"] = {"enabled": True}
     m = eh.mlp()
@@ -93,11 +96,6 @@ def test_engine_names_scripts_touch():
 
 
 def test_offload_states_is_refused_by_name_with_the_alternative():
-    import os
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import engine_helpers as eh
-    import zspeed
     e, *_ = zspeed.initialize(model=eh.mlp(), config=eh.config(zero_optimization={"stage": 3}))
     with pytest.raises(NotImplementedError, match=r"offload_states\(\).*offload_optimizer.device \"cpu\""):
         e.offload_states()

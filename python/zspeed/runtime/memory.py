@@ -39,7 +39,7 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["available_host_bytes", "gpu_room", "state_bytes", "Sizes", "Need", "by_tier", "check_host_memory",
+__all__ = ["available_host_bytes", "gpu_room", "state_bytes", "moment_bytes", "Sizes", "Need", "by_tier", "check_host_memory",
            "check_nvme_space", "check_gpu_memory", "deepest_path_elems", "TIERS"]
 
 GiB = float(1 << 30)
@@ -82,10 +82,12 @@ def state_bytes(config) -> tuple[str, float]:
     name = (config.optimizer_name or "adamw").lower()
     moments = _MOMENTS.get(name.replace("deepspeedcpu", "").replace("cpu", ""), 2)
     sd = str((config.optimizer_params or {}).get("state_dtype", "fp32")).lower()
-    return sd, moments * _STATE_BYTES.get(sd, 4.0)
+    return sd, moments * moment_bytes(sd)
 
 
-_state_bytes = state_bytes  # the name older callers use
+def moment_bytes(state_dtype: str) -> float:
+    """Bytes per element of one optimizer moment kept in ``state_dtype`` (int8: with its scales)."""
+    return _STATE_BYTES.get(str(state_dtype).lower(), 4.0)
 
 
 @dataclass(frozen=True)

@@ -245,11 +245,10 @@ class SplitPath(OptimizerPath):
         """Host memory the new CPU half of :meth:`resize` allocates while the old one still holds
         its buffers: fp32 masters, the moments in the configured state dtype, the gradient and
         weight buffers in the training dtype."""
-        from .memory import _STATE_BYTES
+        from .memory import moment_bytes
         n = int(sum(self.layout.totals) * ratio)
-        sd = str((self._args["params"] or {}).get("state_dtype", "fp32")).lower()
         esize = torch.empty((), dtype=self._args["dtype"]).element_size()
-        return int(n * (4 + 2 * _STATE_BYTES.get(sd, 4.0) + 2 * esize))
+        return int(n * (4 + 2 * moment_bytes((self._args["params"] or {}).get("state_dtype", "fp32")) + 2 * esize))
 
     def step_done(self) -> None:
         """After a completed step: with ``"auto"``, the first one sizes the split (AutoSplit)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from .offload_config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig
+from .offload_config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig, ReadOnlyConfig
 
 __all__ = ["ZeroStageEnum", "DeepSpeedZeroConfig", "get_zero_config", "DeepSpeedZeroOffloadParamConfig",
            "DeepSpeedZeroOffloadOptimizerConfig"]
@@ -43,7 +43,7 @@ def _section_object(cls, values: dict):
     return cls(**values) if values["device"] != "none" else None
 
 
-class DeepSpeedZeroConfig:
+class DeepSpeedZeroConfig(ReadOnlyConfig):
     """A validated ``zero_optimization`` section (see the module docstring)."""
 
     def __init__(self, **section):
@@ -62,16 +62,7 @@ class DeepSpeedZeroConfig:
         values["stage"] = ZeroStageEnum(zero["stage"])
         values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, offp)
         values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig, off)
-        object.__setattr__(self, "_values", values)
-
-    def __getattr__(self, name):
-        try:
-            return self.__dict__["_values"][name]
-        except KeyError:
-            raise AttributeError(f"DeepSpeedZeroConfig has no field {name!r}") from None
-
-    def __setattr__(self, name, value):
-        raise AttributeError("a zspeed DeepSpeedZeroConfig is read-only; build a new one from the changed section")
+        super().__init__(**values)
 
     def __repr__(self) -> str:
         return f"DeepSpeedZeroConfig(stage={int(self.stage)}, offload_param={self.offload_param!r}, " \

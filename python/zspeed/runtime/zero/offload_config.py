@@ -26,12 +26,11 @@ class OffloadStateTypeEnum(str, Enum):
     contiguous_grad_buffer = "contiguous_grad_buffer"
 
 
-class _Offload:
-    """A validated offload section: every key as a read-only attribute, ``device`` as
-    OffloadDeviceEnum (built by DeepSpeedZeroConfig from zspeed's schema)."""
+class ReadOnlyConfig:
+    """A validated config section: every key a read-only attribute (zero/config.py's
+    DeepSpeedZeroConfig and the offload sections below)."""
 
     def __init__(self, **values):
-        values["device"] = OffloadDeviceEnum(values.get("device", "none"))
         object.__setattr__(self, "_values", values)
 
     def __getattr__(self, name):
@@ -41,7 +40,16 @@ class _Offload:
             raise AttributeError(f"{type(self).__name__} has no field {name!r}") from None
 
     def __setattr__(self, name, value):
-        raise AttributeError(f"a zspeed {type(self).__name__} is read-only")
+        raise AttributeError(f"a zspeed {type(self).__name__} is read-only; build a new one from the changed "
+                             f"section")
+
+
+class _Offload(ReadOnlyConfig):
+    """A validated offload section, ``device`` as OffloadDeviceEnum (built by DeepSpeedZeroConfig
+    from zspeed's schema)."""
+
+    def __init__(self, **values):
+        super().__init__(**{**values, "device": OffloadDeviceEnum(values.get("device", "none"))})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device.value!r})"
