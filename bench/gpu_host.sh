@@ -11,6 +11,8 @@
 #   bench/gpu_host.sh zero3     GPU check of ZeRO-3 (tests/gpu/check_zero3_cuda.py)
 #   bench/gpu_host.sh budget-bench  1.28B GPT, ZeRO-2 + CPU offload, GPU capped at ZS_CAP (24) GiB:
 #                   ratio "auto" + overlap_forward, ratio 1, DeepSpeed (ZS_BUDGET_IMPLS picks the rows)
+#   bench/gpu_host.sh split3-bench  ZeRO-3 both offloads, GPU capped at 24 GiB, batch 8: 3.36B ratio 1 /
+#                   overlap_forward / "auto" + overlap_forward / DeepSpeed, 6.58B int8 (ZS_SPLIT3_ROWS picks)
 #   bench/gpu_host.sh hf        the Hugging Face Trainer route on the GPU (tests/gpu/check_hf_cuda.py)
 #   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
 #                   zspeed vs DeepSpeed at 3.36B (ZS_Z3_LAYERS: more zspeed sizes, e.g. "24 48")
@@ -115,6 +117,27 @@ budget-bench)
     esac
     python3 bench/bench_engine.py --gpu-cap "$cap" $args 2>&1 | tee "$OUT/budget_$row.log" \
       | grep -E "ratio|RESULT|median|Error|error" | tail -4
+  done
+  ;;
+split3-bench)
+  # ZeRO-3 with both offloads, GPU capped at 24 GiB, micro-batch 8 x 1024, activation
+  # checkpointing (issue 30's cases): 3.36B fp32 states and 6.58B int8 states; rows from
+  # ZS_SPLIT3_ROWS (default "one over auto deepspeed big-auto"): ratio 1, ratio 1 + overlap_forward,
+  # ratio "auto" + overlap_forward, DeepSpeed, 6.58B int8 "auto" + overlap_forward.
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29515
+  Z3="--stage 3 --offload-param cpu --gpu-cap 24 --ckpt --d-model 4096 --heads 32 --batch 8 --steps 5 --warmup 2"
+  for row in ${ZS_SPLIT3_ROWS:-one over auto deepspeed big-auto}; do
+    case $row in
+      one) args="--layers 16 --ratio 1" ;;
+      over) args="--layers 16 --ratio 1 --overlap-forward" ;;
+      auto) args="--layers 16 --ratio auto --overlap-forward" ;;
+      deepspeed) args="--layers 16 --impl deepspeed" ;;
+      big-one) args="--layers 32 --state-dtype int8 --ratio 1" ;;
+      big-auto) args="--layers 32 --state-dtype int8 --ratio auto --overlap-forward" ;;
+      *) echo "unknown row $row"; continue ;;
+    esac
+    python3 bench/bench_engine.py $Z3 $args 2>&1 | tee "$OUT/split3_$row.log" \
+      | grep -E "ratio \"auto\" ->|RESULT|Error|error" | tail -3
   done
   ;;
 hf)

@@ -37,7 +37,8 @@ def main():
     engine, *_ = zspeed.initialize(model=model, model_parameters=params, config=a["config"])
     if a.get("slow_step"):
         import time
-        host = engine.optimizer_path.host
+        path = engine.optimizer_path
+        host = (path.cpu if getattr(path, "cpu", None) is not None else path).host  # a split's CPU half
 
         class Slow(type(host)):  # the background step's shallow copy keeps the class
             def step(self, *args, **kw):

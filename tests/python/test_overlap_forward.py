@@ -42,7 +42,7 @@ def _cfg(overlap=True, precision="fp32", gas=1, ratio=1.0, **extra):
 
 def _host_path(e):
     p = e.optimizer_path
-    return p.cpu if type(p).__name__ == "SplitPath" else p
+    return p.cpu if type(p).__name__ in ("SplitPath", "StoreSplitPath") else p
 
 
 def _patch_step(e, before):
@@ -178,8 +178,42 @@ def test_config_errors(off, match):
         zspeed.initialize(model=eh.mlp(), config=c)
 
 
-def test_stage3_is_refused_with_the_reason():
-    c = eh.config(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"},
-                                     "offload_optimizer": {"device": "cpu", "overlap_forward": True}})
-    with pytest.raises(ConfigError, match="runs at ZeRO stage 1 or 2"):
-        zspeed.initialize(model=eh.mlp(), config=c)
+def _z3(overlap, precision="fp32", gas=1, ratio=1.0, param="cpu"):
+    c = _cfg(overlap, precision, gas, ratio)
+    c["zero_optimization"].update(stage=3, offload_param={"device": param},
+                                  stage3_param_persistence_threshold=40)  # the smallest layers stay gathered
+    return c
+
+
+@pytest.mark.parametrize("precision,gas,ratio,param", [("fp32", 1, 1.0, "cpu"), ("bf16", 2, 1.0, "cpu"),
+                                                       ("fp16", 1, 1.0, "none"), ("bf16", 1, 0.6, "cpu"),
+                                                       ("fp32", 2, 0.3, "none")])
+def test_zero3_overlapped_steps_equal_the_synchronous_step(precision, gas, ratio, param):
+    """ZeRO-3: the fetcher gathers a module's shards (and prefetches the next ones) only once the
+    background step has stepped them; with a split the GPU's units are stepped first."""
+    ref = _engine(_z3(False, precision, gas, ratio, param))
+    e = _engine(_z3(True, precision, gas, ratio, param))
+    assert len(_host_path(e).chunks) >= 2
+    inf_at = (2,) if precision == "fp16" else ()
+    la = eh.train(ref, DATA, 6 * gas, inf_at=inf_at)
+    lb = eh.train(e, DATA, 6 * gas, inf_at=inf_at)
+    assert la == lb  # every forward saw the same weights
+    e.finish_step()
+    assert eh.same_weights(e, ref)
+    assert e.global_steps == ref.global_steps and e.skipped_steps == ref.skipped_steps
+
+
+def test_zero3_the_forward_waits_only_for_the_shards_it_gathers():
+    e = _engine(_z3(True), slow=False)
+    _slow(e, 0.05)
+    path = _host_path(e)
+    n = len(path.runner.waits)
+    e.backward(eh.mse_loss(e, DATA[0]))
+    e.step()
+    inf = path._inflight
+    assert inf is not None and inf.done < n
+    with torch.no_grad():
+        e.module[0](DATA[0][0].to(e.device))  # gathers the first layer's shards: waits for them only
+    assert 1 <= inf.done < n
+    e.finish_step()
+    assert path._inflight is None and inf.done == n

@@ -358,8 +358,8 @@ SCHEMA: dict[str, S] = {
         "fast_init": K(False, (bool,), "accepted (no effect)"),
         "ratio": K(1.0, NUM + (str,), "device cpu: fraction of the parameters (by elements) whose optimizer "
                    "steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and step there "
-                   "at the same time (one rank, stage 1-2, Adam/AdamW; the CPU's share keeps optimizer.params.state_dtype, "
-                   "the GPU's fp32); \"auto\" runs the first step with everything on the CPU, then sizes the "
+                   "at the same time (stages 1-3, any number of ranks: each rank splits its own part; Adam/AdamW; "
+                   "the CPU's share keeps optimizer.params.state_dtype, the GPU's fp32); \"auto\" runs the first step with everything on the CPU, then sizes the "
                    "GPU's share from that step's peak GPU memory (within set_per_process_memory_fraction, less a "
                    "margin) and the measured step rates, and logs the choice (docs/OFFLOAD.md)", auto=AUTO_KEEP, check=_offload_ratio),
         "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
@@ -372,10 +372,10 @@ SCHEMA: dict[str, S] = {
                             "during the next forward and backward, which use the weights of one step "
                             "earlier (the ZeRO-Offload paper's delayed parameter update: faster, one step "
                             "stale; off gives exact updates)"),
-        "overlap_forward": K(False, (bool,), "zspeed extension (device cpu, stage 1-2, any number of ranks): engine.step() "
+        "overlap_forward": K(False, (bool,), "zspeed extension (device cpu, stages 1-3, any number of ranks): engine.step() "
                              "returns as soon as the CPU step starts; the step runs in chunks in the model's "
-                             "parameter order and the next forward waits, module by module, only for the "
-                             "chunk holding that module's weights (exact updates; docs/OFFLOAD.md says what "
+                             "parameter order and the next forward waits, module by module (at stage 3: gather "
+                             "by gather), only for the chunk holding that module's weights (exact updates; docs/OFFLOAD.md says what "
                              "must not read parameters meanwhile)"),
     }, "zero_optimization.offload_optimizer"),
     "zero_optimization.offload_param": S({

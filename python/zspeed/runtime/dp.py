@@ -54,11 +54,13 @@ __all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath", "NoSync", "Repl
 class GradReducer:
     """Reduce-scatters the boundary's gradients, unit by unit, into this rank's shard
     (see the module docstring). ``dests``: per group, a flat buffer of the local space
-    (host or device, any float dtype) that receives the summed shard."""
+    (host or device, any float dtype) that receives the summed shard; ``dest_of``, when set,
+    gives each unit's destination instead (the GPU/CPU split lands each unit on its half)."""
 
-    def __init__(self, store: ParamStore, dests: list, *, stage: int, overlap: bool, comm: Collectives,
+    def __init__(self, store: ParamStore, dests: list | None, *, stage: int, overlap: bool, comm: Collectives,
                  comm_dtype: torch.dtype):
         self.sm, self.dests = store, dests
+        self.dest_of = None  # (group, unit) -> the tensor its summed shard goes into
         self.layout = store.layout
         self.device = store.device
         self.cuda = self.device.type == "cuda"
@@ -137,9 +139,15 @@ class GradReducer:
         self._issue_unit(gi, ui, buf)
         del self._unit_bufs[(gi, ui)]
 
-    def _issue_unit(self, gi: int, ui: int, buf: torch.Tensor) -> None:
+    def _dest(self, gi: int, ui: int) -> torch.Tensor:
+        if self.dest_of is not None:
+            return self.dest_of(gi, ui)
         start, n = self.sm.local_range(gi, ui)
-        dest = self.dests[gi][start:start + n]
+        return self.dests[gi][start:start + n]
+
+    def _issue_unit(self, gi: int, ui: int, buf: torch.Tensor) -> None:
+        dest = self._dest(gi, ui)
+        n = dest.numel()
         first = True  # stage 3 adds into dest after its first micro-batch since the last step
         if self.accumulate:
             first = (gi, ui) not in self._fresh
@@ -233,8 +241,7 @@ class GradReducer:
             for gi, gp in enumerate(self.sm.plan.groups):
                 for ui in range(len(gp.units)):
                     if (gi, ui) not in self._fresh:
-                        start, n = self.sm.local_range(gi, ui)
-                        self.dests[gi][start:start + n].zero_()
+                        self._dest(gi, ui).zero_()
                         self._fresh.add((gi, ui))
 
     def local_norms(self) -> list:
@@ -321,6 +328,10 @@ class ShardedBuffers(HostBuffers):
         """The new weights of the pieces ``keys`` are in ``src``: the store publishes them (at
         :meth:`end_write_back`, or unit by unit with :meth:`gather_unit`)."""
         self._pending_src = src
+
+    def entry_units(self) -> list:
+        """Per group of this layout, per entry: the (store group, unit) it lies in."""
+        return [[(gi, ui) for ui in row] for gi, row in enumerate(self.sm.entry_units())]
 
     def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
         """Once every piece of unit ui (group gi) is stepped: its new shard published, with the

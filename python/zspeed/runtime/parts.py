@@ -165,6 +165,9 @@ class OptimizerPart:
 
     def group_state_dtypes(self) -> list:
         """Per param group, the state dtype its optimizer keeps (None: the optimizer's own)."""
+        per_group = getattr(self.optimizer, "group_state_dtypes", None)  # the split's: each half converts
+        if per_group is not None:
+            return per_group()
         return [g.get("state_dtype") for g in self.optimizer.param_groups]
 
     def validate(self, sd: dict) -> None:

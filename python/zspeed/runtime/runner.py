@@ -301,13 +301,14 @@ class OverlapRunner(_BackgroundRunner):
             self.waits = [(i, None) for i in range(len(path.chunks))]
             return
         self._group = sm.comm.new_group()
-        units = sm.entry_units()
+        units = path.buffers.entry_units()  # per group of the path's layout, per entry: (store group, unit)
         last: dict = {}
         for (gi, ei), ci in path._chunk_of.items():
-            key = (gi, units[gi][ei])
+            key = units[gi][ei]
             last[key] = max(last.get(key, -1), ci)
-        self.waits = [(last[(gi, ui)], (gi, ui)) for gi, gp in enumerate(sm.plan.groups)
-                      for ui in range(len(gp.units))]
+        # The units this path steps (all of the store's, or the CPU's share of a split), in local order.
+        self.waits = [(last[key], key) for key in sorted(last)]
+        self._wait_of = {key: k for k, (_ci, key) in enumerate(self.waits)}
 
     def wait_index(self, p: torch.Tensor) -> int | None:
         """The wait after which the model parameter p holds this step's weights; None for a
@@ -321,12 +322,34 @@ class OverlapRunner(_BackgroundRunner):
         if key is None:
             return None
         gi, pi = key
-        unit = sm.plan.groups[gi].unit_of[pi]
-        return sum(len(gp.units) for gp in sm.plan.groups[:gi]) + unit
+        return self._wait_of.get((gi, sm.plan.groups[gi].unit_of[pi]))
+
+    def unit_ready(self, gi: int, ui: int, block: bool) -> bool:
+        """ZeRO-3: whether this rank's shard of unit ui (group gi) holds this step's weights, so
+        that the fetcher may gather it; with ``block`` it waits until it does (True then)."""
+        k = self._wait_of.get((gi, ui))
+        if k is None:
+            return True
+        inf = self.inflight
+        if inf is None:
+            if self.pending is None:
+                return True
+            if block:  # a step that failed in the background: flush() raises its error or completes it
+                self.flush()
+            return block
+        if not block:
+            with inf.cond:
+                return inf.done > k
+        with self.path.trace.span("wait for weights", unit=f"{gi}.{ui}"):
+            self.wait(k)
+        return True
 
     def start(self, factor: float) -> None:
         self.flush()
         path = self.path
+        sm = path.sharded
+        if sm is not None:  # ZeRO-3: the gathered copies are stale from here on (the fetcher waits per unit)
+            sm.mark_stale()
         # release() drops the path's gradients next: the step keeps its own selection of them.
         pend = self.pending = Pending(self._twin(), [path._select(c) for c in path.chunks], factor)
         inf = pend.inflight = InFlight(len(self.waits))
@@ -387,6 +410,14 @@ class OverlapRunner(_BackgroundRunner):
         wait of its last parameter, and a state_dict pre-hook that finishes the step first."""
         ref = weakref.ref(self)
         handles = []
+        sm = self.path.sharded
+        fetcher = getattr(sm, "fetcher", None)
+        if fetcher is not None:
+            # ZeRO-3: the fetcher gathers each module's parameters (and prefetches the next
+            # ones) from their shards; it asks before each gather whether the shard is stepped.
+            handles.append(fetcher.add_gate(sm, _UnitReady(ref)))
+            handles.append(module.register_state_dict_pre_hook(_FlushFirst(ref)))
+            return handles
         for m in module.modules():
             ks = [k for k in (self.wait_index(p) for p in m.parameters(recurse=False)) if k is not None]
             if ks:
@@ -442,6 +473,17 @@ class _WaitChunk(EngineHook):
         if r is not None and (r.inflight is not None or r.pending is not None):
             with r.path.trace.span("wait for weights", chunk=self.k):
                 r.wait(self.k)
+
+
+class _UnitReady:
+    """The ZeRO-3 fetcher's question before it gathers a shard (weak reference to the runner)."""
+
+    def __init__(self, runner_ref):
+        self.runner_ref = runner_ref
+
+    def __call__(self, gi: int, ui: int, block: bool) -> bool:
+        r = self.runner_ref()
+        return True if r is None else r.unit_ready(gi, ui, block)
 
 
 class _FlushFirst(EngineHook):

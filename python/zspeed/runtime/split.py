@@ -47,7 +47,7 @@ from .paths import OptimizerPath, device_path, indexed_groups
 
 log = logging.getLogger("zspeed.split")
 
-__all__ = ["SplitPath", "SplitOptimizer", "AutoSplit", "choose_ratio", "device_memory"]
+__all__ = ["TwoHalves", "SplitPath", "SplitOptimizer", "AutoSplit", "choose_ratio", "device_memory"]
 
 # Per element on the GPU for its share: fp32 master, exp_avg, exp_avg_sq, fp32 gradient copy.
 GPU_BYTES_PER_ELEM = 16
@@ -134,13 +134,15 @@ class SplitOptimizer(torch.optim.Optimizer):
         return {"state": self._path_ref().export_states(), "param_groups": indexed_groups(self.param_groups)}
 
     def state_dtypes(self) -> list:
-        """Per parameter (in state_dict order), the state dtype its half keeps: "fp32" on the GPU
-        (torch's AdamW), the configured state_dtype on the CPU. A checkpoint's states are
-        converted to these on load."""
-        path = self._path_ref()
-        cpu = path.cpu.optimizer.param_groups if path.cpu is not None else []
-        return [("fp32" if s == "dev" else cpu[sg].get("state_dtype", "fp32")) for row in path.where
-                for s, sg, _ in row]
+        """Per parameter of the path's layout (in state_dict order), the state dtype its half
+        keeps: "fp32" on the GPU (torch's AdamW), the configured state_dtype on the CPU. A
+        checkpoint's states are converted to these on load."""
+        return self._path_ref().state_dtypes()
+
+    def group_state_dtypes(self) -> list:
+        """Per group: None, as a group's parameters may lie on both halves; the path converts
+        each state to its half's dtype when it is loaded (import_states)."""
+        return [None] * len(self.param_groups)
 
     def load_state_dict(self, state_dict):
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
@@ -148,8 +150,14 @@ class SplitOptimizer(torch.optim.Optimizer):
         self._path_ref().import_states(state_dict["state"])
 
 
-class SplitPath(OptimizerPath):
-    """The first (1 - ratio) of the parameters on a DevicePath, the rest on a HostPath."""
+class TwoHalves(OptimizerPath):
+    """What the split paths share (this module's SplitPath over whole parameters, and
+    split_store.StoreSplitPath over a store's local space): a GPU half ``dev`` and a CPU half
+    ``cpu`` (either may be None), rebuilt by :meth:`_build` for a CPU share, the hyperparameters
+    handed to both before each step, the GPU's step queued before the CPU's runs, and the
+    resize of ``"auto"``. Subclasses say how the halves are built, how gradients reach them and
+    how their masters and states map to the path's layout (:meth:`masters`,
+    :meth:`export_states` keyed by the layout's running parameter index)."""
 
     @classmethod
     def bytes_needed(cls, plan, config, s: Sizes) -> list:
@@ -161,17 +169,181 @@ class SplitPath(OptimizerPath):
             Need("gpu", f"fp32 masters and optimizer state of the GPU's share ({sd})",
                  int((4 + per) * (s.local - int(s.local * s.cpu_share))))]
 
+    def __init__(self, layout: FlatLayout, args: dict, auto: "AutoSplit | None"):
+        super().__init__(layout)
+        self._args = args
+        self.auto = auto          # "auto": sized after the first step (see step_done)
+        self._hooked: list = []   # (module, the CPU half's hook handles) of hook_modules
+        self._dev_done = False    # the GPU's half of the step under way ran (see apply)
+        self.dev = self.cpu = None
+        self._halves: list = []
+        self._gmap: list = []     # per group: (its index among the GPU half's groups, among the CPU's) or None
+
+    def _build(self, ratio: float) -> None:
+        """The two halves for a CPU share of ``ratio`` (sets dev, cpu, _halves, _gmap, gpu_elems, cpu_share)."""
+        raise NotImplementedError
+
+    def _agree(self, ratio: float) -> float:
+        """The CPU share every rank takes (one rank: its own)."""
+        return ratio
+
+    def _finish_build(self) -> None:
+        self._halves = [h for h in (self.dev, self.cpu) if h is not None]
+        self._dev_done = False
+
+    def _optimizer(self, groups: list) -> "SplitOptimizer":
+        defaults = (self.cpu or self.dev).optimizer.defaults
+        return SplitOptimizer([dict(g) for g in groups], dict(defaults), self)
+
+    def state_dtypes(self) -> list:
+        """Per parameter of the layout (in state_dict order), the state dtype its half keeps."""
+        cpu = self.cpu.optimizer.param_groups if self.cpu is not None else []
+        return [("fp32" if s == "dev" else cpu[sg].get("state_dtype", "fp32")) for s, sg in self._sides()]
+
+    def _sides(self) -> list:
+        """Per parameter of the layout, in order: ("dev" | "cpu", its group in that half)."""
+        raise NotImplementedError
+
+    # -- "auto" ------------------------------------------------------------------------------
+    def resize(self, ratio: float) -> None:
+        """Moves the split to a CPU share of ``ratio``, between steps: every fp32 master and
+        optimizer state goes to its new half (states converted to what that half keeps: fp32 on
+        the GPU, the configured state_dtype on the CPU), the hyperparameters stay the engine's."""
+        self.flush()
+        # The old halves' masters and states stay referenced (not copied) until the new halves
+        # hold them; the GPU's masters come to host memory on the way.
+        masters = [[m.detach().to("cpu", torch.float32).reshape(-1) for m in row] for row in self.masters()]
+        states = self.export_states()
+        for module, handles in self._hooked:
+            for h in handles:
+                h.remove()
+        old = self._halves
+        self._build(ratio)
+        self._each("set_trace", self.trace)
+        self._hooked = [(m, self.cpu.hook_modules(m) if self.cpu is not None else []) for m, _ in self._hooked]
+        targets = self.state_dtypes()
+        shapes = [p.shape for ps in self.layout.params for p in ps]
+        for idx, st in states.items():
+            if "exp_avg" in st:
+                states[idx] = convert_adam_state(st, targets[idx], math.prod(shapes[idx]), shapes[idx])
+        self.load_masters(masters)
+        self.import_states(states)
+        del masters, states
+        for h in old:
+            h.close()
+
+    def resize_host_bytes(self, ratio: float) -> int:
+        """Host memory the new CPU half of :meth:`resize` allocates while the old one still holds
+        its buffers: fp32 masters, the moments in the configured state dtype, the gradient and
+        weight buffers in the training dtype."""
+        from .memory import moment_bytes
+        n = int(sum(self.layout.totals) * ratio)
+        esize = torch.empty((), dtype=self._args["dtype"]).element_size()
+        return int(n * (4 + 2 * moment_bytes((self._args["params"] or {}).get("state_dtype", "fp32")) + 2 * esize))
+
+    def step_done(self) -> None:
+        """After a completed step: with ``"auto"``, the first one sizes the split (AutoSplit); with
+        several ranks every rank takes the largest CPU share any of them chose."""
+        auto, self.auto = self.auto, None
+        if auto is not None:
+            ratio = auto.choose(self, sum(self.layout.totals))
+            from .memory import available_host_bytes
+            need, avail = self.resize_host_bytes(ratio), available_host_bytes()
+            if ratio < self.cpu_share and avail is not None and need > 0.9 * avail:
+                log.warning("zspeed: offload_optimizer.ratio \"auto\": the split stays at %.3f: moving the state "
+                            "needs %.2f GiB of host memory for a moment and %.2f GiB is available (set ratio "
+                            "yourself to start with the split)", self.cpu_share, need / 2**30, avail / 2**30)
+                ratio = self.cpu_share
+            ratio = self._agree(ratio)
+            if ratio < self.cpu_share:
+                with self.trace.span("auto split: resize", ratio=round(ratio, 4)):
+                    self.resize(ratio)
+
+    # -- the step -----------------------------------------------------------------------------
+    @property
+    def pinned(self) -> bool:
+        return self.cpu.pinned if self.cpu is not None else False
+
+    def _each(self, method: str, *args) -> None:
+        """Calls ``method`` on both halves (the GPU's first)."""
+        for h in self._halves:
+            getattr(h, method)(*args)
+
+    def _sync_groups(self) -> None:
+        """The engine's hyperparameters (an LR schedule's lr) into both halves' groups."""
+        for g, (di, ci) in zip(self.optimizer.param_groups, self._gmap):
+            for h, i in ((self.dev, di), (self.cpu, ci)):
+                if i is None:
+                    continue
+                target = h.optimizer.param_groups[i]
+                for k, v in g.items():
+                    if k not in _OWN and k in target:
+                        target[k] = v
+
+    def apply(self, factor: float) -> None:
+        self._sync_groups()
+        if self.dev is not None and not self._dev_done:  # a retry after the CPU's half raised: not again
+            with self.trace.span("gpu step (split)"):
+                self.dev.apply(factor)  # queued on the GPU: runs while the CPU steps below
+        self._dev_done = True
+        if self.cpu is not None:
+            self.cpu.apply(factor)
+        self._dev_done = False
+
+    def step_failed(self) -> bool:
+        return any(h.step_failed() for h in self._halves)
+
+    def abandon_step(self) -> None:
+        self._dev_done = False
+        self._each("abandon_step")
+
+    # -- masters and state --------------------------------------------------------------------
+    def _half(self, side: str):
+        return self.dev if side == "dev" else self.cpu
+
+    def _sub_index(self, side: str) -> list:
+        """Per group of the half ``side``, the index of its first parameter in its optimizer's state_dict."""
+        out, start = [], 0
+        for ps in self._half(side).layout.params:
+            out.append(start)
+            start += len(ps)
+        return out
+
+    @property
+    def checkpoint_class(self) -> str:
+        return SplitOptimizer.checkpoint_class
+
+    # -- the rest -----------------------------------------------------------------------------
+    def stats(self, reset: bool = False) -> list:
+        return self.cpu.stats(reset) if self.cpu is not None else []
+
+    def set_trace(self, tracer) -> None:
+        self.trace = tracer
+        self._each("set_trace", tracer)
+
+    def flush(self) -> None:
+        self._each("flush")
+
+    def hook_modules(self, module: torch.nn.Module) -> list:
+        handles = self.cpu.hook_modules(module) if self.cpu is not None else []
+        self._hooked.append((module, handles))
+        return [_Unhook(self, len(self._hooked) - 1)]
+
+    def close(self) -> None:
+        self._each("close")
+
+
+class SplitPath(TwoHalves):
+    """The first (1 - ratio) of the parameters on a DevicePath, the rest on a HostPath."""
+
     def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
                  ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
                  num_threads: int | None, timing: str = "sync", auto: "AutoSplit | None" = None):
-        super().__init__(layout)
-        self._args = dict(device=device, dtype=dtype, name=name, params=params, pin_memory=pin_memory, bucket=bucket,
-                          force_native=force_native, chunk_elems=chunk_elems, num_threads=num_threads, timing=timing)
-        self.auto = auto  # "auto": sized after the first step (see step_done)
-        self._hooked: list = []   # (module, the CPU half's hook handles) of hook_modules
+        super().__init__(layout, dict(device=device, dtype=dtype, name=name, params=params, pin_memory=pin_memory,
+                                      bucket=bucket, force_native=force_native, chunk_elems=chunk_elems,
+                                      num_threads=num_threads, timing=timing), auto)
         self._build(ratio)
-        defaults = (self.cpu or self.dev).optimizer.defaults
-        self.optimizer = SplitOptimizer([dict(g) for g in layout.groups], dict(defaults), self)
+        self.optimizer = self._optimizer(layout.groups)
 
     def _build(self, ratio: float) -> None:
         """The two halves for a CPU share of ``ratio`` (of the elements, in whole parameters)."""
@@ -180,7 +352,7 @@ class SplitPath(OptimizerPath):
         total = sum(layout.totals)
         gpu_left = (1.0 - float(ratio)) * total
         self.where: list[list] = []  # per group, per parameter: ("dev" | "cpu", sub-group, index)
-        self._gmap: list = []  # per group: (its index among the device's groups, among the CPU's) or None
+        self._gmap = []
         dev_groups, cpu_groups = [], []
         for gi, (g, ps) in enumerate(zip(layout.groups, layout.params)):
             dps, cps, row = [], [], []
@@ -211,70 +383,10 @@ class SplitPath(OptimizerPath):
             self.cpu = HostPath(cl, self.buffers, a["name"], a["params"], client=None,
                                 force_native=a["force_native"], chunk_elems=a["chunk_elems"],
                                 num_threads=a["num_threads"], timing=a["timing"])
-        self._halves = [h for h in (self.dev, self.cpu) if h is not None]
-        self._dev_done = False  # the GPU's half of the step under way ran (see apply)
+        self._finish_build()
 
-    def resize(self, ratio: float) -> None:
-        """Moves the split to a CPU share of ``ratio``, between steps: every fp32 master and
-        optimizer state goes to its new half (states converted to what that half keeps: fp32 on
-        the GPU, the configured state_dtype on the CPU), the hyperparameters stay the engine's."""
-        self.flush()
-        # The old halves' masters and states stay referenced (not copied) until the new halves
-        # hold them; the GPU's masters come to host memory on the way.
-        masters = [[m.detach().to("cpu", torch.float32).reshape(-1) for m in row] for row in self.masters()]
-        states = self.export_states()
-        for module, handles in self._hooked:
-            for h in handles:
-                h.remove()
-        old = self._halves
-        self._build(ratio)
-        self._each("set_trace", self.trace)
-        self._hooked = [(m, self.cpu.hook_modules(m) if self.cpu is not None else []) for m, _ in self._hooked]
-        targets = self.optimizer.state_dtypes()
-        shapes = [p.shape for ps in self.layout.params for p in ps]
-        for idx, st in states.items():
-            if "exp_avg" in st:
-                states[idx] = convert_adam_state(st, targets[idx], math.prod(shapes[idx]), shapes[idx])
-        self.load_masters(masters)
-        self.import_states(states)
-        del masters, states
-        for h in old:
-            h.close()
-
-    def resize_host_bytes(self, ratio: float) -> int:
-        """Host memory the new CPU half of :meth:`resize` allocates while the old one still holds
-        its buffers: fp32 masters, the moments in the configured state dtype, the gradient and
-        weight buffers in the training dtype."""
-        from .memory import moment_bytes
-        n = int(sum(self.layout.totals) * ratio)
-        esize = torch.empty((), dtype=self._args["dtype"]).element_size()
-        return int(n * (4 + 2 * moment_bytes((self._args["params"] or {}).get("state_dtype", "fp32")) + 2 * esize))
-
-    def step_done(self) -> None:
-        """After a completed step: with ``"auto"``, the first one sizes the split (AutoSplit)."""
-        auto, self.auto = self.auto, None
-        if auto is not None:
-            ratio = auto.choose(self, sum(self.layout.totals))
-            from .memory import available_host_bytes
-            need, avail = self.resize_host_bytes(ratio), available_host_bytes()
-            if ratio < self.cpu_share and avail is not None and need > 0.9 * avail:
-                log.warning("zspeed: offload_optimizer.ratio \"auto\": the split stays at %.3f: moving the state "
-                            "needs %.2f GiB of host memory for a moment and %.2f GiB is available (set ratio "
-                            "yourself to start with the split)", self.cpu_share, need / 2**30, avail / 2**30)
-                ratio = self.cpu_share
-            if ratio < self.cpu_share:
-                with self.trace.span("auto split: resize", ratio=round(ratio, 4)):
-                    self.resize(ratio)
-
-    # -- the step -----------------------------------------------------------------------------
-    @property
-    def pinned(self) -> bool:
-        return self.cpu.pinned if self.cpu is not None else False
-
-    def _each(self, method: str, *args) -> None:
-        """Calls ``method`` on both halves (the GPU's first)."""
-        for h in self._halves:
-            getattr(h, method)(*args)
+    def _sides(self) -> list:
+        return [(s, sg) for row in self.where for s, sg, _ in row]
 
     def before_backward(self, boundary: bool) -> None:
         self._each("before_backward", boundary)
@@ -292,44 +404,12 @@ class SplitPath(OptimizerPath):
             total, bad = total + s, bad or b
         return total, bad
 
-    def _sync_groups(self) -> None:
-        """The engine's hyperparameters (an LR schedule's lr) into both halves' groups."""
-        for g, (di, ci) in zip(self.optimizer.param_groups, self._gmap):
-            for h, i in ((self.dev, di), (self.cpu, ci)):
-                if i is None:
-                    continue
-                target = h.optimizer.param_groups[i]
-                for k, v in g.items():
-                    if k not in _OWN and k in target:
-                        target[k] = v
-
-    def apply(self, factor: float) -> None:
-        self._sync_groups()
-        if self.dev is not None and not self._dev_done:  # a retry after the CPU's half raised: not again
-            with self.trace.span("gpu step (split)"):
-                self.dev.apply(factor)  # queued on the GPU: runs while the CPU steps below
-        self._dev_done = True
-        if self.cpu is not None:
-            self.cpu.apply(factor)
-        self._dev_done = False
-
-    def step_failed(self) -> bool:
-        return any(h.step_failed() for h in self._halves)
-
-    def abandon_step(self) -> None:
-        self._dev_done = False
-        self._each("abandon_step")
-
     def release(self) -> None:
         self._dev_done = False
         self._each("release")
 
     def zero_grad(self) -> None:
         self._each("zero_grad")
-
-    # -- masters and state --------------------------------------------------------------------
-    def _half(self, side: str):
-        return self.dev if side == "dev" else self.cpu
 
     def masters(self) -> list:
         got = {"dev": self.dev.masters() if self.dev else None, "cpu": self.cpu.masters() if self.cpu else None}
@@ -344,15 +424,6 @@ class SplitPath(OptimizerPath):
         for s in ("dev", "cpu"):
             if parts[s] is not None:
                 self._half(s).load_masters(parts[s])
-
-    def _sub_index(self, side: str) -> list:
-        """Per group of the half ``side``, the index of its first parameter in its optimizer's state_dict."""
-        h = self._half(side)
-        out, start = [], 0
-        for ps in h.layout.params:
-            out.append(start)
-            start += len(ps)
-        return out
 
     def export_states(self) -> dict:
         """param index -> state in CPUAdam's format (int step, fp32 moments shaped like the parameter)."""
@@ -401,35 +472,12 @@ class SplitPath(OptimizerPath):
             sd["state"] = sub
             opt.load_state_dict(sd)
 
-    @property
-    def checkpoint_class(self) -> str:
-        return SplitOptimizer.checkpoint_class
-
-    # -- the rest -----------------------------------------------------------------------------
-    def stats(self, reset: bool = False) -> list:
-        return self.cpu.stats(reset) if self.cpu is not None else []
-
-    def set_trace(self, tracer) -> None:
-        self.trace = tracer
-        self._each("set_trace", tracer)
-
-    def flush(self) -> None:
-        self._each("flush")
-
-    def hook_modules(self, module: torch.nn.Module) -> list:
-        handles = self.cpu.hook_modules(module) if self.cpu is not None else []
-        self._hooked.append((module, handles))
-        return [_Unhook(self, len(self._hooked) - 1)]
-
-    def close(self) -> None:
-        self._each("close")
-
 
 class _Unhook:
     """The handle hook_modules returns: removes the hooks the CPU half holds now (a resize
     replaces them)."""
 
-    def __init__(self, path: SplitPath, i: int):
+    def __init__(self, path: TwoHalves, i: int):
         self._path, self._i = weakref.ref(path), i
 
     def remove(self) -> None:

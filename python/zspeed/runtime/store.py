@@ -154,8 +154,20 @@ class ParamStore:
         raise NotImplementedError
 
     def publish_unit(self, gi: int, ui: int, src: list | None = None, group=None) -> None:
-        """:meth:`publish` for unit ui of group gi alone, with its collective on ``group``."""
+        """:meth:`publish` for unit ui of group gi alone, with its collective on ``group`` (the
+        gathered copies of a partitioned store are not marked stale here: :meth:`mark_stale`)."""
+        self.publish_shard(gi, ui, self._source(src, gi, ui), group)
+
+    def publish_shard(self, gi: int, ui: int, new: torch.Tensor, group=None) -> None:
+        """Unit ui of group gi's new shard ``new`` (this rank's, any device; the shard itself
+        when it holds them already) into the model, with its collective on ``group``."""
         raise NotImplementedError
+
+    def mark_stale(self) -> None:
+        """The gathered copies of this store's parameters (ZeRO-3) are stale: an optimizer step
+        is changing the shards. Called from the training thread before a step starts."""
+        if self.fetcher is not None:
+            self.fetcher.mark_stale(self)
 
     def full(self, gi: int, pi: int, device=None) -> torch.Tensor:
         """Parameter pi of group gi whole (flat, the model's dtype) on ``device`` (default: the
@@ -223,9 +235,9 @@ class ShardedStore(ParamStore):
             for ui in range(len(row)):
                 self.publish_unit(gi, ui, src)
 
-    def publish_unit(self, gi: int, ui: int, src: list | None = None, group=None) -> None:
+    def publish_shard(self, gi: int, ui: int, new: torch.Tensor, group=None) -> None:
         with torch.no_grad():
-            self.comm.all_gather(self.bufs[gi][ui], self._source(src, gi, ui), group=group)
+            self.comm.all_gather(self.bufs[gi][ui], new, group=group)
 
     def full(self, gi: int, pi: int, device=None) -> torch.Tensor:
         p = self.layout.params[gi][pi]
@@ -289,15 +301,12 @@ class PartitionedStore(ParamStore):
         if self.fetcher is not None:
             self.fetcher.mark_stale(self)
 
-    def publish_unit(self, gi: int, ui: int, src: list | None = None, group=None) -> None:
-        del group
-        with torch.no_grad():
-            if src is not None:
-                new = self._source(src, gi, ui)
-                if new.data_ptr() != self.shard(gi, ui).data_ptr():
-                    self.shard(gi, ui).copy_(new)
-        if self.fetcher is not None:
-            self.fetcher.mark_stale(self)
+    def publish_shard(self, gi: int, ui: int, new: torch.Tensor, group=None) -> None:
+        del group  # nothing is gathered now: the fetcher gathers the shards when a module runs
+        shard = self.shard(gi, ui)
+        if new.data_ptr() != shard.data_ptr():
+            with torch.no_grad():
+                shard.copy_(new, non_blocking=new.is_cuda and shard.is_pinned())
 
 
 def shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:

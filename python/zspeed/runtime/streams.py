@@ -26,6 +26,10 @@ class HostStreams:
         """An event after the side stream's work so far (None: nothing to wait for)."""
         return None
 
+    def mark_current(self):
+        """An event after the compute stream's work so far (None: nothing to wait for)."""
+        return None
+
     def wait(self, event) -> None:
         """The compute stream waits for ``event`` (a mark())."""
 
@@ -49,6 +53,11 @@ class DeviceStreams(HostStreams):
     def mark(self):
         ev = torch.cuda.Event()
         ev.record(self.side)
+        return ev
+
+    def mark_current(self):
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
         return ev
 
     def wait(self, event) -> None:

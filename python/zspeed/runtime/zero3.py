@@ -208,6 +208,9 @@ class ParamFetcher:
         if frozen is not None:
             frozen.fetcher = self
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
+        # offload_optimizer.overlap_forward: (store, ready(gi, ui, block)) -- a shard of that
+        # store may still be being stepped in the background, and is gathered only once it is not.
+        self._gate = None
         self._busy = 0
         _FETCHERS.add(self)
 
@@ -236,6 +239,8 @@ class ParamFetcher:
         shard on NVMe is read first (zero3_nvme.py): with ``prefetch`` the read is only started
         (if a pool buffer is free) and lands later; otherwise it is waited for here."""
         todo = [st for st in sts if st.full is None or st.stale]
+        if self._gate is not None and todo:
+            todo = self._stepped(todo, prefetch)
         if not todo:
             return
         now, reads = [], []
@@ -252,6 +257,24 @@ class ParamFetcher:
             for st in reads:
                 if st.io is not None:
                     self._land(st)
+
+    def add_gate(self, sm, ready) -> "_GateHandle":
+        """While an optimizer step runs in the background (overlap_forward), every gather of a
+        shard of ``sm`` first asks ``ready(gi, ui, block)`` whether the shard holds the step's
+        weights. Returns a handle whose remove() ends it."""
+        self._gate = (sm, ready)
+        return _GateHandle(self, self._gate)
+
+    def _stepped(self, todo: list, prefetch: bool) -> list:
+        """``todo`` up to its first shard still being stepped: a gather the module needs now
+        waits for it; a prefetch stops there (later shards are stepped later still), except with
+        several ranks, where every rank must issue the same gathers and so waits too."""
+        sm, ready = self._gate
+        block = not prefetch or not self.comm.solo
+        for i, st in enumerate(todo):
+            if st.sm is sm and not ready(st.gi, st.ui, block):
+                return todo[:i]
+        return todo
 
     def _start_read(self, st: _State, block: bool) -> bool:
         """Starts reading ``st``'s shard into a pool buffer; without ``block`` only if one is free."""
@@ -619,6 +642,16 @@ class ParamFetcher:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+class _GateHandle:
+    def __init__(self, fetcher, gate):
+        self._fetcher, self._gate = weakref.ref(fetcher), gate
+
+    def remove(self) -> None:
+        f = self._fetcher()
+        if f is not None and f._gate is self._gate:
+            f._gate = None
 
 
 def _tensors(obj, out=None, depth=0):

@@ -346,6 +346,7 @@ class NVMeParamStore(ParamStore):
                            "by an optimizer step)")
 
     publish_unit = publish
+    publish_shard = publish
 
     def close(self) -> None:
         """Deletes the file and frees the pool (idempotent); the parameters cannot be used after."""

@@ -1,0 +1,200 @@
+"""The GPU/CPU optimizer split over a store's local space (runtime/split_store.py): ZeRO-3 on one
+rank and on several, and ZeRO stages 1-2 on several ranks (Gloo on the CPU here; on the
+CPU-only test machine the "GPU" half runs torch's AdamW on the CPU, tests/gpu runs it on CUDA).
+
+Tolerances: the GPU's half runs torch's AdamW, the CPU's zspeed's kernel; both are AdamW in
+fp32 but order their operations differently, so a split run equals the all-CPU run to fp32
+rounding (1e-5 relative, 1e-6 absolute after a few steps; bf16/fp16 models to a few ulps of
+their dtype, 2e-2), as in test_split.py. Between ranks the same gradients give the same
+bits, and an overlapped step equals the synchronous one bit for bit."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_helpers as eh  # noqa: E402
+import test_dp as dp  # noqa: E402
+import test_zero3 as z3  # noqa: E402
+
+import zspeed  # noqa: E402
+
+ON_CPU = z3.DEVICE == "cpu"
+
+
+def _cfg(ratio, param="cpu", precision="fp32", gas=1, state_dtype="fp32", overlap=False, **zero):
+    c = z3._cfg(3, opt="cpu", param=param, precision=precision, gas=gas, **zero)
+    c["zero_optimization"]["offload_optimizer"].update(ratio=ratio, overlap_forward=overlap)
+    if state_dtype != "fp32":
+        c["optimizer"]["params"]["state_dtype"] = state_dtype
+    return c
+
+
+def _near(a, b):
+    """Five steps mixing the two kernels: where a gradient element is near zero, Adam's division
+    by sqrt(v) lifts their fp32 rounding to a few 1e-6 in the weight (as test_zero3's ranks)."""
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _go_on(engine, steps, start):
+    """Trains on the batches a z3._train run of start + steps would reach after ``start``."""
+    gas = engine.gradient_accumulation_steps()
+    for idx in z3._data((start + steps) * gas)[start * gas:]:
+        engine.backward(z3._loss(engine, idx))
+        engine.step()
+
+
+@pytest.mark.parametrize("ratio,param,precision,gas", [(0.3, "cpu", "fp32", 1), (0.7, "none", "fp32", 2),
+                                                       (0.5, "cpu", "bf16", 2), (0.5, "cpu", "fp16", 1)])
+def test_a_zero3_split_equals_the_cpu_step(ratio, param, precision, gas):
+    ref, lr = z3._train(_cfg(1.0, param, precision, gas))
+    e, le = z3._train(_cfg(ratio, param, precision, gas))
+    path = e.optimizer_path
+    assert type(path).__name__ == "StoreSplitPath" and path.dev is not None and path.cpu is not None
+    sizes = [u.shard for gp in path.sm.plan.groups for u in gp.units]
+    assert abs(path.cpu_share - ratio) <= max(sizes) / sum(sizes)  # whole units: as near as they allow
+    assert z3._released(e) == []
+    z3._close(z3._whole(e), z3._whole(ref), precision)
+    assert le == pytest.approx(lr, rel=1e-4 if precision == "fp32" else 2e-2, abs=1e-6 if precision == "fp32"
+                               else 1e-3)
+    assert e.get_global_grad_norm() == pytest.approx(ref.get_global_grad_norm(), rel=1e-4 if precision == "fp32"
+                                                     else 5e-2)
+
+
+def test_the_gpu_share_is_the_first_units_of_each_group():
+    e, _ = z3._train(_cfg(0.5), steps=1)
+    path = e.optimizer_path
+    for gi, gp in enumerate(path.sm.plan.groups):
+        k = path._ks[gi]
+        sides = [s for s, _ in path._side_of[gi]]
+        assert sides == ["dev"] * sides.count("dev") + ["cpu"] * sides.count("cpu")
+        assert 0 <= k <= len(gp.units)
+
+
+def test_zero3_checkpoints_move_between_splits_and_plain_offload(tmp_path):
+    a, _ = z3._train(_cfg(0.4), steps=3)
+    a.save_checkpoint(str(tmp_path), tag="s")
+    c, _ = z3._train(_cfg(1.0), steps=3)
+    c.save_checkpoint(str(tmp_path), tag="c")
+    want, _ = z3._train(_cfg(1.0), steps=5)
+    want = z3._whole(want)
+    for tag, ratio in (("s", 1.0), ("c", 0.4), ("s", 0.7), ("s", 0.4)):
+        e, _ = z3._train(_cfg(ratio), steps=1)
+        e.load_checkpoint(str(tmp_path), tag=tag)
+        _go_on(e, 2, 3)
+        _near(z3._whole(e), want)
+    # The same split resumes bit for bit.
+    b, _ = z3._train(_cfg(0.4), steps=1)
+    b.load_checkpoint(str(tmp_path), tag="s")
+    _go_on(b, 2, 3)
+    whole, _ = z3._train(_cfg(0.4), steps=5)
+    assert all(torch.equal(x, y) for x, y in zip(z3._whole(b).values(), z3._whole(whole).values()))
+
+
+def test_zero3_split_with_8bit_states_and_its_checkpoints(tmp_path):
+    if not eh.native_ops_available():
+        pytest.skip("8-bit Adam states need libzspeed (the native CPU kernels)")
+    a, _ = z3._train(_cfg(0.5, state_dtype="int8"), steps=3)
+    path = a.optimizer_path
+    assert {st["exp_avg"].dtype for st in path.cpu.optimizer.state.values()} == {torch.int8}
+    assert {st["exp_avg"].dtype for st in path.dev.optimizer.state.values()} == {torch.float32}
+    ref, _ = z3._train(_cfg(1.0, state_dtype="int8"), steps=3)
+    z3._close(z3._whole(a), z3._whole(ref), "int8")  # the GPU's share keeps fp32 states: close, not equal
+    a.save_checkpoint(str(tmp_path), tag="s")
+    b, _ = z3._train(_cfg(0.5, state_dtype="int8"), steps=1)
+    b.load_checkpoint(str(tmp_path), tag="s")
+    _go_on(b, 2, 3)
+    whole, _ = z3._train(_cfg(0.5, state_dtype="int8"), steps=5)
+    assert all(torch.equal(x, y) for x, y in zip(z3._whole(b).values(), z3._whole(whole).values()))
+    for cfg in (_cfg(1.0), _cfg(0.8, state_dtype="int8")):  # fp32 plain offload; another split
+        e, _ = z3._train(cfg, steps=1)
+        e.load_checkpoint(str(tmp_path), tag="s")
+        _go_on(e, 2, 3)
+        assert all(torch.isfinite(v).all() for v in z3._whole(e).values())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_auto_at_zero3_sizes_the_split_after_step_1(monkeypatch, overlap):
+    from zspeed.runtime import split
+    limit = 10 << 30
+    margin = max(split.MARGIN_MIN, int(split.MARGIN_FRACTION * limit))
+    total = sum(p.numel() for p in z3.Model().parameters())
+    monkeypatch.setattr(split, "device_memory", lambda device: (limit, limit - margin - 8 * total))  # half fits
+    monkeypatch.setattr(split, "measure_rates", lambda *a, **k: (None, None))
+    e, _ = z3._train(_cfg("auto", overlap=overlap), steps=1)
+    path = e.optimizer_path
+    assert type(path).__name__ == "StoreSplitPath" and path.dev is not None and 0.2 < path.cpu_share < 0.8
+    if overlap:
+        assert path.cpu.sharded.fetcher._gate is not None  # the new CPU half's runner gates the gathers
+    _go_on(e, 3, 1)
+    ref, _ = z3._train(_cfg(1.0, overlap=overlap), steps=4)
+    _near(z3._whole(e), z3._whole(ref))
+
+
+# -- several ranks ---------------------------------------------------------------------------------
+def _z3_ranks(n, ratio, tmp, tag, precision="fp32", gas=1, **kw):
+    cfg = dict(_cfg(ratio, precision=precision, gas=gas), train_micro_batch_size_per_gpu=6 // n)
+    return z3._ranks(n, cfg, tmp, tag, **kw)
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the multi-rank cases run on the CPU (Gloo)")
+@pytest.mark.parametrize("n,ratio,precision,gas", [(2, 0.5, "fp32", 1), (3, 0.3, "bf16", 2)])
+def test_zero3_split_on_ranks_equals_plain_offload(tmp_path, n, ratio, precision, gas):
+    ref = _z3_ranks(n, 1.0, tmp_path, "ref", precision, gas)
+    got = _z3_ranks(n, ratio, tmp_path, "split", precision, gas)
+    for o, r in zip(got, ref):
+        assert o["released"] == []
+        _near(o["state"], r["state"]) if precision == "fp32" else z3._close(o["state"], r["state"], precision)
+    for o in got[1:]:
+        assert all(torch.equal(o["state"][k], got[0]["state"][k]) for k in o["state"])
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the multi-rank cases run on the CPU (Gloo)")
+def test_a_zero3_split_checkpoint_moves_across_world_sizes(tmp_path):
+    saved = _z3_ranks(2, 0.5, tmp_path, "save", save=str(tmp_path / "ck"))
+    loaded = _z3_ranks(3, 0.3, tmp_path, "load", steps=1, load=str(tmp_path / "ck"))
+    for o in loaded:
+        z3._close(o["state"], saved[0]["state"], "fp32")  # the saved weights (one more step: close)
+    e, _ = z3._train(_cfg(1.0), steps=1)  # and into one process without a split
+    e.load_checkpoint(tmp_path / "ck", tag="t")
+    z3._close(z3._whole(e), saved[0]["state"], "fp32")
+
+
+def _dp_cfg(stage, ratio, precision="fp32", overlap=False, gas=1, mb=3):
+    c = dp._cfg(stage, "cpu", precision, gas=gas, clip=0.5, mb=mb)
+    c["zero_optimization"].update(reduce_bucket_size=300, sub_group_size=150)  # several units, chunks
+    if stage == 3:
+        c["zero_optimization"].update(offload_param={"device": "cpu"}, stage3_param_persistence_threshold=40)
+    c["zero_optimization"]["offload_optimizer"].update(ratio=ratio, overlap_forward=overlap)
+    return c
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the multi-rank cases run on the CPU (Gloo)")
+@pytest.mark.parametrize("stage,precision", [(1, "fp32"), (2, "bf16"), (3, "fp32")])
+def test_split_on_ranks_equals_plain_offload_and_overlaps_exactly(tmp_path, stage, precision):
+    """Stages 1-3 on 2 ranks: the split equals ratio 1 (to the split's tolerance); with
+    overlap_forward (the CPU step slowed down so that the next forward runs ahead of it) it
+    equals the synchronous split bit for bit."""
+    kw = dict(groups=True)
+    ref = dp._run(2, _dp_cfg(stage, 1.0, precision), tmp_path, "ref", **kw)
+    sync = dp._run(2, _dp_cfg(stage, 0.5, precision), tmp_path, "sync", **kw)
+    over = dp._run(2, _dp_cfg(stage, 0.5, precision, overlap=True), tmp_path, "over", slow_step=0.02, **kw)
+    tol = dict(rtol=1e-5, atol=1e-6) if precision == "fp32" else dict(rtol=2e-2, atol=2e-2)
+    for r, s, o in zip(ref, sync, over):
+        dp._close(s, r, **tol)
+        assert s["norms"] == o["norms"]
+        assert all(torch.equal(s["state"][k], o["state"][k]) for k in s["state"]), "overlap changed a bit"
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the multi-rank cases run on the CPU (Gloo)")
+def test_an_fp16_overflow_on_one_rank_skips_the_split_step_everywhere(tmp_path):
+    ref = dp._run(2, _dp_cfg(3, 1.0, "fp16"), tmp_path, "ref", inf_at=[2])
+    got = dp._run(2, _dp_cfg(3, 0.5, "fp16", overlap=True), tmp_path, "split", inf_at=[2], slow_step=0.01)
+    for r, g in zip(ref, got):
+        assert g["skipped"] == r["skipped"] == 1 and g["applied"] == r["applied"]
+        assert g["loss_scale"] == r["loss_scale"]
+        dp._close(g, r, rtol=2e-2, atol=2e-2)
