@@ -58,7 +58,7 @@ def test_a_zero3_split_equals_the_cpu_step(ratio, param, precision, gas):
     sizes = [u.shard for gp in path.sm.plan.groups for u in gp.units]
     assert abs(path.cpu_share - ratio) <= max(sizes) / sum(sizes)  # whole units: as near as they allow
     assert z3._released(e) == []
-    z3._close(z3._whole(e), z3._whole(ref), precision)
+    _near(z3._whole(e), z3._whole(ref)) if precision == "fp32" else z3._close(z3._whole(e), z3._whole(ref), precision)
     assert le == pytest.approx(lr, rel=1e-4 if precision == "fp32" else 2e-2, abs=1e-6 if precision == "fp32"
                                else 1e-3)
     assert e.get_global_grad_norm() == pytest.approx(ref.get_global_grad_norm(), rel=1e-4 if precision == "fp32"

@@ -119,10 +119,9 @@ class DeviceShare(OptimizerPath):
         sm = self.sm
         with torch.no_grad():
             for flat, gi, k in zip(self._flat, self.gis, self.ks):
-                low = flat if sm.dtype == torch.float32 else flat.to(sm.dtype)
-                for ui in range(k):
+                for ui in range(k):  # unit by unit: the training dtype's copy is one unit at a time
                     start, n = sm.local_range(gi, ui)
-                    sm.publish_shard(gi, ui, low[start:start + n])
+                    sm.publish_shard(gi, ui, flat[start:start + n].to(sm.dtype))
         self._written = self._streams.mark_current()
 
     def flush(self) -> None:
