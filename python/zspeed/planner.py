@@ -191,8 +191,12 @@ def _candidates(stage3_nvme: bool) -> list:
             ("ZeRO-2 + CPU offload, ratio auto", {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "fp32", True),
             ("ZeRO-2 + CPU offload, ratio 1", {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "fp32", False),
             ("ZeRO-2 + CPU offload, int8 states", {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "int8", False),
+            ("ZeRO-3, both offloaded, ratio auto", {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                    "offload_param": {"device": "cpu"}}, "fp32", True),
             ("ZeRO-3, both offloaded to CPU", {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                                "offload_param": {"device": "cpu"}}, "fp32", False),
+            ("ZeRO-3, both offloaded, int8 states, ratio auto", {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                                 "offload_param": {"device": "cpu"}}, "int8", True),
             ("ZeRO-3, both offloaded, int8 states", {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                                      "offload_param": {"device": "cpu"}}, "int8", False)]
     if stage3_nvme:
@@ -325,7 +329,7 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         if rp.optimizer == "nvme":
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/path/on/your/nvme"
         gpu_need = cand.total("gpu")
-        if gpu_need + margin > gpu_b:
+        if gpu_need + margin > gpu_b + GPU_BYTES_PER_ELEM:  # "auto" fills its budget to the element
             cand.why.append(f"GPU: {gpu_need / GiB:.2f} GiB + {margin / GiB:.2f} GiB margin > {gpu_memory:g} GiB")
         host_need = cand.total("host") * gpus
         if host_b is not None and host_need > 0.9 * host_b:

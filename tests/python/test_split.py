@@ -296,6 +296,6 @@ def test_auto_keeps_the_split_when_the_move_would_not_fit_in_host_memory(monkeyp
         eh.train(e, DATA, 2)
     assert e.optimizer_path.cpu_share == 1.0 and e.optimizer_path.dev is None
     assert any("the split stays at 1.000" in r.getMessage() and "of host memory" in r.getMessage()
-               for r in caplog.records)
+               and 'set "ratio": 0.5' in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
     _close(_weights(e), _weights(_run(_cfg(1.0), steps=2)), "fp32")

@@ -24,7 +24,8 @@ from .dp import NoSync, ReplicaSync, ShardedBuffers, ShardedDevicePath, ShardSyn
 from .layout import FlatLayout
 from .memory import Need, Sizes, deepest_path_elems, state_bytes
 from .nvme import NVMePath
-from .split import TwoHalves
+from .split import SplitPath
+from .split_store import StoreSplitPath
 from .offload import HostBuffers
 from .optimizers import client_as_config, native_client
 from .partition import PartitionPlan
@@ -181,7 +182,6 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
         ratio, auto = 1.0, split.AutoSplit(device, cpu_s, gpu_s)
     store = param_store(plan, config, layout, coll)
     if store is not None:  # several ranks, or ZeRO-3: the split of this rank's local space
-        from .split_store import StoreSplitPath
         return StoreSplitPath(store, name, params, float(ratio), stage=plan.stage, reduce_overlap=plan.reduce_overlap,
                               comm=coll, comm_dtype=plan.comm_dtype, pin_memory=plan.pin_memory, force_native=force,
                               chunk_elems=plan.chunk_elems, num_threads=host_threads(plan.cores_share),
@@ -308,7 +308,8 @@ _CPU_SHARE = {"split": lambda ratio: {"auto": 1.0}.get(ratio, ratio)}  # "auto":
 def path_class(plan: RunPlan) -> type:
     """The optimizer path class of the plan (the split's "auto" may still fall back to HostPath)."""
     return {"device": {"replicated": device_path_class(plan.dtype)}.get(plan.store, ShardedDevicePath),
-            "host": HostPath, "nvme": NVMePath, "split": TwoHalves}[plan.optimizer]
+            "host": HostPath, "nvme": NVMePath,
+            "split": {"replicated": SplitPath}.get(plan.store, StoreSplitPath)}[plan.optimizer]
 
 
 def footprint(plan: RunPlan, place: "WholeModel", config, s: Sizes) -> list:

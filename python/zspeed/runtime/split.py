@@ -40,7 +40,7 @@ import torch
 
 from .cpu import HostPath
 from .layout import FlatLayout
-from .memory import Need, Sizes, state_bytes
+from .memory import Need, Sizes
 from .offload import HostBuffers
 from .optimizers import convert_adam_state
 from .paths import OptimizerPath, device_path, indexed_groups
@@ -161,13 +161,16 @@ class TwoHalves(OptimizerPath):
 
     @classmethod
     def bytes_needed(cls, plan, config, s: Sizes) -> list:
-        """What this path holds (memory.py): the CPU's share as HostPath holds it, and the GPU's
-        share's fp32 masters and optimizer state on the GPU (``s.cpu_share``: 1 until "auto" has
-        chosen, the most the host can be asked for)."""
-        sd, per = state_bytes(config)
+        """What this path holds (memory.py): the CPU's share as HostPath holds it, and on the GPU
+        the GPU share's fp32 masters and fp32 Adam moments, whatever the CPU's state dtype
+        (``s.cpu_share``: 1 until "auto" has chosen, the most the host can be asked for)."""
         return HostPath.bytes_needed(plan, config, s) + [
-            Need("gpu", f"fp32 masters and optimizer state of the GPU's share ({sd})",
-                 int((4 + per) * (s.local - int(s.local * s.cpu_share))))]
+            Need("gpu", "fp32 masters and Adam moments of the GPU's share", 12 * cls.gpu_elems(s))]
+
+    @staticmethod
+    def gpu_elems(s: Sizes) -> int:
+        """The elements of the rank's part the GPU steps."""
+        return s.local - int(s.local * s.cpu_share)
 
     def __init__(self, layout: FlatLayout, args: dict, auto: "AutoSplit | None"):
         super().__init__(layout)
@@ -233,13 +236,16 @@ class TwoHalves(OptimizerPath):
             h.close()
 
     def resize_host_bytes(self, ratio: float) -> int:
-        """Host memory the new CPU half of :meth:`resize` allocates while the old one still holds
-        its buffers: fp32 masters, the moments in the configured state dtype, the gradient and
-        weight buffers in the training dtype."""
+        """Host memory :meth:`resize` takes while the old halves still hold theirs: the new CPU
+        half's fp32 masters, moments in the configured state dtype, gradient and weight buffers
+        in the training dtype, and the GPU's new share on its way through host memory (fp32
+        masters and fp32 moments, as they are converted for torch's AdamW)."""
         from .memory import moment_bytes
-        n = int(sum(self.layout.totals) * ratio)
+        total = sum(self.layout.totals)
+        n = int(total * ratio)
         esize = torch.empty((), dtype=self._args["dtype"]).element_size()
-        return int(n * (4 + 2 * moment_bytes((self._args["params"] or {}).get("state_dtype", "fp32")) + 2 * esize))
+        cpu = n * (4 + 2 * moment_bytes((self._args["params"] or {}).get("state_dtype", "fp32")) + 2 * esize)
+        return int(cpu + (total - n) * 12)
 
     def step_done(self) -> None:
         """After a completed step: with ``"auto"``, the first one sizes the split (AutoSplit); with
@@ -251,8 +257,9 @@ class TwoHalves(OptimizerPath):
             need, avail = self.resize_host_bytes(ratio), available_host_bytes()
             if ratio < self.cpu_share and avail is not None and need > 0.9 * avail:
                 log.warning("zspeed: offload_optimizer.ratio \"auto\": the split stays at %.3f: moving the state "
-                            "needs %.2f GiB of host memory for a moment and %.2f GiB is available (set ratio "
-                            "yourself to start with the split)", self.cpu_share, need / 2**30, avail / 2**30)
+                            "to ratio %.3f needs %.2f GiB of host memory for a moment and %.2f GiB is available "
+                            "(set \"ratio\": %.3f yourself to start with that split, which needs no move)",
+                            self.cpu_share, ratio, need / 2**30, avail / 2**30, ratio)
                 ratio = self.cpu_share
             ratio = self._agree(ratio)
             if ratio < self.cpu_share:

@@ -36,6 +36,7 @@ from .collectives import Collectives
 from .cpu import HostPath
 from .dp import GradReducer
 from .layout import FlatLayout
+from .memory import Need
 from .offload import HostBuffers
 from .optimizers import build_device_optimizer, convert_adam_state, norms_stats, torch_grad_stats
 from .paths import OptimizerPath
@@ -286,6 +287,13 @@ class HostShare(HostBuffers):
 
 class StoreSplitPath(TwoHalves):
     """The split over a store's local space (see the module docstring)."""
+
+    @classmethod
+    def bytes_needed(cls, plan, config, s) -> list:
+        """TwoHalves' and the GPU share's fp32 gradient buffer, which stays allocated (the
+        reducer lands its units there)."""
+        return super().bytes_needed(plan, config, s) + [
+            Need("gpu", "fp32 gradients of the GPU's share", 4 * cls.gpu_elems(s))]
 
     def __init__(self, sm: ParamStore, name: str, params: dict, ratio: float, *, stage: int, reduce_overlap: bool,
                  comm: Collectives, comm_dtype: torch.dtype, pin_memory: bool, force_native: bool,
