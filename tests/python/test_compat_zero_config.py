@@ -1,6 +1,7 @@
 """DeepSpeed's config and loss-scaler names that scripts import (runtime/zero/config.py,
-runtime/zero/offload_config.py, runtime/fp16/loss_scaler.py): ZeroStageEnum, DeepSpeedZeroConfig
-with DeepSpeed's deprecated spellings, get_zero_config, and the add_safe_globals idiom."""
+runtime/zero/offload_config.py, runtime/fp16/loss_scaler.py, runtime/precision_config.py,
+runtime/config_utils.py): ZeroStageEnum, DeepSpeedZeroConfig with DeepSpeed's deprecated
+spellings, get_zero_config, the precision sections, and the add_safe_globals idiom."""
 from __future__ import annotations
 
 import argparse
@@ -66,13 +67,37 @@ def test_loss_scalers_and_safe_globals():
         torch.serialization.add_safe_globals([LossScaler, ZeroStageEnum])
 
 
+def test_the_precision_sections():
+    from zspeed.runtime.config import ConfigError
+    from zspeed.runtime.config_utils import DeepSpeedConfigModel
+    from zspeed.runtime.precision_config import (DeepSpeedBF16Config, DeepSpeedFP16Config, get_bfloat16_config,
+                                                 get_float16_config)
+    bf = get_bfloat16_config({"bf16": {"enabled": True}})
+    assert isinstance(bf, DeepSpeedBF16Config) and bf.enabled and bf.check_grad_overflow  # defaults filled in
+    assert get_bfloat16_config({"bfloat16": {"enabled": True}}).enabled  # the old spelling
+    assert not get_bfloat16_config({}).enabled and not get_float16_config({"fp16": None}).enabled
+    fp = get_float16_config({"fp16": {"enabled": True, "initial_scale_power": 8}})
+    assert isinstance(fp, DeepSpeedFP16Config) and fp.initial_scale_power == 8 and fp.loss_scale_window == 1000
+    for c in (bf, fp, DeepSpeedZeroConfig(stage=2)):
+        assert isinstance(c, DeepSpeedConfigModel)
+    with pytest.raises(ConfigError, match="initial_scale_powr"):
+        get_float16_config({"fp16": {"initial_scale_powr": 8}})
+    with pytest.raises(ConfigError, match="enabled"):
+        get_bfloat16_config({"bf16": {"enabled": "yes"}})
+    with pytest.raises(AttributeError, match="read-only"):
+        bf.enabled = False
+
+
 def test_the_deepspeed_names_after_install():
     import zspeed.hf  # noqa: F811 - the submodule
     zspeed.hf.install()
     try:
+        from deepspeed.runtime.config_utils import DeepSpeedConfigModel
         from deepspeed.runtime.fp16.loss_scaler import LossScaler as L
+        from deepspeed.runtime.precision_config import get_bfloat16_config
         from deepspeed.runtime.zero.config import ZeroStageEnum as Z
         assert L is LossScaler and Z is ZeroStageEnum
+        assert isinstance(get_bfloat16_config({"bf16": {"enabled": True}}), DeepSpeedConfigModel)
     finally:
         zspeed.hf.uninstall()
 

@@ -198,3 +198,30 @@ def test_an_fp16_overflow_on_one_rank_skips_the_split_step_everywhere(tmp_path):
         assert g["skipped"] == r["skipped"] == 1 and g["applied"] == r["applied"]
         assert g["loss_scale"] == r["loss_scale"]
         dp._close(g, r, rtol=2e-2, atol=2e-2)
+
+
+def test_the_trace_shows_each_half_and_the_forwards_waits(tmp_path):
+    """The Chrome trace of a ZeRO-3 split with overlap_forward: the GPU half's step, the CPU
+    half's chunks on the step's own thread, and the forward's waits for stepped shards."""
+    import json
+    cfg = _cfg(0.5, overlap=True, sub_group_size=200)
+    cfg["zspeed_trace"] = str(tmp_path / "t.json")
+    e, _ = z3._train(cfg, steps=3)
+    e.close()
+    doc = json.loads((tmp_path / "t.json").read_text())
+    spans = [ev for ev in doc["traceEvents"] if ev["ph"] == "X"]
+    names = {ev["name"] for ev in spans}
+    assert {"gpu step (split)", "gpu half: AdamW and new weights", "cpu step (overlapped)"} <= names, names
+    tid = {ev["name"]: ev["tid"] for ev in spans}
+    assert tid["cpu step (overlapped)"] != tid["forward"]  # the CPU half on its own thread
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the multi-rank cases run on the CPU (Gloo)")
+def test_zero3_overlap_without_a_split_on_ranks_is_exact(tmp_path):
+    """overlap_forward at ZeRO-3 on 2 ranks (ratio 1): every rank's gathers wait for its own
+    shards, prefetches included, so all issue the same all-gathers; bit for bit the synchronous step."""
+    sync = dp._run(2, _dp_cfg(3, 1.0), tmp_path, "sync", groups=True)
+    over = dp._run(2, _dp_cfg(3, 1.0, overlap=True), tmp_path, "over", groups=True, slow_step=0.02)
+    for s, o in zip(sync, over):
+        assert s["norms"] == o["norms"]
+        assert all(torch.equal(s["state"][k], o["state"][k]) for k in s["state"])

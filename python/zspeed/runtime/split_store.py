@@ -68,6 +68,9 @@ def gpu_units(sm: ParamStore, ratio: float) -> list:
     return out
 
 
+_SPANS = {"cuda": "cuda_span"}  # the device's kind of trace span (elsewhere: a span of the training thread)
+
+
 def _end(gp, k: int) -> int:
     """Where unit k begins in a group's local space (its end for k = the unit count)."""
     return gp.local_start[k] if k < len(gp.units) else sum(u.shard for u in gp.units)
@@ -109,10 +112,12 @@ class DeviceShare(OptimizerPath):
         if factor != 1.0 and self._phase == 0:
             torch._foreach_mul_(self._gflat, factor)
         self._phase = max(self._phase, 1)
-        if self._phase == 1:
-            self.optimizer.step()
-            self._phase = 2
-        self._publish()
+        # On the trace: the GPU's own time for its half (a CUDA span on the compute stream).
+        with getattr(self.trace, _SPANS.get(self.sm.device.type, "span"))("gpu half: AdamW and new weights"):
+            if self._phase == 1:
+                self.optimizer.step()
+                self._phase = 2
+            self._publish()
         self._phase = 0
 
     def _publish(self) -> None:

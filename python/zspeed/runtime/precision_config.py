@@ -1,0 +1,48 @@
+"""DeepSpeed's ``deepspeed.runtime.precision_config``: the ``bf16`` and ``fp16`` sections as
+objects (``get_bfloat16_config``, ``get_float16_config``), for libraries that read a config's
+precision the way DeepSpeed's engine does.
+
+Each is validated by zspeed's schema (an unknown key or a bad value is a ConfigError, a
+ValueError, naming the key), with every key as a read-only attribute and its default filled
+in. ``get_bfloat16_config`` reads ``bf16`` or, when it is absent, the old spelling
+``bfloat16``, as DeepSpeed does.
+"""
+from __future__ import annotations
+
+from .zero.offload_config import ReadOnlyConfig
+
+__all__ = ["DeepSpeedBF16Config", "DeepSpeedFP16Config", "get_bfloat16_config", "get_float16_config"]
+
+
+class _Precision(ReadOnlyConfig):
+    _section = ""
+
+    def __init__(self, **section):
+        from .config import parse_precision_section
+        super().__init__(**parse_precision_section(self._section, section))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(enabled={self.enabled!r})"
+
+
+class DeepSpeedBF16Config(_Precision):
+    """A validated ``bf16`` section (DeepSpeed's name)."""
+    _section = "bf16"
+
+
+class DeepSpeedFP16Config(_Precision):
+    """A validated ``fp16`` section (DeepSpeed's name)."""
+    _section = "fp16"
+
+
+def get_bfloat16_config(param_dict: dict) -> DeepSpeedBF16Config:
+    """The ``bf16`` section of a whole config dict (or ``bfloat16``, its old name); absent: disabled."""
+    section = param_dict.get("bf16")
+    if section is None:
+        section = param_dict.get("bfloat16")
+    return DeepSpeedBF16Config(**(section or {}))
+
+
+def get_float16_config(param_dict: dict) -> DeepSpeedFP16Config:
+    """The ``fp16`` section of a whole config dict; absent: disabled."""
+    return DeepSpeedFP16Config(**(param_dict.get("fp16") or {}))
