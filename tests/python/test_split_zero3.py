@@ -225,3 +225,33 @@ def test_zero3_overlap_without_a_split_on_ranks_is_exact(tmp_path):
     for s, o in zip(sync, over):
         assert s["norms"] == o["norms"]
         assert all(torch.equal(s["state"][k], o["state"][k]) for k in s["state"])
+
+
+@pytest.mark.parametrize("state_dtype,precision", [("int8", "bf16"), ("fp32", "fp32")])
+def test_a_smaller_cpu_share_moves_without_new_host_memory(tmp_path, state_dtype, precision):
+    """resize() to a smaller CPU share (what "auto" does after step 1): the new CPU half takes over
+    the old one's buffers and optimizer states, the moving pieces go to the GPU one by one. The
+    run then equals, bit for bit, a run at the final ratio loaded from a checkpoint of the moment."""
+    if state_dtype == "int8" and not eh.native_ops_available():
+        pytest.skip("8-bit Adam states need libzspeed (the native CPU kernels)")
+    a, _ = z3._train(_cfg(0.9, precision=precision, state_dtype=state_dtype), steps=2)
+    a.save_checkpoint(str(tmp_path), tag="two")
+    path = a.optimizer_path
+    before = [f.data_ptr() for f in path.buffers._flats]
+    states = {id(st) for st in path.cpu.optimizer.state.values()}
+    assert path._shrinks(0.4) and path.resize_host_bytes(0.4) < 1 << 20
+    path.resize(0.4)
+    assert path.dev is not None and path.cpu_share < 0.9
+    spans = [(p, p + f.numel() * f.element_size()) for p, f in zip(before, path.buffers._donor._flats)]
+    assert all(any(lo <= f.data_ptr() < hi for lo, hi in spans) for f in path.buffers._flats)  # tails of the old
+    assert {id(st) for st in path.cpu.optimizer.state.values()} <= states  # the same state objects
+    _go_on(a, 3, 2)
+    b, _ = z3._train(_cfg(0.4, precision=precision, state_dtype=state_dtype), steps=1)
+    b.load_checkpoint(str(tmp_path), tag="two")
+    _go_on(b, 3, 2)
+    assert all(torch.equal(x, y) for x, y in zip(z3._whole(a).values(), z3._whole(b).values()))
+    # And back up (a larger CPU share): the general move.
+    assert not path._shrinks(0.95)
+    path.resize(0.95)
+    _go_on(a, 1, 5)
+    assert all(torch.isfinite(v).all() for v in z3._whole(a).values())

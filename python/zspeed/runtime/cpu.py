@@ -67,10 +67,11 @@ class HostPath(OffloadedPath):
             self.host_masters = own
         else:
             _, self.host_masters = buffers.alloc(torch.float32)
-            with torch.no_grad():
-                for ps, ms in zip(layout.params, self.host_masters):
-                    for p, m in zip(ps, ms):
-                        m.copy_(p.detach().reshape(-1).to("cpu", torch.float32))
+            if not buffers.prefilled:  # (buffers taken over from an earlier path hold its masters)
+                with torch.no_grad():
+                    for ps, ms in zip(layout.params, self.host_masters):
+                        for p, m in zip(ps, ms):
+                            m.copy_(p.detach().reshape(-1).to("cpu", torch.float32))
         if not lowp:
             self._out = self.host_masters
         elif own is not None:

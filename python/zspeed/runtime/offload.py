@@ -54,6 +54,8 @@ class HostBuffers:
     ``flat_grads``: on the CPU, gather the gradients into one flat buffer per group
     (always so on CUDA, where they arrive by copy anyway)."""
 
+    prefilled = False  # whether alloc() hands out buffers that hold a path's values already
+
     def __init__(self, layout: FlatLayout, device: torch.device, model_dtype: torch.dtype,
                  pin_memory: bool, bucket_elems: int, flat_grads: bool):
         self.layout = layout

@@ -225,21 +225,43 @@ class HostShare(HostBuffers):
     arrive from the store split's reducer; new weights are published unit by unit through the
     store (dp.ShardedBuffers does the same for a whole local space)."""
 
-    def __init__(self, sm: ParamStore, layout: FlatLayout, gis: list, ks: list, pin_memory: bool):
+    def __init__(self, sm: ParamStore, layout: FlatLayout, gis: list, ks: list, pin_memory: bool,
+                 donor: "HostShare | None" = None):
         self.sm, self.gis, self.ks = sm, gis, ks
         self._base = [_end(sm.plan.groups[gi], k) for gi, k in zip(gis, ks)]
         self._pending_src = None
+        # A shrunk CPU half (StoreSplitPath.resize to a smaller CPU share) takes over the buffers
+        # of the half it replaces: each of its alloc() calls gets the tail of that half's buffers
+        # of the same call, so nothing is copied and no host memory is added.
+        self._donor, self._calls = donor, 0
+        self.prefilled = donor is not None
         super().__init__(layout, sm.device, sm.dtype, pin_memory, 0, flat_grads=True)
+        if donor is not None:  # the page-locked registrations move with the buffers
+            self._pinned_ptrs.extend(donor._pinned_ptrs)
+            donor._pinned_ptrs.clear()
+            self._pinned_any = donor._pinned_any
+
+    def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
+        d = self._donor
+        if d is None:
+            flats, views = super().alloc(dtype)
+            for t in flats:
+                t.zero_()  # the padding of the local space stays zero
+            return flats, views
+        call, self._calls = self._calls, self._calls + 1
+        row = d._flats[call * len(d.gis):(call + 1) * len(d.gis)]
+        flats = []
+        for i, gi in enumerate(self.gis):
+            j = d.gis.index(gi)
+            src = row[j]
+            if src.dtype != dtype:
+                raise AssertionError(f"a shrunk CPU half's buffer {call} is {src.dtype}, not {dtype}")
+            flats.append(src[self._base[i] - d._base[j]:])
+        self._flats.extend(flats)
+        return flats, [self.layout.views(f, i) for i, f in enumerate(flats)]
 
     def _gradient_source(self, bucket_elems: int):
         return _Given(self.grads)
-
-    def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
-        """As HostBuffers.alloc, zeroed: the padding of the local space stays zero."""
-        flats, views = super().alloc(dtype)
-        for t in flats:
-            t.zero_()
-        return flats, views
 
     def unit_dest(self, i: int, gi: int, ui: int) -> torch.Tensor:
         start, n = self.sm.local_range(gi, ui)
@@ -318,10 +340,13 @@ class StoreSplitPath(TwoHalves):
         return self.sm
 
     def _build(self, ratio: float) -> None:
-        a, sm = self._args, self.sm
-        ks = gpu_units(sm, ratio)
+        self._build_halves(gpu_units(self.sm, ratio))
+
+    def _carve(self, ks: list) -> tuple:
+        """The layouts of both halves for GPU unit counts ``ks``: (GPU groups, CPU groups, and
+        per half the (store group, k) of each of its groups); sets the maps between them."""
+        sm, layout = self.sm, self.layout
         units = sm.entry_units()
-        layout = self.layout
         dev_groups, cpu_groups, dev_at, cpu_at = [], [], [], []
         self._gmap, self._cut, self._side_of = [], [], []
         for gi, (g, entries, k) in enumerate(zip(layout.groups, layout.params, ks)):
@@ -342,16 +367,88 @@ class StoreSplitPath(TwoHalves):
         self.gpu_elems = sum(_end(sm.plan.groups[gi], k) for gi, k in dev_at)
         total = sum(layout.totals)
         self.cpu_share = 1.0 - self.gpu_elems / total if total else 1.0
+        return dev_groups, cpu_groups, dev_at, cpu_at
+
+    def _build_halves(self, ks: list, donor: HostShare | None = None) -> None:
+        a, sm = self._args, self.sm
+        dev_groups, cpu_groups, dev_at, cpu_at = self._carve(ks)
         self.dev = DeviceShare(sm, FlatLayout(dev_groups), [gi for gi, _ in dev_at], [k for _, k in dev_at],
                                a["name"], a["params"]) if dev_groups else None
         self.cpu = self.buffers = None
         if cpu_groups:
             cl = FlatLayout(cpu_groups)
-            self.buffers = HostShare(sm, cl, [gi for gi, _ in cpu_at], [k for _, k in cpu_at], a["pin_memory"])
+            self.buffers = HostShare(sm, cl, [gi for gi, _ in cpu_at], [k for _, k in cpu_at], a["pin_memory"],
+                                     donor=donor)
             self.cpu = HostPath(cl, self.buffers, a["name"], a["params"], client=None,
                                 force_native=a["force_native"], chunk_elems=a["chunk_elems"],
                                 num_threads=a["num_threads"], timing=a["timing"])
         self._finish_build()
+
+    # -- "auto": a smaller CPU share without new host memory ------------------------------------
+    def _shrinks(self, ratio: float) -> bool:
+        """Whether ``ratio`` only moves units from the CPU half to the GPU's (what "auto" does)."""
+        return self.cpu is not None and all(k >= k0 for k, k0 in zip(gpu_units(self.sm, ratio), self._ks))
+
+    def resize_host_bytes(self, ratio: float) -> int:
+        """A shrink adds no host buffer (the new CPU half takes over the old one's): only each
+        moving piece's fp32 moments pass through host memory, one piece at a time."""
+        if not self._shrinks(ratio):
+            return super().resize_host_bytes(ratio)
+        return 12 * max((n for row in self.layout.numels for n in row), default=0)
+
+    def resize(self, ratio: float) -> None:
+        """TwoHalves.resize, and for a smaller CPU share (the move "auto" makes) without new host
+        memory: the units moving to the GPU go there piece by piece (their fp32 masters and
+        moments, converted from the CPU's state dtype), and the new CPU half takes over the old
+        one's buffers (their tails) and its optimizer states (the same tensors)."""
+        if not self._shrinks(ratio):
+            super().resize(ratio)
+            return
+        self.flush()
+        masters = self.masters()                     # views: the old halves' own tensors
+        dev_states = self.dev.entry_states() if self.dev is not None else []
+        old_cpu, old_buf, old_dev = self.cpu, self.buffers, self.dev
+        old_gmap, old_cut = self._gmap, self._cut
+        cpu_state = old_cpu.optimizer.state
+        for module, handles in self._hooked:
+            for h in handles:
+                h.remove()
+        self._build_halves(gpu_units(self.sm, ratio), donor=old_buf)
+        self._each("set_trace", self.trace)
+        self._hooked = [(m, self.cpu.hook_modules(m) if self.cpu is not None else []) for m, _ in self._hooked]
+        host_masters = [list(g["params"]) for g in old_cpu.optimizer.param_groups]
+        if self.dev is not None:  # every piece the GPU now steps: from the old GPU half or the old CPU half
+            rows, srows = [], []
+            for gi, (di, _ci) in enumerate(self._gmap):
+                if di is None:
+                    continue
+                odi, oci = old_gmap[gi]
+                ocut = old_cut[gi]
+                rows.append(masters[gi][:self._cut[gi]])
+                srow = []
+                for ei in range(self._cut[gi]):
+                    if ei < ocut:
+                        srow.append(dev_states[odi][ei])
+                    else:
+                        srow.append(cpu_state.get(host_masters[oci][ei - ocut]))
+                srows.append(srow)
+            self.dev.load_masters(rows)
+            self.dev.load_entry_states(srows)
+        if self.cpu is not None:  # the remaining pieces' states move to the new CPU half as they are
+            new_state = self.cpu.optimizer.state
+            new_params = [list(g["params"]) for g in self.cpu.optimizer.param_groups]
+            for gi, (_di, ci) in enumerate(self._gmap):
+                if ci is None:
+                    continue
+                oci, shift = old_gmap[gi][1], self._cut[gi] - old_cut[gi]
+                for ei, p in enumerate(new_params[ci]):
+                    st = cpu_state.get(host_masters[oci][ei + shift])
+                    if st is not None:
+                        new_state[p] = st
+        del masters, dev_states, cpu_state
+        for h in (old_dev, old_cpu):
+            if h is not None:
+                h.close()
 
     def _dest_of(self, gi: int, ui: int) -> torch.Tensor:
         di, ci = self._gmap[gi]
