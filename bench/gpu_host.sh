@@ -13,6 +13,7 @@
 #                   ratio "auto" + overlap_forward, ratio 1, DeepSpeed (ZS_BUDGET_IMPLS picks the rows)
 #   bench/gpu_host.sh split3-bench  ZeRO-3 both offloads, GPU capped at 24 GiB, batch 8: 3.36B ratio 1 /
 #                   overlap_forward / "auto" + overlap_forward / DeepSpeed, 6.58B int8 (ZS_SPLIT3_ROWS picks)
+#   bench/gpu_host.sh plan-check  zspeed plan's predicted steps (rates measured on the spot) vs the measured ones
 #   bench/gpu_host.sh hf        the Hugging Face Trainer route on the GPU (tests/gpu/check_hf_cuda.py)
 #   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
 #                   zspeed vs DeepSpeed at 3.36B (ZS_Z3_LAYERS: more zspeed sizes, e.g. "24 48")
@@ -139,6 +140,9 @@ split3-bench)
     python3 bench/bench_engine.py $Z3 $args 2>&1 | tee "$OUT/split3_$row.log" \
       | grep -E "ratio \"auto\" ->|RESULT|Error|error" | tail -3
   done
+  ;;
+plan-check)
+  python3 bench/plan_check.py 2>&1 | tee "$OUT/plan_check.log"
   ;;
 hf)
   python3 tests/gpu/check_hf_cuda.py 2>&1 | tee "$OUT/check_hf_cuda.log" | tail -12

@@ -1,5 +1,5 @@
 """``zspeed plan``: which ZeRO stage, offload tiers and optimizer state dtype fit a model on a
-machine, the bytes each tier holds, and the optimizer step's CPU time.
+machine, the bytes each tier holds, the optimizer step's CPU time and the predicted step time.
 
 The question it answers is the one offload users ask first ("will a 13B fit my 24 GB card and
 64 GB of RAM, and how fast?"). It uses the engine's own accounting, not a second model of it:
@@ -19,8 +19,26 @@ at start-up:
 
 and, for ``"ratio": "auto"``, the GPU share the engine's AutoSplit would choose from that peak.
 The CPU optimizer's speed is measured here (zspeed's C Adam on this machine's cores, a few
-million elements), and the step's CPU time is the CPU share's elements at that rate. Nothing
-else (forward and backward, copies) is predicted: it depends on the GPU.
+million elements, per state dtype), and the step's CPU time is the CPU share's elements at
+that rate.
+
+The step time is predicted from rates: the CPU Adam's (above), the GPU's AdamW (measured on
+the spot on a GPU) and the forward and backward of one micro-batch without offload
+(``fwd_bwd_seconds``: given, or measured on the spot on a GPU by timing one transformer block
+of the model's shape and its output layer at the batch and sequence; times the layers, and
+4/3 with checkpointing, which recomputes each block's forward). Per configuration:
+
+  optimizer on the GPU     forward+backward + the GPU's AdamW over the rank's part
+  CPU offload (ratio 1)    forward+backward + the CPU's step (synchronous)
+  ratio "auto" + overlap_forward
+                           the GPU share's AdamW + the longer of (the forward, the CPU's share
+                           of the step) + the backward: the next forward waits for each unit's
+                           new weights, so the CPU's step runs during it, and the backward
+                           starts when both are done (the forward is a third of forward+backward,
+                           a quarter with checkpointing)
+  optimizer on NVMe        not predicted: the disk's speed decides
+
+Copies between host and GPU are taken to overlap the computation (they do, on a side stream).
 
 Limits: the activation formula is a transformer's; a model passed as a module without
 a known shape gets no activation estimate (said in the output). The GPU check of each row is
@@ -37,7 +55,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-__all__ = ["Shape", "Candidate", "PlanReport", "plan", "largest", "main"]
+__all__ = ["Shape", "Candidate", "PlanReport", "plan", "largest", "main", "measure_fwd_bwd", "predicted_step"]
 
 GiB = float(1 << 30)
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -123,6 +141,7 @@ class Candidate:
     why: list = field(default_factory=list)        # what does not fit
     cpu_share: float = 1.0                          # of the optimizer's elements
     cpu_step_s: float | None = None
+    step_s: float | None = None                     # the predicted step (see the module docstring)
 
     def total(self, tier: str) -> int:
         return sum(self.tiers.get(tier, {}).values())
@@ -145,7 +164,8 @@ class PlanReport:
         return {"params": self.params, "machine": self.machine, "notes": self.notes,
                 "best": self.best.name if self.best else None,
                 "candidates": [{"name": c.name, "fits": c.fits, "why": c.why, "cpu_share": c.cpu_share,
-                                "cpu_step_s": c.cpu_step_s, "tiers": c.tiers, "config": c.config}
+                                "cpu_step_s": c.cpu_step_s, "step_s": c.step_s, "tiers": c.tiers,
+                                "config": c.config}
                                for c in self.candidates]}
 
     def __str__(self) -> str:
@@ -156,13 +176,15 @@ class PlanReport:
                  + (f"{m['disk_gib']:.0f} GiB disk" if m.get("disk_gib") else "no NVMe disk given")
                  + f", {m['cores']} cores (CPU Adam {m['cpu_ns']:.2f} ns/element measured here"
                  + (f", scaled to {m['cores']} cores" if m.get("scaled") else "") + ")", ""]
-        head = f"  {'configuration':<52} {'fits':<5} {'GPU GiB':>8} {'host GiB':>9} {'NVMe GiB':>9} {'CPU step':>9}"
+        head = (f"  {'configuration':<52} {'fits':<5} {'GPU GiB':>8} {'host GiB':>9} {'NVMe GiB':>9} {'CPU step':>9}"
+                f" {'step':>8}")
         lines += [head, "  " + "-" * (len(head) - 2)]
         for c in self.candidates:
-            step = f"{c.cpu_step_s:.2f} s" if c.cpu_step_s is not None else "-"
+            cpu = f"{c.cpu_step_s:.2f} s" if c.cpu_step_s is not None else "-"
+            step = f"{c.step_s:.2f} s" if c.step_s is not None else "-"
             lines.append(f"  {c.name:<52} {'yes' if c.fits else 'no':<5} {c.total('gpu') / GiB:>8.2f} "
                          f"{c.total('host') * m['gpus'] / GiB:>9.2f} {c.total('nvme') * m['gpus'] / GiB:>9.2f} "
-                         f"{step:>9}")
+                         f"{cpu:>9} {step:>8}")
             for w in c.why:
                 lines.append(f"      does not fit: {w}")
         best = self.best
@@ -180,6 +202,12 @@ class PlanReport:
                     k = 1 if tier == "gpu" else m["gpus"]
                     lines.append(f"  {tier:<5} " + ", ".join(f"{w} {v * k / GiB:.2f}" for w, v in best.tiers[tier].items())
                                  + " GiB")
+        if m.get("fwd_bwd_s") is not None:
+            lines.append(f"Steps predicted from forward+backward {m['fwd_bwd_s']:.3f} s per micro-batch "
+                         f"({m['fwd_bwd_from']}), CPU Adam {m['cpu_ns']:.2f} ns/element (fp32 states) and the "
+                         f"GPU's AdamW {m['gpu_ns']:.3f} ns/element.")
+        else:
+            lines.append("Steps not predicted: no GPU here to time the forward and backward (--fwd-bwd-s gives it).")
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
 
@@ -213,28 +241,104 @@ def _activations(shape: Shape | None, batch: int, seq: int, ckpt: bool, esize: i
     return (esize * per * shape.layers + layer) if ckpt else layer * shape.layers
 
 
-def cpu_adam_seconds_per_element(threads: int | None = None) -> float | None:
-    """zspeed's C AdamW on this machine (seconds per element), None without the native library."""
+def _adam_rates(device_type: str, state_dtype: str = "fp32", threads: int | None = None) -> tuple:
+    """(CPU, GPU) seconds per element of zspeed's C AdamW here and of torch's on ``device_type``
+    ("cuda" measures the GPU too), None where one cannot be measured."""
     try:
         import torch
         from .runtime.config import parse_config
         from .runtime.split import measure_rates
-        c = parse_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        params = {"lr": 1e-4, **({"state_dtype": state_dtype} if state_dtype != "fp32" else {})}
+        c = parse_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": params},
                           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, world_size=1)
-        return measure_rates(torch.device("cpu"), c.optimizer_name, c.optimizer_params, False, threads)[0]
+        return measure_rates(torch.device(device_type), c.optimizer_name, c.optimizer_params, False, threads)
     except Exception:  # noqa: BLE001 - the timing only informs the report
+        return None, None
+
+
+def cpu_adam_seconds_per_element(threads: int | None = None, state_dtype: str = "fp32") -> float | None:
+    """zspeed's C AdamW on this machine (seconds per element), None without the native library."""
+    return _adam_rates("cpu", state_dtype, threads)[0]
+
+
+def measure_fwd_bwd(shape: Shape, batch: int, seq: int, ckpt: bool, dtype: str = "bf16", device="cuda",
+                    repeats: int = 3) -> float:
+    """Seconds of one micro-batch's forward and backward of a GPT of ``shape`` on ``device``,
+    from one transformer block and the output layer timed there (the median of ``repeats``):
+    layers x the block (x 4/3 with checkpointing, which recomputes each block's forward) + the
+    output layer with the loss."""
+    import time
+    import torch
+    import torch.nn.functional as F
+    dev = torch.device(device)
+    dt = getattr(torch, _DTYPES[dtype])
+    h, ff = shape.hidden, shape.ffn or 4 * shape.hidden
+    heads = max(1, shape.heads)
+
+    def lin(i, o):
+        return torch.nn.Linear(i, o, device=dev, dtype=dt)
+    ln1, ln2, ln_f = (torch.nn.LayerNorm(h, device=dev, dtype=dt) for _ in range(3))
+    qkv, proj, fc1, fc2 = lin(h, 3 * h), lin(h, h), lin(h, ff), lin(ff, h)
+    head = torch.nn.Linear(h, shape.vocab, bias=False, device=dev, dtype=dt)
+
+    def block(x):
+        q, k, v = qkv(ln1(x)).view(batch, seq, 3, heads, h // heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, h)
+        x = x + proj(a)
+        return x + fc2(F.gelu(fc1(ln2(x))))
+
+    def out(x, y):
+        return F.cross_entropy(head(ln_f(x)).float().view(-1, shape.vocab), y.view(-1))
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def timed(fn) -> float:
+        times = []
+        for i in range(repeats + 1):
+            x = torch.randn(batch, seq, h, device=dev, dtype=dt, requires_grad=True)
+            sync()
+            t0 = time.perf_counter()
+            fn(x).backward()
+            sync()
+            if i:  # the first run warms up
+                times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+    y = torch.randint(0, shape.vocab, (batch, seq), device=dev)
+    t_block = timed(lambda x: block(x).float().square().mean())
+    t_out = timed(lambda x: out(x, y))
+    return shape.layers * t_block * (4 / 3 if ckpt else 1.0) + t_out
+
+
+def predicted_step(rp, cand: "Candidate", local: int, fwd_bwd: float, ckpt: bool, cpu_s: float | None,
+                   gpu_s: float | None) -> float | None:
+    """The step time of one configuration (the module docstring's formulas)."""
+    gpu_s = gpu_s or 0.0
+    if rp.optimizer == "device":
+        return fwd_bwd + gpu_s * local
+    if rp.optimizer == "nvme" or cpu_s is None:
         return None
+    cpu = cpu_s * local * cand.cpu_share
+    if rp.timing != "overlap":
+        return fwd_bwd + gpu_s * local * (1 - cand.cpu_share) + cpu
+    fwd = fwd_bwd / (4 if ckpt else 3)
+    return gpu_s * local * (1 - cand.cpu_share) + max(fwd, cpu) + (fwd_bwd - fwd)
 
 
 def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory: float = 24.0,
          host_memory: float | None = None, disk: float | None = None, cores: int | None = None, gpus: int = 1,
          dtype: str = "bf16", batch: int = 1, seq: int = 1024, ckpt: bool = False,
-         cpu_seconds_per_element: float | None = None) -> PlanReport:
+         cpu_seconds_per_element: float | None = None, fwd_bwd_seconds: float | None = None,
+         gpu_seconds_per_element: float | None = None, int8_seconds_per_element: float | None = None) -> PlanReport:
     """What fits (see the module docstring). Give the model as a module (best on the meta device),
     a transformers config (``hf_config``: a config.json path, a dict with model_type, or a
     PretrainedConfig) or a parameter count (``params``: a GPT of that size); memory in GiB
     (``host_memory`` defaults to what this machine has available; ``disk``: free space for NVMe
-    swap files, None for no NVMe); ``gpus``: GPUs (ranks) on the host."""
+    swap files, None for no NVMe); ``gpus``: GPUs (ranks) on the host. The rates of the step
+    prediction (seconds; per element for the optimizers: fp32 and int8 states on the CPU, the
+    GPU's AdamW) are measured here where not given; ``fwd_bwd_seconds`` is measured only on a
+    GPU (without it and without a GPU, no step is predicted)."""
     import torch
     from .runtime import memory
     from .runtime.assemble import footprint, placement
@@ -281,10 +385,22 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     ncores = cores or os.cpu_count() or 1
     here = os.cpu_count() or 1
     cpu_s = cpu_seconds_per_element if cpu_seconds_per_element is not None else cpu_adam_seconds_per_element()
+    int8_s = int8_seconds_per_element
+    if int8_s is None:  # the rate given applies to every state dtype; else measured here
+        int8_s = cpu_s if cpu_seconds_per_element is not None else cpu_adam_seconds_per_element(state_dtype="int8")
     scaled = cpu_s is not None and cores is not None and cores != here
     if scaled:  # the C kernel's threads scale about linearly with cores until memory bandwidth binds
         cpu_s = cpu_s * here / cores
+        int8_s = int8_s * here / cores if int8_s is not None else None
         notes.append(f"CPU Adam time measured on {here} cores here and scaled to {cores}: an estimate")
+    on_gpu = torch.cuda.is_available()
+    gpu_s = gpu_seconds_per_element
+    if gpu_s is None and on_gpu:
+        gpu_s = _adam_rates("cuda")[1]
+    fb_from = "given"
+    if fwd_bwd_seconds is None and on_gpu and shape is not None:
+        fwd_bwd_seconds = measure_fwd_bwd(shape, batch, seq, ckpt, dtype)
+        fb_from = f"one block and the output layer timed on {torch.cuda.get_device_name(0)}"
     gpu_b = int(gpu_memory * GiB)
     margin = max(MARGIN_MIN, int(MARGIN_FRACTION * gpu_b))
     act = _activations(shape, batch, seq, ckpt, esize)
@@ -295,8 +411,8 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
                "zero_optimization": json.loads(json.dumps(zero)), "zspeed_summary": False}
         if dtype != "fp32":
             cfg[dtype] = {"enabled": True}
-        if auto:
-            cfg["zero_optimization"]["offload_optimizer"]["ratio"] = "auto"
+        if auto:  # with overlap_forward: the fastest exact step
+            cfg["zero_optimization"]["offload_optimizer"].update(ratio="auto", overlap_forward=True)
         if zero.get("offload_optimizer", {}).get("device") == "nvme":  # a folder that exists: the disk is --disk
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = tempfile.gettempdir()
         try:
@@ -324,8 +440,11 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
             cand.name = f"{name} (GPU takes {100 * (1 - share):.0f}%)"
         cand.tiers = tiers
         cand.cpu_share = sizes.cpu_share if rp.optimizer != "device" else 0.0
-        if cpu_s is not None and rp.optimizer in ("host", "split"):  # NVMe: the disk's speed decides
-            cand.cpu_step_s = cpu_s * sizes.local * cand.cpu_share
+        rate = int8_s if sd == "int8" else cpu_s
+        if rate is not None and rp.optimizer in ("host", "split"):  # NVMe: the disk's speed decides
+            cand.cpu_step_s = rate * sizes.local * cand.cpu_share
+        if fwd_bwd_seconds is not None:
+            cand.step_s = predicted_step(rp, cand, sizes.local, fwd_bwd_seconds, ckpt, rate, gpu_s)
         if rp.optimizer == "nvme":
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/path/on/your/nvme"
         gpu_need = cand.total("gpu")
@@ -344,7 +463,8 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
                      "column) once: the disk's speed sets the step time (bench/RESULTS.md has measured rates)")
     machine = {"gpus": gpus, "gpu_gib": gpu_memory, "host_gib": (host_b or 0) / GiB, "disk_gib": disk,
                "cores": ncores, "cpu_ns": (cpu_s or float("nan")) * 1e9, "scaled": scaled, "dtype": dtype,
-               "batch": batch, "seq": seq, "ckpt": ckpt}
+               "batch": batch, "seq": seq, "ckpt": ckpt, "fwd_bwd_s": fwd_bwd_seconds, "fwd_bwd_from": fb_from,
+               "gpu_ns": (gpu_s or 0.0) * 1e9, "int8_ns": (int8_s or float("nan")) * 1e9}
     return PlanReport(params=nparams, machine=machine, candidates=rows, notes=notes)
 
 
@@ -402,6 +522,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="micro-batch per GPU (default 1)")
     ap.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
     ap.add_argument("--ckpt", action="store_true", help="with activation checkpointing per layer")
+    ap.add_argument("--fwd-bwd-s", type=float, default=None, help="seconds of one micro-batch's forward and "
+                    "backward without offload (default: timed here on a GPU; without one, no step is predicted)")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--largest", action="store_true", help="instead: the largest GPT each configuration fits "
                     "(with --ckpt for activation checkpointing)")
@@ -427,7 +549,8 @@ def main(argv=None) -> int:
         ap.error("give the model: --params N or --hf-config PATH (or --largest)")
     try:
         rep = plan(params=a.params, hf_config=a.hf_config, gpu_memory=a.gpu_mem, host_memory=a.host_mem,
-                   disk=a.disk, cores=a.cores, gpus=a.gpus, dtype=a.dtype, batch=a.batch, seq=a.seq, ckpt=a.ckpt)
+                   disk=a.disk, cores=a.cores, gpus=a.gpus, dtype=a.dtype, batch=a.batch, seq=a.seq, ckpt=a.ckpt,
+                   fwd_bwd_seconds=a.fwd_bwd_s)
     except ValueError as e:
         sys.stderr.write(f"zspeed plan: {e}\n")
         return 2

@@ -184,3 +184,45 @@ def test_the_largest_model_per_configuration():
     assert rep.params == z3 and _row(rep, "ZeRO-3, both offloaded to CPU").fits
     rep = plan(params=1.02 * bound / 16, gpu_memory=24, host_memory=64, ckpt=True, cpu_seconds_per_element=1e-9)
     assert not _row(rep, "ZeRO-3, both offloaded to CPU").fits
+
+
+# The H200 measurements (bench/RESULTS.md) the step model is checked against: per case the
+# forward+backward of one micro-batch at ratio 1 (the run's own "fwd+bwd" column), the CPU Adam
+# rate (the ratio-1 run's optimizer step over its parameters), and the steps measured per mode.
+H200_STEPS = [
+    # (layers, d_model, stage, ckpt, state dtype, fwd+bwd s, CPU s/element, {row: measured step s})
+    (24, 2048, 2, False, "fp32", 0.12, 0.24e-9, {"ZeRO-2 + CPU offload, ratio auto": 0.302,
+                                                  "ZeRO-2 + CPU offload, ratio 1": 0.410}),
+    (16, 4096, 3, True, "fp32", 0.519, 0.256e-9, {"ZeRO-3, both offloaded, ratio auto": 0.853,
+                                                   "ZeRO-3, both offloaded to CPU": 1.380}),
+    (32, 4096, 3, True, "int8", 0.965, 0.164e-9, {"ZeRO-3, both offloaded, int8 states, ratio auto": 1.672}),
+]
+
+
+@pytest.mark.parametrize("layers,d,stage,ckpt,sd,fb,cpu,steps", H200_STEPS)
+def test_the_predicted_steps_are_within_20_percent_of_the_h200s(layers, d, stage, ckpt, sd, fb, cpu, steps):
+    """Given the measured forward+backward and CPU rate, the step model (the CPU's share of the
+    optimizer during the next forward, then the backward) predicts each mode's measured step
+    within 20% (issue 30's bar), on the 24 GiB cap with batch 8 x 1024."""
+    from gpt import GPT, GPTConfig
+    with torch.device("meta"):
+        m = GPT(GPTConfig(vocab_size=32000, max_len=1024, d_model=d, n_layer=layers, n_head=d // 128))
+    rep = plan(m, gpu_memory=24, host_memory=125, batch=8, seq=1024, ckpt=ckpt, cpu_seconds_per_element=cpu,
+               int8_seconds_per_element=cpu, fwd_bwd_seconds=fb, gpu_seconds_per_element=0.03e-9)
+    for row, measured in steps.items():
+        got = _row(rep, row).step_s
+        assert got == pytest.approx(measured, rel=0.20), (row, got, measured)
+    assert "Steps predicted from forward+backward" in str(rep)
+
+
+def test_the_forward_backward_timing_of_one_block():
+    """measure_fwd_bwd times one block and the output layer (here on the CPU, a tiny shape):
+    more layers take longer, checkpointing adds a third of the blocks' time."""
+    from zspeed.planner import measure_fwd_bwd
+    s2, s8 = Shape(layers=2, hidden=64, heads=2, vocab=100), Shape(layers=8, hidden=64, heads=2, vocab=100)
+    t2 = measure_fwd_bwd(s2, 2, 16, False, "fp32", device="cpu")
+    t8 = measure_fwd_bwd(s8, 2, 16, False, "fp32", device="cpu")
+    assert 0 < t2 < t8
+    rep = plan(params=1.3e9, gpu_memory=24, host_memory=64, cpu_seconds_per_element=1e-9)
+    if not torch.cuda.is_available():  # no GPU and no --fwd-bwd-s: no step is predicted, and it says so
+        assert all(c.step_s is None for c in rep.candidates) and "Steps not predicted" in str(rep)
