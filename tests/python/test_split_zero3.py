@@ -255,3 +255,31 @@ def test_a_smaller_cpu_share_moves_without_new_host_memory(tmp_path, state_dtype
     path.resize(0.95)
     _go_on(a, 1, 5)
     assert all(torch.isfinite(v).all() for v in z3._whole(a).values())
+
+
+def test_a_split_whose_gpu_share_cannot_fit_is_refused_before_allocating(monkeypatch):
+    """An explicit ratio whose GPU share (fp32 masters, moments and gradients: 16 bytes per
+    element) exceeds what the process may use on the GPU is refused at start with the numbers,
+    before anything is allocated; "auto" starts (its first step is all on the CPU)."""
+    from zspeed.runtime import memory
+    from zspeed.runtime.config import ConfigError
+    n = sum(p.numel() for p in z3.Model().parameters())
+    seen = []
+    real = memory.check_gpu_memory
+
+    def check(need, *a, **k):
+        seen.append(dict(need))
+        return real(need, *a, **k)
+    monkeypatch.setattr(memory, "check_gpu_memory", check)
+    monkeypatch.setattr(memory, "gpu_room", lambda dev: 1 << 40)
+    zspeed.initialize(model=z3.Model(), config=_cfg(1.0))[0].close()
+    base = sum(seen[-1].values())  # the working set of gathered parameters
+    monkeypatch.setattr(memory, "gpu_room", lambda dev: base + 8 * n)  # room for about half the share
+    with pytest.raises(ConfigError, match=r"this process may use .* Nothing was allocated"):
+        zspeed.initialize(model=z3.Model(), config=_cfg(0.2))
+    need = seen[-1]
+    share = need["fp32 masters and Adam moments of the GPU's share"] // 12
+    assert need["fp32 gradients of the GPU's share"] == 4 * share and share >= 0.75 * n
+    e, *_ = zspeed.initialize(model=z3.Model(), config=_cfg("auto"))  # "auto" asks for no GPU share at start
+    assert "fp32 gradients of the GPU's share" not in seen[-1] or seen[-1]["fp32 gradients of the GPU's share"] == 0
+    e.close()
