@@ -1,5 +1,10 @@
 """The optimizer split between the GPU and the CPU (``offload_optimizer.ratio`` < 1).
 
+Two paths share :class:`TwoHalves`: :class:`SplitPath` here, over whole parameters (one rank at
+ZeRO stages 1-2), and split_store.StoreSplitPath over a parameter store's local space (ZeRO-3
+on any number of ranks, stages 1-2 on several), which that module describes. What follows
+holds for both.
+
 ``ratio`` is the fraction of the parameters (by elements) whose optimizer step runs on the
 CPU (as near as whole parameters allow), as with ``offload_optimizer.device "cpu"``; the others keep their fp32 masters and
 Adam's moments on the GPU and step there with torch's fused AdamW. The GPU's share is the
@@ -27,7 +32,8 @@ copies (16 bytes per element) fit in what the process may use (free memory, with
 torch.cuda.set_per_process_memory_fraction) less the peak and a margin (8%, at least 512
 MiB), and the CPU's at least the share that makes both sides finish together given their
 measured step rates (:func:`choose_ratio`); every master and state moves to its new half
-(:meth:`SplitPath.resize`). On a CPU-only run it is 1 (nothing to split).
+(:meth:`TwoHalves.resize`; with several ranks every rank takes the largest CPU share any chose).
+On a CPU-only run it is 1 (nothing to split).
 """
 from __future__ import annotations
 
