@@ -344,9 +344,7 @@ class ShardedBuffers(HostBuffers):
         """Every rank's new shards into every rank's parameters (the store's publish)."""
         src, self._pending_src = self._pending_src, None
         self.sm.publish(None if src is None else flat_base(src, self._flats))
-        if self.cuda:
-            self._h2d_done = torch.cuda.Event()
-            self._h2d_done.record(torch.cuda.current_stream(self.device))
+        super().end_write_back()
 
     def refresh(self, masters: list, outs: list | None) -> None:
         """After a checkpoint load replaced this rank's masters: its shards, its weight buffers

@@ -34,7 +34,7 @@ import torch
 
 from .collectives import Collectives
 from .cpu import HostPath
-from .dp import GradReducer
+from .dp import GradReducer, ShardedBuffers
 from .layout import FlatLayout
 from .memory import Need
 from .offload import HostBuffers
@@ -296,20 +296,9 @@ class HostShare(HostBuffers):
                 self.sm.publish_shard(gi, ui, self._new(src, i, gi, ui))
         super().end_write_back()
 
-    def refresh(self, masters: list, outs: list | None) -> None:
-        """After a load replaced the masters: the shards, the weight buffers and the model follow."""
-        with torch.no_grad():
-            for ps, ms in zip(self.layout.params, masters):
-                for p, m in zip(ps, ms):
-                    if p.data_ptr() != m.data_ptr():
-                        p.copy_(m.reshape(-1).to(p.device, p.dtype))
-            for ms, os_ in zip(masters, outs or []):
-                for m, o in zip(ms, os_):
-                    if o.data_ptr() != m.data_ptr():
-                        o.copy_(m.reshape(-1))
-        self._pending_src = outs if outs is not None else masters
-        self.end_write_back()
-        self.wait_host_buffers()
+    # After a load replaced the masters: the shards, the weight buffers and the model follow
+    # (the same steps as a whole local space's).
+    refresh = ShardedBuffers.refresh
 
 
 class StoreSplitPath(TwoHalves):
