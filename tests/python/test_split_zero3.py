@@ -34,10 +34,11 @@ def _cfg(ratio, param="cpu", precision="fp32", gas=1, state_dtype="fp32", overla
 
 
 def _near(a, b):
-    """Five steps mixing the two kernels: where a gradient element is near zero, Adam's division
-    by sqrt(v) lifts their fp32 rounding to a few 1e-6 in the weight (as test_zero3's ranks)."""
+    """Steps mixing the two kernels: where a gradient element is near zero, Adam's division by
+    sqrt(v) lifts their fp32 rounding in the weight (a few 1e-6 on Linux, 6e-5 with Windows'
+    torch build); the tolerance is test_zero3's for the same amplification between ranks."""
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=2e-4, msg=lambda m, k=k: f"{k}: {m}")
 
 
 def _go_on(engine, steps, start):
