@@ -284,3 +284,68 @@ def test_a_split_whose_gpu_share_cannot_fit_is_refused_before_allocating(monkeyp
     e, *_ = zspeed.initialize(model=z3.Model(), config=_cfg("auto"))  # "auto" asks for no GPU share at start
     assert "fp32 gradients of the GPU's share" not in seen[-1] or seen[-1]["fp32 gradients of the GPU's share"] == 0
     e.close()
+
+
+# -- the GPU/NVMe split: the non-GPU share's masters and state in swap files ------------------------
+def _nv(ratio, tmp, precision="fp32", state_dtype="fp32", **kw):
+    c = _cfg(ratio, precision=precision, state_dtype=state_dtype, **kw)
+    c["zero_optimization"]["offload_optimizer"].update(device="nvme", nvme_path=str(tmp))
+    return c
+
+
+@pytest.mark.parametrize("precision,state_dtype", [("fp32", "fp32"), ("bf16", "int8")])
+def test_the_nvme_share_steps_exactly_as_the_host_share(tmp_path, precision, state_dtype):
+    """offload_optimizer.device "nvme" with a ratio at ZeRO-3: the GPU steps its units, the NVMe
+    swapper the rest with the CPU path's kernels, so the run equals the GPU/CPU split bit for bit."""
+    if state_dtype == "int8" and not eh.native_ops_available():
+        pytest.skip("8-bit Adam states need libzspeed (the native CPU kernels)")
+    a, la = z3._train(_nv(0.5, tmp_path, precision, state_dtype), steps=3)
+    path = a.optimizer_path
+    assert type(path).__name__ == "StoreSplitPath" and type(path.cpu).__name__ == "NVMePath"
+    assert any(n.endswith(".swap") for n in os.listdir(tmp_path))  # the NVMe share's masters and state
+    n = sum(p.numel() for p in z3.Model().parameters())  # the start-up check counted the share the ratio gives
+    per = {"fp32": 12, "int8": 6}[state_dtype]             # the disk: fp32 masters + moments
+    assert sum(a.memory_needs["nvme"].values()) == pytest.approx(per * n * 0.5, rel=0.02)
+    b, lb = z3._train(_cfg(0.5, precision=precision, state_dtype=state_dtype), steps=3)
+    assert la == lb
+    wa, wb = z3._whole(a), z3._whole(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    a.close()
+    assert not any(n.endswith(".swap") for n in os.listdir(tmp_path))
+
+
+def test_nvme_split_checkpoints_move_to_the_host_split_and_plain_nvme(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    a, _ = z3._train(_nv(0.5, swap), steps=3)
+    a.save_checkpoint(str(tmp_path / "ck"), tag="s")
+    want, _ = z3._train(_cfg(0.5), steps=5)
+    want = z3._whole(want)
+    for cfg in (_cfg(0.5), _nv(0.5, swap), _nv(1.0, swap), _nv(0.7, swap)):
+        e, _ = z3._train(cfg, steps=1)
+        e.load_checkpoint(str(tmp_path / "ck"), tag="s")
+        _go_on(e, 2, 3)
+        _near(z3._whole(e), want)
+        e.close()
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the multi-rank cases run on the CPU (Gloo)")
+def test_the_nvme_split_on_ranks_equals_the_host_split(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    cfg = dict(_nv(0.5, swap), train_micro_batch_size_per_gpu=3)
+    got = z3._ranks(2, cfg, tmp_path, "nvme")
+    ref = _z3_ranks(2, 0.5, tmp_path, "host")
+    for g, r in zip(got, ref):
+        assert all(torch.equal(g["state"][k], r["state"][k]) for k in g["state"])
+
+
+def test_the_nvme_split_is_refused_where_it_cannot_run(tmp_path):
+    from zspeed.runtime.config import ConfigError
+    c = eh.config(zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path),
+                                                                       "ratio": 0.5}})
+    with pytest.raises(ConfigError, match=r"ratio with device 'nvme' = 0.5 splits a rank's part of the model at "
+                                          r"ZeRO-3 or on several ranks .*stage 2 on 1 rank\(s\)\. Use stage 3"):
+        zspeed.initialize(model=eh.mlp(), config=c)
+    with pytest.raises(ConfigError, match=r"takes a number here, not \"auto\".*zspeed plan"):
+        zspeed.initialize(model=z3.Model(), config=_nv("auto", tmp_path))

@@ -185,7 +185,9 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
         return StoreSplitPath(store, name, params, float(ratio), stage=plan.stage, reduce_overlap=plan.reduce_overlap,
                               comm=coll, comm_dtype=plan.comm_dtype, pin_memory=plan.pin_memory, force_native=force,
                               chunk_elems=plan.chunk_elems, num_threads=host_threads(plan.cores_share),
-                              timing=plan.timing, auto=auto)
+                              timing=plan.timing, auto=auto, tier=plan.cpu_tier,
+                              nvme=dict(offload_cfg=config.offload, aio=config.aio,
+                                        sub_group_size=int(config.zero["sub_group_size"])))
     return split.SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
                            bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
                            num_threads=threads, timing=plan.timing, auto=auto)

@@ -356,9 +356,10 @@ SCHEMA: dict[str, S] = {
         "pin_memory": K(False, (bool,), "page-lock host buffers (needed for async copies)"),
         "buffer_count": K(4, (int,), "nvme: page-locked pipeline buffers of the swapper, 1 to 64 (>= 3 overlaps read, step and write)", check=_SWAP_BUFFERS),
         "fast_init": K(False, (bool,), "accepted (no effect)"),
-        "ratio": K(1.0, NUM + (str,), "device cpu: fraction of the parameters (by elements) whose optimizer "
-                   "steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and step there "
-                   "at the same time (stages 1-3, any number of ranks: each rank splits its own part; Adam/AdamW; "
+        "ratio": K(1.0, NUM + (str,), "device cpu or nvme: fraction of the parameters (by elements) whose "
+                   "optimizer steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and "
+                   "step there at the same time (stages 1-3, any number of ranks: each rank splits its own part; "
+                   "with nvme only a rank's store part, at stage 3 or on several ranks, and a number; Adam/AdamW; "
                    "the CPU's share keeps optimizer.params.state_dtype, the GPU's fp32); \"auto\" runs the first step with everything on the CPU, then sizes the "
                    "GPU's share from that step's peak GPU memory (within set_per_process_memory_fraction, less a "
                    "margin) and the measured step rates, and logs the choice (docs/OFFLOAD.md)", auto=AUTO_KEEP, check=_offload_ratio),

@@ -134,9 +134,10 @@ class NVMePath(OffloadedPath):
         """What this path holds (memory.py): the reduced gradients in host memory; the fp32 masters
         and the optimizer state in the swap files under nvme_path."""
         sd, per = state_bytes(config)
-        return [Need("host", "gradients", s.esize * s.local),
-                Need("nvme", f"offload_optimizer ({s.local:,} elements x {4 + per:.1f} bytes of fp32 masters and "
-                     f"{sd} optimizer state)", int((4 + per) * s.local), where=config.offload["nvme_path"])]
+        n = int(s.local * s.cpu_share)  # all of the rank's part, or a split's NVMe share
+        return [Need("host", "gradients", s.esize * n),
+                Need("nvme", f"offload_optimizer ({n:,} elements x {4 + per:.1f} bytes of fp32 masters and "
+                     f"{sd} optimizer state)", int((4 + per) * n), where=config.offload["nvme_path"])]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):

@@ -49,6 +49,17 @@ class Facts:
     world_size: int | None = _UNKNOWN
     client: str | None = _UNKNOWN   # "none", "native" (zspeed's own CPU optimizers) or "other"
 
+    @property
+    def store_split(self):
+        """Whether each rank steps a store's local space (ZeRO-3, or several ranks): what the
+        GPU/NVMe split is built over; None while the rank count is unknown below stage 3."""
+        known = self.world_size is not None or self.stage == 3
+        return (self.stage == 3 or (self.world_size or 1) > 1) if known else _UNKNOWN
+
+    @property
+    def auto_ratio(self) -> bool:
+        return self.ratio == "auto"
+
     @classmethod
     def from_config(cls, cfg, *, world_size: int | None = None, client: str | None = None) -> "Facts":
         return cls(stage=cfg.zero_stage, offload=cfg.offload_device, param_offload=cfg.offload_param["device"],
@@ -81,7 +92,9 @@ def _has(f: Facts, name: str) -> str:
             "client": {"native": "a zspeed CPU optimizer passed to initialize()", "other":
                        "an optimizer passed to initialize()", "none": "no optimizer passed"}.get(v, str(v)),
             "optimizer": f"optimizer {v!r}", "delayed": "delayed_update on", "overlap": "overlap_forward on",
-            "split": "ratio < 1", "torch_adam": "torch_adam on", "amsgrad": "amsgrad on"}.get(name, f"{name} {v!r}")
+            "split": "ratio < 1", "torch_adam": "torch_adam on", "amsgrad": "amsgrad on",
+            "store_split": f"stage {f.stage} on {f.world_size or 1} rank(s)",
+            "auto_ratio": 'ratio "auto"'}.get(name, f"{name} {v!r}")
 
 
 @dataclass(frozen=True)
@@ -154,7 +167,9 @@ FEATURES: tuple = (
              _not_with_delayed())),
     Feature("GPU/CPU optimizer split", "zero_optimization.offload_optimizer.ratio",
             _split,
-            (_cpu_offload("it splits the CPU optimizer's work with the GPU"),
+            (_req("offload", {"cpu", "nvme"}, "needs offload_optimizer.device \"cpu\" or \"nvme\"",
+                  "it splits the offloaded optimizer's work with the GPU", "Remove the key or offload to cpu.",
+                  "cpu, nvme", "optimizer offload"),
              _not_with_delayed(),
              _req("client", {"none"}, "builds its own Adam/AdamW on both sides from the config's optimizer "
                   "section, so do not pass an optimizer to initialize()",
@@ -164,6 +179,15 @@ FEATURES: tuple = (
              _req("optimizer", {"Adam", "AdamW"}, "splits Adam/AdamW between the GPU and the CPU",
                   "both halves must run the same algorithm", "Use Adam or AdamW, or ratio 1.", "Adam, AdamW",
                   "optimizer")),
+            shown=lambda f: f" = {f.ratio!r}"),
+    Feature("GPU/NVMe optimizer split", "zero_optimization.offload_optimizer.ratio with device 'nvme'",
+            lambda f: _split(f) and f.offload == "nvme",
+            (_req("store_split", {True}, "splits a rank's part of the model at ZeRO-3 or on several ranks",
+                  "the NVMe share is cut from a parameter store's local space", "Use stage 3, or device \"cpu\".",
+                  "3 (or 1-2 on several ranks)", "ZeRO stages"),
+             _req("auto_ratio", {False}, "takes a number here, not \"auto\"",
+                  "sizing the GPU's share after step 1 would read every NVMe state back into host memory",
+                  "Set the GPU's share yourself (zspeed plan suggests one).", "a number", "not with")),
             shown=lambda f: f" = {f.ratio!r}"),
 )
 
@@ -226,6 +250,7 @@ class RunPlan:
     grad_divisor: int = 1         # the ranks' summed gradients are divided by this: world_size ("mean") or 1 ("sum")
     shard_degree: int = 1         # the ranks the trained parameters are split over: world_size when sharded, else 1
     cores_share: float | None = None  # the CPU optimizer's share of this rank's cores (None: all of them)
+    cpu_tier: str = "host"        # where a split's non-GPU share keeps its masters and state: "host" | "nvme"
 
     @property
     def sharded(self) -> bool:
@@ -259,7 +284,7 @@ class RunPlan:
                    unit_elems=_UNIT.get(store, bucket), bucket_elems=bucket,
                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
                    reduce_overlap=bool(config.zero["overlap_comm"]),
-                   comm_dtype=_COMM_DTYPES.get((name or "").lower(), dtype),
+                   comm_dtype=_COMM_DTYPES.get((name or "").lower(), dtype), cpu_tier=_CPU_TIER[config.offload_device],
                    pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
                    shard_degree=_SHARD_DEGREE[store](world_size),
                    grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]])
@@ -275,6 +300,7 @@ _COMM = {**{(False, nccl, dev): "none" for nccl in (False, True) for dev in ("cp
          (True, True, "cpu"): "device", (True, True, "cuda"): "device",
          (True, False, "cpu"): "host", (True, False, "cuda"): "staged"}
 _OPTIMIZER = {("none", False): "device", ("none", True): "device", ("cpu", False): "host", ("cpu", True): "split",
-              ("nvme", False): "nvme", ("nvme", True): "nvme"}
+              ("nvme", False): "nvme", ("nvme", True): "split"}
+_CPU_TIER = {"none": "host", "cpu": "host", "nvme": "nvme"}   # offload_optimizer.device -> a split's other tier
 _TIMING = {(True, False): "delayed", (True, True): "delayed", (False, True): "overlap", (False, False): "sync"}
 _UNIT = {"partitioned": 1}   # ZeRO-3: one parameter per unit; otherwise units of a bucket

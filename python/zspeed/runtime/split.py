@@ -170,8 +170,13 @@ class TwoHalves(OptimizerPath):
         """What this path holds (memory.py): the CPU's share as HostPath holds it, and on the GPU
         the GPU share's fp32 masters and fp32 Adam moments, whatever the CPU's state dtype
         (``s.cpu_share``: 1 until "auto" has chosen, the most the host can be asked for)."""
-        return HostPath.bytes_needed(plan, config, s) + [
+        return cls._cpu_tier(plan).bytes_needed(plan, config, s) + [
             Need("gpu", "fp32 masters and Adam moments of the GPU's share", 12 * cls.gpu_elems(s))]
+
+    @staticmethod
+    def _cpu_tier(plan) -> type:
+        """The path class of the non-GPU share (what it holds where)."""
+        return HostPath
 
     @staticmethod
     def gpu_elems(s: Sizes) -> int:

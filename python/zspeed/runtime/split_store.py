@@ -39,7 +39,7 @@ from .layout import FlatLayout
 from .memory import Need
 from .offload import HostBuffers
 from .optimizers import build_device_optimizer, convert_adam_state, norms_stats, torch_grad_stats
-from .paths import OptimizerPath
+from .paths import OptimizerPath, indexed_groups
 from .split import AutoSplit, TwoHalves
 from .store import ParamStore, flat_base
 from .streams import streams_for
@@ -301,6 +301,20 @@ class HostShare(HostBuffers):
     refresh = ShardedBuffers.refresh
 
 
+def _host_half(layout: FlatLayout, buffers: HostShare, a: dict) -> HostPath:
+    return HostPath(layout, buffers, a["name"], a["params"], client=None, force_native=a["force_native"],
+                    chunk_elems=a["chunk_elems"], num_threads=a["num_threads"], timing=a["timing"])
+
+
+def _nvme_half(layout: FlatLayout, buffers: HostShare, a: dict):
+    from .nvme import NVMePath
+    return NVMePath(layout, buffers, a["name"], a["params"], client=None, **a["nvme"])
+
+
+# The non-GPU share's tier (RunPlan.cpu_tier): host memory, or NVMe (masters and state in swap files).
+_TIERS = {"host": _host_half, "nvme": _nvme_half}
+
+
 class StoreSplitPath(TwoHalves):
     """The split over a store's local space (see the module docstring)."""
 
@@ -311,12 +325,18 @@ class StoreSplitPath(TwoHalves):
         return super().bytes_needed(plan, config, s) + [
             Need("gpu", "fp32 gradients of the GPU's share", 4 * cls.gpu_elems(s))]
 
+    @staticmethod
+    def _cpu_tier(plan) -> type:
+        from .nvme import NVMePath
+        return {"host": HostPath, "nvme": NVMePath}[plan.cpu_tier]
+
     def __init__(self, sm: ParamStore, name: str, params: dict, ratio: float, *, stage: int, reduce_overlap: bool,
                  comm: Collectives, comm_dtype: torch.dtype, pin_memory: bool, force_native: bool,
-                 chunk_elems: int, num_threads: int | None, timing: str = "sync", auto: AutoSplit | None = None):
+                 chunk_elems: int, num_threads: int | None, timing: str = "sync", auto: AutoSplit | None = None,
+                 tier: str = "host", nvme: dict | None = None):
         super().__init__(sm.local_layout, dict(dtype=sm.dtype, name=name, params=params, pin_memory=pin_memory,
                                                force_native=force_native, chunk_elems=chunk_elems,
-                                               num_threads=num_threads, timing=timing), auto)
+                                               num_threads=num_threads, timing=timing, tier=tier, nvme=nvme), auto)
         self.sm = sm
         self.comm = comm
         self.reducer = GradReducer(sm, None, stage=stage, overlap=reduce_overlap, comm=comm, comm_dtype=comm_dtype)
@@ -368,15 +388,15 @@ class StoreSplitPath(TwoHalves):
             cl = FlatLayout(cpu_groups)
             self.buffers = HostShare(sm, cl, [gi for gi, _ in cpu_at], [k for _, k in cpu_at], a["pin_memory"],
                                      donor=donor)
-            self.cpu = HostPath(cl, self.buffers, a["name"], a["params"], client=None,
-                                force_native=a["force_native"], chunk_elems=a["chunk_elems"],
-                                num_threads=a["num_threads"], timing=a["timing"])
+            self.cpu = _TIERS[a["tier"]](cl, self.buffers, a)
         self._finish_build()
 
     # -- "auto": a smaller CPU share without new host memory ------------------------------------
     def _shrinks(self, ratio: float) -> bool:
-        """Whether ``ratio`` only moves units from the CPU half to the GPU's (what "auto" does)."""
-        return self.cpu is not None and all(k >= k0 for k, k0 in zip(gpu_units(self.sm, ratio), self._ks))
+        """Whether ``ratio`` only moves units from the CPU half (in host memory) to the GPU's (what
+        "auto" does)."""
+        return self.cpu is not None and self._args["tier"] == "host" and \
+            all(k >= k0 for k, k0 in zip(gpu_units(self.sm, ratio), self._ks))
 
     def resize_host_bytes(self, ratio: float) -> int:
         """A shrink adds no host buffer (the new CPU half takes over the old one's): only each
@@ -554,6 +574,4 @@ class StoreSplitPath(TwoHalves):
             self.dev.load_entry_states(dev_rows)
         if self.cpu is not None:
             opt = self.cpu.optimizer
-            sd = opt.state_dict()
-            sd["state"] = cpu_sub
-            opt.load_state_dict(sd)
+            opt.load_state_dict({"state": cpu_sub, "param_groups": indexed_groups(opt.param_groups)})

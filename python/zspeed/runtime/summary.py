@@ -177,9 +177,9 @@ def summary_text(engine) -> str:
              f"  offload ........... optimizer {odev}{pin}; parameters {offp.get('device', 'none')}"]
     gpu_elems = _get(path, "gpu_elems")
     cpu_elems = total
-    if gpu_elems is not None:  # offload_optimizer.ratio: the CPU's share of the parameters
-        cpu_elems = total - int(gpu_elems)
-        share = cpu_elems / total if total else 0.0
+    if gpu_elems is not None:  # offload_optimizer.ratio: the CPU's share of the parameters (of this rank's part)
+        share = float(_get(path, "cpu_share"))
+        cpu_elems = int(round(total * share))
         other = {"cuda": "GPU"}.get(getattr(device, "type", ""), str(device))
         lines.append(f"  ratio ............. {share:.3f} (given {off.get('ratio')!r}): the CPU steps {100 * share:.1f}% "
                      f"of the parameters, the {other} {100 * (1 - share):.1f}%")
