@@ -318,9 +318,7 @@ class ShardedBuffers(HostBuffers):
         self._source.grads = views
 
     def release(self) -> None:
-        for ps in self.sm.layout.params:
-            for p in ps:
-                p.grad = None
+        self.sm.drop_grads()
         self._source.reset()
 
     # -- weights ----------------------------------------------------------------------------------
@@ -361,6 +359,18 @@ class ShardedBuffers(HostBuffers):
         self._pending_src = outs if outs is not None else masters
         self.end_write_back()
         self.wait_host_buffers()
+
+
+def phased_step(path, factor: float) -> None:
+    """``path``'s fp32 gradients (``_gflat``) times ``factor``, then its optimizer's step, each
+    once per step (``_phase``: 1 scaled, 2 stepped) even when called again after what follows
+    the step raised."""
+    if factor != 1.0 and path._phase == 0:
+        torch._foreach_mul_(path._gflat, factor)
+    path._phase = max(path._phase, 1)
+    if path._phase == 1:
+        path.optimizer.step()
+        path._phase = 2
 
 
 class ShardedDevicePath(OptimizerPath):
@@ -415,12 +425,7 @@ class ShardedDevicePath(OptimizerPath):
 
     def apply(self, factor: float) -> None:
         # Called again after it raised: each phase that ran is not repeated (the all-gather is).
-        if factor != 1.0 and self._phase == 0:
-            torch._foreach_mul_(self._gflat, factor)
-        self._phase = max(self._phase, 1)
-        if self._phase == 1:
-            self.optimizer.step()
-            self._phase = 2
+        phased_step(self, factor)
         self._to_model()
         self._phase = 0
 
@@ -441,9 +446,7 @@ class ShardedDevicePath(OptimizerPath):
         self.zero_grad()
 
     def zero_grad(self) -> None:
-        for ps in self.sm.layout.params:
-            for p in ps:
-                p.grad = None
+        self.sm.drop_grads()
 
     @property
     def sharded(self) -> ParamStore:

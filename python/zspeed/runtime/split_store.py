@@ -34,12 +34,12 @@ import torch
 
 from .collectives import Collectives
 from .cpu import HostPath
-from .dp import GradReducer, ShardedBuffers
+from .dp import GradReducer, ShardedBuffers, phased_step
 from .layout import FlatLayout
 from .memory import Need
 from .offload import HostBuffers
 from .optimizers import build_device_optimizer, convert_adam_state, norms_stats, torch_grad_stats
-from .paths import OptimizerPath, indexed_groups
+from .paths import OptimizerPath, copy_masters, indexed_groups
 from .split import AutoSplit, TwoHalves
 from .store import ParamStore, flat_base
 from .streams import streams_for
@@ -108,15 +108,10 @@ class DeviceShare(OptimizerPath):
         pass  # the store split's reducer put the gradients in place
 
     def apply(self, factor: float) -> None:
-        # Called again after the CPU half raised: the phases that ran are not repeated.
-        if factor != 1.0 and self._phase == 0:
-            torch._foreach_mul_(self._gflat, factor)
-        self._phase = max(self._phase, 1)
-        # On the trace: the GPU's own time for its half (a CUDA span on the compute stream).
+        # Called again after the CPU half raised: the phases that ran are not repeated. On the
+        # trace: the GPU's own time for its half (a CUDA span on the compute stream).
         with getattr(self.trace, _SPANS.get(self.sm.device.type, "span"))("gpu half: AdamW and new weights"):
-            if self._phase == 1:
-                self.optimizer.step()
-                self._phase = 2
+            phased_step(self, factor)
             self._publish()
         self._phase = 0
 
@@ -149,10 +144,7 @@ class DeviceShare(OptimizerPath):
         return self._views
 
     def load_masters(self, masters: list) -> None:
-        with torch.no_grad():
-            for vs, srcs in zip(self._views, masters):
-                for v, s in zip(vs, srcs):
-                    v.copy_(s.reshape(-1).to(v.device, torch.float32))
+        copy_masters(self._views, masters)
         self._publish()
 
     def entry_states(self) -> list:
@@ -510,9 +502,7 @@ class StoreSplitPath(TwoHalves):
         self.zero_grad()
 
     def zero_grad(self) -> None:
-        for ps in self.sm.layout.params:
-            for p in ps:
-                p.grad = None
+        self.sm.drop_grads()
 
     # -- masters and state, per entry of the local space --------------------------------------
     def masters(self) -> list:

@@ -163,6 +163,12 @@ class ParamStore:
         when it holds them already) into the model, with its collective on ``group``."""
         raise NotImplementedError
 
+    def drop_grads(self) -> None:
+        """The model's gradients of this store's parameters are dropped (after a step)."""
+        for ps in self.layout.params:
+            for p in ps:
+                p.grad = None
+
     def mark_stale(self) -> None:
         """The gathered copies of this store's parameters (ZeRO-3) are stale: an optimizer step
         is changing the shards. Called from the training thread before a step starts."""
