@@ -222,6 +222,7 @@ class HostShare(HostBuffers):
         self.sm, self.gis, self.ks = sm, gis, ks
         self._base = [_end(sm.plan.groups[gi], k) for gi, k in zip(gis, ks)]
         self._pending_src = None
+        self._bases_of = None  # (weight views, their flat buffers) of the last publish
         # A shrunk CPU half (StoreSplitPath.resize to a smaller CPU share) takes over the buffers
         # of the half it replaces: each of its alloc() calls gets the tail of that half's buffers
         # of the same call, so nothing is copied and no host memory is added.
@@ -266,10 +267,18 @@ class HostShare(HostBuffers):
     def release(self) -> None:
         pass  # the store split drops the model's gradients and resets the reducer
 
-    def _new(self, src: list | None, i: int, gi: int, ui: int) -> torch.Tensor:
-        """Unit ui's new shard: in ``src`` (the path's weight buffers), or in the shard itself
+    def _bases(self, src: list | None) -> list | None:
+        """Per group, the flat buffer the path's weight views ``src`` are views of (None where the
+        path writes the shards' own storage), found once per set of views."""
+        if src is None:
+            return None
+        if self._bases_of is None or self._bases_of[0] is not src:
+            self._bases_of = (src, flat_base(src, self._flats))
+        return self._bases_of[1]
+
+    def _new(self, bases: list | None, i: int, gi: int, ui: int) -> torch.Tensor:
+        """Unit ui's new shard: in ``bases`` (the path's weight buffers), or in the shard itself
         when the path writes the shards' own storage."""
-        bases = None if src is None else flat_base(src, self._flats)
         if bases is None:
             return self.sm.shard(gi, ui)
         start, n = self.sm.local_range(gi, ui)
@@ -279,13 +288,14 @@ class HostShare(HostBuffers):
         self._pending_src = src
 
     def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
-        self.sm.publish_shard(gi, ui, self._new(src, self.gis.index(gi), gi, ui), group)
+        self.sm.publish_shard(gi, ui, self._new(self._bases(src), self.gis.index(gi), gi, ui), group)
 
     def end_write_back(self) -> None:
         src, self._pending_src = self._pending_src, None
+        bases = self._bases(src)
         for i, (gi, k) in enumerate(zip(self.gis, self.ks)):
             for ui in range(k, len(self.sm.plan.groups[gi].units)):
-                self.sm.publish_shard(gi, ui, self._new(src, i, gi, ui))
+                self.sm.publish_shard(gi, ui, self._new(bases, i, gi, ui))
         super().end_write_back()
 
     # After a load replaced the masters: the shards, the weight buffers and the model follow
