@@ -230,6 +230,11 @@ def _candidates(stage3_nvme: bool) -> list:
     if stage3_nvme:
         rows.append(("ZeRO-3, parameters CPU, optimizer NVMe", {"stage": 3, "offload_optimizer": {"device": "nvme"},
                                                                 "offload_param": {"device": "cpu"}}, "int8", False))
+        # The three tiers: the GPU's share (ratio) and host memory's (max_in_cpu) sized here from the
+        # memory left on each, the rest of the optimizer state on NVMe.
+        rows.append(("ZeRO-3, optimizer GPU + host + NVMe, int8 states",
+                     {"stage": 3, "offload_optimizer": {"device": "nvme", "ratio": 0.5, "max_in_cpu": 1},
+                      "offload_param": {"device": "cpu"}}, "int8", "tiers"))
     return rows
 
 
@@ -319,7 +324,7 @@ def predicted_step(rp, cand: "Candidate", local: int, fwd_bwd: float, ckpt: bool
     gpu_s = gpu_s or 0.0
     if rp.optimizer == "device":
         return fwd_bwd + gpu_s * local
-    if rp.optimizer == "nvme" or cpu_s is None:
+    if rp.optimizer == "nvme" or rp.cpu_tier == "nvme" or cpu_s is None:
         return None
     cpu = cpu_s * local * cand.cpu_share
     if rp.timing != "overlap":
@@ -413,7 +418,7 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
                "zero_optimization": json.loads(json.dumps(zero)), "zspeed_summary": False}
         if dtype != "fp32":
             cfg[dtype] = {"enabled": True}
-        if auto:  # with overlap_forward: the fastest exact step
+        if auto is True:  # with overlap_forward: the fastest exact step
             cfg["zero_optimization"]["offload_optimizer"].update(ratio="auto", overlap_forward=True)
         if zero.get("offload_optimizer", {}).get("device") == "nvme":  # a folder that exists: the disk is --disk
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = tempfile.gettempdir()
@@ -434,7 +439,22 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         if act is not None:
             extra.append(memory.Need("gpu", "activations" + (" (checkpointed)" if ckpt else ""), act))
         tiers = memory.by_tier([n for n in footprint(rp, place, config, sizes) + extra if n.bytes])
-        if auto:  # what AutoSplit would give the GPU after the first step
+        if auto == "tiers":  # the GPU's share from its room, then host memory's from what is left there
+            def need(**kw):
+                return memory.by_tier([n for n in footprint(rp, place, config, dataclasses.replace(sizes, **kw))
+                                       + extra if n.bytes])
+            used = need(cpu_share=1.0, host_elems=0)
+            budget = max(0, gpu_b - sum(used.get("gpu", {}).values()) - margin)
+            share = math.ceil(choose_ratio(sizes.local, budget, None, None) * 1000) / 1000
+            room = (0.9 * host_b / gpus if host_b is not None else 0) - \
+                sum(need(cpu_share=share, host_elems=0).get("host", {}).values())
+            _, per = memory.state_bytes(config)
+            kept = int(max(0.0, min(room / (4 + per), sizes.local * share)))
+            sizes = dataclasses.replace(sizes, cpu_share=share, host_elems=kept)
+            tiers = need()
+            cfg["zero_optimization"]["offload_optimizer"].update(ratio=share, max_in_cpu=kept)
+            cand.name = f"{name} (GPU {100 * (1 - share):.0f}%, host {100 * kept / max(1, sizes.local):.0f}%)"
+        elif auto:  # what AutoSplit would give the GPU after the first step
             budget = max(0, gpu_b - sum(tiers.get("gpu", {}).values()) - margin)
             share = choose_ratio(sizes.local, budget, None, None)
             sizes = dataclasses.replace(sizes, cpu_share=share)
@@ -443,11 +463,11 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         cand.tiers = tiers
         cand.cpu_share = sizes.cpu_share if rp.optimizer != "device" else 0.0
         rate = int8_s if sd == "int8" else cpu_s
-        if rate is not None and rp.optimizer in ("host", "split"):  # NVMe: the disk's speed decides
+        if rate is not None and rp.optimizer in ("host", "split") and rp.cpu_tier == "host":  # NVMe: the disk decides
             cand.cpu_step_s = rate * sizes.local * cand.cpu_share
         if fwd_bwd_seconds is not None:
             cand.step_s = predicted_step(rp, cand, sizes.local, fwd_bwd_seconds, ckpt, rate, gpu_s)
-        if rp.optimizer == "nvme":
+        if "nvme" in (rp.optimizer, rp.cpu_tier):
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/path/on/your/nvme"
         gpu_need = cand.total("gpu")
         if gpu_need + margin > gpu_b + GPU_BYTES_PER_ELEM:  # "auto" fills its budget to the element
@@ -486,7 +506,7 @@ def largest(*, gpu_memory: float = 24.0, host_memory: float | None = None, disk:
     def fits(n) -> dict:
         rep = plan(params=n, **kw)
         seen[n] = rep.params  # the GPT of that size has this many parameters (its shape is rounded)
-        return {c.name.split(" (GPU takes")[0]: c.fits for c in rep.candidates}
+        return {c.name.split(" (GPU")[0]: c.fits for c in rep.candidates}
 
     names = list(fits(1e8))
     out = {}

@@ -186,6 +186,29 @@ def test_the_largest_model_per_configuration():
     assert not _row(rep, "ZeRO-3, both offloaded to CPU").fits
 
 
+def test_three_tiers_fill_the_gpu_and_the_host_and_put_the_rest_on_the_disk():
+    """With a disk the GPU + host + NVMe row sizes ratio from the GPU's room and max_in_cpu from
+    the host's (90% of it, less the shards and gradients), so the disk holds only the rest; its
+    config is one the engine takes, and it fits larger models than the optimizer wholly on NVMe."""
+    from zspeed.planner import largest
+    from zspeed.runtime.config import parse_config
+    rep = plan(params=20e9, gpu_memory=24, host_memory=125, disk=200, batch=8, ckpt=True,
+               cpu_seconds_per_element=1e-9)
+    row = next(c for c in rep.candidates if c.name.startswith("ZeRO-3, optimizer GPU + host + NVMe"))
+    off = row.config["zero_optimization"]["offload_optimizer"]
+    assert 0 < off["ratio"] < 1 and off["max_in_cpu"] > 0 and row.fits
+    assert row.total("gpu") <= 24 * GiB and 0.85 * 125 * GiB <= row.total("host") <= 0.9 * 125 * GiB
+    assert row.tiers["host"]["fp32 masters (max_in_cpu)"] == 4 * off["max_in_cpu"]
+    on_disk = int(rep.params * off["ratio"]) - off["max_in_cpu"]  # fp32 masters + int8 moments on NVMe
+    assert row.total("nvme") == pytest.approx(6 * on_disk, rel=0.01)
+    parse_config(dict(row.config, zero_optimization={**row.config["zero_optimization"], "offload_optimizer": {
+        **off, "nvme_path": "."}}), world_size=1)
+    sizes = largest(gpu_memory=24, host_memory=125, disk=64, batch=8, ckpt=True, cpu_seconds_per_element=1e-9)
+    three = sizes["ZeRO-3, optimizer GPU + host + NVMe, int8 states"]
+    assert three > 1.3 * sizes["ZeRO-3, parameters CPU, optimizer NVMe"]
+    assert three > 1.3 * sizes["ZeRO-3, both offloaded, int8 states, ratio auto"]
+
+
 # The H200 measurements (bench/RESULTS.md) the step model is checked against: per case the
 # forward+backward of one micro-batch at ratio 1 (the run's own "fwd+bwd" column), the CPU Adam
 # rate (the ratio-1 run's optimizer step over its parameters), and the steps measured per mode.

@@ -10,6 +10,7 @@ bits, and an overlapped step equals the synchronous one bit for bit."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -70,10 +71,10 @@ def test_the_gpu_share_is_the_first_units_of_each_group():
     e, _ = z3._train(_cfg(0.5), steps=1)
     path = e.optimizer_path
     for gi, gp in enumerate(path.sm.plan.groups):
-        k = path._ks[gi]
+        k, k2 = path._ks[gi]
         sides = [s for s, _ in path._side_of[gi]]
         assert sides == ["dev"] * sides.count("dev") + ["cpu"] * sides.count("cpu")
-        assert 0 <= k <= len(gp.units)
+        assert 0 <= k <= len(gp.units) and k2 == len(gp.units)  # two tiers: the CPU's runs to the end
 
 
 def test_zero3_checkpoints_move_between_splits_and_plain_offload(tmp_path):
@@ -349,3 +350,143 @@ def test_the_nvme_split_is_refused_where_it_cannot_run(tmp_path):
         zspeed.initialize(model=eh.mlp(), config=c)
     with pytest.raises(ConfigError, match=r"takes a number here, not \"auto\".*zspeed plan"):
         zspeed.initialize(model=z3.Model(), config=_nv("auto", tmp_path))
+
+
+# -- three tiers: GPU, host memory (offload_optimizer.max_in_cpu) and NVMe in one path ---------------
+def _n_elems():
+    return sum(p.numel() for p in z3.Model().parameters())
+
+
+def _tiers(ratio, tmp, max_in_cpu, **kw):
+    c = _nv(ratio, tmp, **kw)
+    c["zero_optimization"]["offload_optimizer"]["max_in_cpu"] = max_in_cpu
+    return c
+
+
+def _same_bits(a, b):
+    wa, wb = z3._whole(a), z3._whole(b)
+    bad = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not bad, f"differ: {bad[:4]}"
+
+
+@pytest.mark.parametrize("ratio,precision,state_dtype", [(0.6, "fp32", "fp32"), (0.6, "bf16", "int8"),
+                                                         (1.0, "fp32", "fp32")])
+def test_three_tiers_step_exactly_as_the_host_split(tmp_path, ratio, precision, state_dtype):
+    """ratio gives the GPU its units, max_in_cpu the next ones to host memory, the rest go to the
+    NVMe swap files: the same kernels on the same elements as the GPU/CPU split (or, at ratio 1,
+    plain CPU offload), so the weights are equal bit for bit."""
+    if state_dtype == "int8" and not eh.native_ops_available():
+        pytest.skip("8-bit Adam states need libzspeed (the native CPU kernels)")
+    n = _n_elems()
+    a, la = z3._train(_tiers(ratio, tmp_path, n // 4, precision=precision, state_dtype=state_dtype), steps=3)
+    path = a.optimizer_path
+    assert type(path.cpu).__name__ == "HostPath" and type(path.disk).__name__ == "NVMePath"
+    assert (path.dev is not None) == (ratio < 1)
+    assert 0 < path.kept_in_cpu <= n // 4
+    assert any(f.endswith(".swap") for f in os.listdir(tmp_path))
+    per = {"fp32": 12, "int8": 6}[state_dtype]  # the disk: fp32 masters + moments of what max_in_cpu leaves
+    on_disk = int(n * path.cpu_share) - path.kept_in_cpu  # of the elements the start-up check counts
+    assert sum(a.memory_needs["nvme"].values()) == pytest.approx(per * on_disk, rel=0.02)
+    assert a.memory_needs["host"]["fp32 masters (max_in_cpu)"] == 4 * path.kept_in_cpu
+    b, lb = z3._train(_cfg(ratio, precision=precision, state_dtype=state_dtype), steps=3)
+    assert la == lb
+    _same_bits(a, b)
+    a.close()
+    assert not any(f.endswith(".swap") for f in os.listdir(tmp_path))
+
+
+def test_max_in_cpu_past_the_share_keeps_it_all_in_host_memory(tmp_path):
+    n = _n_elems()
+    a, _ = z3._train(_tiers(0.5, tmp_path, 10 * n), steps=2)
+    path = a.optimizer_path
+    assert type(path.cpu).__name__ == "HostPath" and path.disk is None
+    assert not any(f.endswith(".swap") for f in os.listdir(tmp_path))
+    b, _ = z3._train(_cfg(0.5), steps=2)
+    _same_bits(a, b)
+    from zspeed.runtime.summary import summary_text
+    assert re.search(r"tiers \.+ of this rank's [\d.]+K elements, masters and state: [\d.]+K on the cpu, "
+                     r"[\d.]+K in host memory \(max_in_cpu [\d,]+\), 0 on NVMe", summary_text(a))
+
+
+def test_three_tier_checkpoints_move_to_every_other_layout(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    n = _n_elems()
+    a, _ = z3._train(_tiers(0.6, swap, n // 4), steps=3)
+    a.save_checkpoint(str(tmp_path / "ck"), tag="s")
+    want, _ = z3._train(_cfg(0.6), steps=5)
+    want = z3._whole(want)
+    for cfg in (_cfg(0.6), _cfg(1.0), _nv(1.0, swap), _nv(0.3, swap), _tiers(1.0, swap, n // 2),
+                _tiers(0.6, swap, n // 3)):
+        e, _ = z3._train(cfg, steps=1)
+        e.load_checkpoint(str(tmp_path / "ck"), tag="s")
+        _go_on(e, 2, 3)
+        _near(z3._whole(e), want)
+        e.close()
+    # ... and a host split's checkpoint loads into three tiers
+    b, _ = z3._train(_cfg(0.5), steps=3)
+    b.save_checkpoint(str(tmp_path / "ck2"), tag="s")
+    e, _ = z3._train(_tiers(0.6, swap, n // 4), steps=1)
+    e.load_checkpoint(str(tmp_path / "ck2"), tag="s")
+    _go_on(e, 2, 3)
+    _near(z3._whole(e), z3._whole(z3._train(_cfg(0.5), steps=5)[0]))
+    e.close()
+
+
+def test_an_io_fault_in_the_nvme_tier_leaves_a_step_the_next_call_completes(tmp_path):
+    """The GPU's and the host's shares step, the NVMe tier's write fails: the step is not counted,
+    the next backward is refused, and step() again steps only the NVMe tier (not the others twice),
+    so the run goes on exactly as without the fault."""
+    if not eh.native_ops_available():
+        pytest.skip("fault injection is libzspeed's (zs_fault_set)")
+    from zspeed import NativeError
+    from zspeed._native import errcode, lib
+    from zspeed.runtime.engine import StepIncompleteError
+    n = _n_elems()
+    ref, _ = z3._train(_tiers(0.6, tmp_path, n // 4), steps=4)
+    e, _ = z3._train(_tiers(0.6, tmp_path, n // 4), steps=2)
+    data = z3._data(4)
+    e.backward(z3._loss(e, data[2]))
+    lib.zs_fault_set(b"swap.write", 1, 1, errcode("ZS_EIO"))  # the NVMe tier's first partition write
+    try:
+        with pytest.raises(NativeError):
+            e.step()
+    finally:
+        lib.zs_fault_clear()
+    assert e.global_steps == 2
+    with pytest.raises(StepIncompleteError):
+        e.backward(z3._loss(e, data[3]))
+    e.step()
+    assert e.global_steps == 3
+    e.backward(z3._loss(e, data[3]))
+    e.step()
+    _same_bits(e, ref)
+    ref.close()
+    e.close()
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the multi-rank cases run on the CPU (Gloo)")
+def test_three_tiers_on_ranks_equal_the_host_split(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    cfg = dict(_tiers(0.5, swap, _n_elems() // 8), train_micro_batch_size_per_gpu=3)
+    got = z3._ranks(2, cfg, tmp_path, "tiers")
+    ref = _z3_ranks(2, 0.5, tmp_path, "host")
+    for g, r in zip(got, ref):
+        assert all(torch.equal(g["state"][k], r["state"][k]) for k in g["state"])
+
+
+def test_max_in_cpu_is_refused_where_it_cannot_run(tmp_path):
+    from zspeed.runtime.config import ConfigError
+    c = _cfg(0.5)
+    c["zero_optimization"]["offload_optimizer"]["max_in_cpu"] = 1000
+    with pytest.raises(ConfigError, match=r"max_in_cpu needs offload_optimizer.device \"nvme\" .*Remove the key"):
+        zspeed.initialize(model=z3.Model(), config=c)
+    c = eh.config(zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path),
+                                                                       "max_in_cpu": 1000}})
+    with pytest.raises(ConfigError, match=r"max_in_cpu cuts a rank's part of the model at ZeRO-3 or on several "
+                                          r"ranks .*stage 2 on 1 rank\(s\)"):
+        zspeed.initialize(model=eh.mlp(), config=c)
+    c = _tiers(0.5, tmp_path, -1)
+    with pytest.raises(ConfigError, match=r"max_in_cpu.*must be between 0"):
+        zspeed.initialize(model=z3.Model(), config=c)

@@ -185,7 +185,7 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
         return StoreSplitPath(store, name, params, float(ratio), stage=plan.stage, reduce_overlap=plan.reduce_overlap,
                               comm=coll, comm_dtype=plan.comm_dtype, pin_memory=plan.pin_memory, force_native=force,
                               chunk_elems=plan.chunk_elems, num_threads=host_threads(plan.cores_share),
-                              timing=plan.timing, auto=auto, tier=plan.cpu_tier,
+                              timing=plan.timing, auto=auto, tier=plan.cpu_tier, host_elems=plan.host_elems,
                               nvme=dict(offload_cfg=config.offload, aio=config.aio,
                                         sub_group_size=int(config.zero["sub_group_size"])))
     return split.SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
@@ -228,7 +228,8 @@ class WholeModel:
         return Sizes(esize=torch.empty((), dtype=self.plan.dtype).element_size(), total=total,
                      local=-(-total // self.plan.shard_degree),
                      model=sum(full_numel(p) for p in dict.fromkeys(module.parameters())),
-                     cpu_share=_CPU_SHARE.get(self.plan.optimizer, lambda r: 1.0)(self.plan.ratio))
+                     cpu_share=_CPU_SHARE.get(self.plan.optimizer, lambda r: 1.0)(self.plan.ratio),
+                     host_elems=self.plan.host_elems)
 
     def bytes_needed(self, config, s: Sizes) -> list:
         """What the model's own tensors hold (memory.py): the whole model on the device."""

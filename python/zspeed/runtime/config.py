@@ -363,6 +363,12 @@ SCHEMA: dict[str, S] = {
                    "the CPU's share keeps optimizer.params.state_dtype, the GPU's fp32); \"auto\" runs the first step with everything on the CPU, then sizes the "
                    "GPU's share from that step's peak GPU memory (within set_per_process_memory_fraction, less a "
                    "margin) and the measured step rates, and logs the choice (docs/OFFLOAD.md)", auto=AUTO_KEEP, check=_offload_ratio),
+        "max_in_cpu": K(0, NUM, "zspeed extension (device nvme, at stage 3 or on several ranks): elements of this "
+                        "rank's part whose fp32 masters and optimizer state stay in host memory instead of the swap "
+                        "files: the first ones after the GPU's share (ratio), stepped by the CPU path's kernels; "
+                        "the rest on NVMe (the three tiers of docs/OFFLOAD.md; 0 puts the whole non-GPU share on "
+                        "NVMe; offload_param's key of the same name is DeepSpeed's, for frozen parameters)",
+                        check=_between(0, 2 ** 62)),
         "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
         "pipeline_write": K(False, (bool,), "accepted: zspeed's nvme step always overlaps writes with compute"),
         "super_offload": K(False, (bool,), "DeepSpeed's SuperOffload (a ZeRO-3 feature; accepted, not "

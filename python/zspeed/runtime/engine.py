@@ -173,7 +173,9 @@ class ZSpeedEngine(torch.nn.Module):
             from dataclasses import replace
             from .memory import by_tier
             self.memory_needs = by_tier(footprint(self.plan, self._placement, config,
-                                                  replace(self._sizes, cpu_share=share)))
+                                                  replace(self._sizes, cpu_share=share,
+                                                          host_elems=getattr(self.optimizer_path, "kept_in_cpu",
+                                                                             self._sizes.host_elems))))
         self._frozen_sm = self._placement.frozen_store
         if self._fetcher is not None:
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)

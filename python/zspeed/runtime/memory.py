@@ -100,6 +100,7 @@ class Sizes:
     frozen: int = 0     # this rank's part of the floating-point parameters nothing trains (stage 3)
     working: int = 0    # elements gathered on the GPU at once at stage 3 (deepest path + prefetch + persistent)
     cpu_share: float = 1.0  # the CPU's share of the optimizer's elements (offload_optimizer.ratio)
+    host_elems: int = 0     # of an NVMe share, the elements kept in host memory (offload_optimizer.max_in_cpu)
 
 
 @dataclass(frozen=True)

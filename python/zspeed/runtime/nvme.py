@@ -134,10 +134,14 @@ class NVMePath(OffloadedPath):
         """What this path holds (memory.py): the reduced gradients in host memory; the fp32 masters
         and the optimizer state in the swap files under nvme_path."""
         sd, per = state_bytes(config)
-        n = int(s.local * s.cpu_share)  # all of the rank's part, or a split's NVMe share
-        return [Need("host", "gradients", s.esize * n),
-                Need("nvme", f"offload_optimizer ({n:,} elements x {4 + per:.1f} bytes of fp32 masters and "
-                     f"{sd} optimizer state)", int((4 + per) * n), where=config.offload["nvme_path"])]
+        n = int(s.local * s.cpu_share)  # all of the rank's part, or a split's non-GPU share
+        kept = min(n, int(s.host_elems))  # ... of which offload_optimizer.max_in_cpu stays in host memory
+        on_disk = n - kept
+        host = [Need("host", "fp32 masters (max_in_cpu)", 4 * kept),
+                Need("host", f"optimizer state ({sd}, max_in_cpu)", int(per * kept))] if kept else []
+        return [Need("host", "gradients", s.esize * n), *host,
+                Need("nvme", f"offload_optimizer ({on_disk:,} elements x {4 + per:.1f} bytes of fp32 masters and "
+                     f"{sd} optimizer state)", int((4 + per) * on_disk), where=config.offload["nvme_path"])]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):

@@ -14,7 +14,7 @@ Two things live here and nowhere else:
   parameter store (replicated, sharded over the ranks, or partitioned over a medium at ZeRO-3),
   which communication strategy (none, on the device, on the host, or staged through the host
   from the device), where the optimizer state lives (device, host, NVMe, or split between
-  the GPU and the host), and how the step is timed (synchronous, overlapped with the next
+  the GPU, the host and NVMe), and how the step is timed (synchronous, overlapped with the next
   forward, or delayed by one step). Nothing downstream reads the raw config section again
   for these decisions.
 """
@@ -46,6 +46,7 @@ class Facts:
     torch_adam: bool
     amsgrad: bool = False
     grad_sum: bool = False   # gradient_allreduce_op "sum"
+    host_tier: bool = False  # offload_optimizer.max_in_cpu > 0: part of the optimizer's share in host memory
     world_size: int | None = _UNKNOWN
     client: str | None = _UNKNOWN   # "none", "native" (zspeed's own CPU optimizers) or "other"
 
@@ -68,6 +69,7 @@ class Facts:
                    torch_adam=bool((cfg.optimizer_params or {}).get("torch_adam")),
                    amsgrad=bool((cfg.optimizer_params or {}).get("amsgrad")),
                    grad_sum=cfg.top["gradient_allreduce_op"] == "sum",
+                   host_tier=float(cfg.offload["max_in_cpu"]) > 0,
                    world_size=world_size, client=client)
 
 
@@ -94,7 +96,7 @@ def _has(f: Facts, name: str) -> str:
             "optimizer": f"optimizer {v!r}", "delayed": "delayed_update on", "overlap": "overlap_forward on",
             "split": "ratio < 1", "torch_adam": "torch_adam on", "amsgrad": "amsgrad on",
             "store_split": f"stage {f.stage} on {f.world_size or 1} rank(s)",
-            "auto_ratio": 'ratio "auto"'}.get(name, f"{name} {v!r}")
+            "auto_ratio": 'ratio "auto"', "host_tier": "max_in_cpu > 0"}.get(name, f"{name} {v!r}")
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,16 @@ FEATURES: tuple = (
                   "sizing the GPU's share after step 1 would read every NVMe state back into host memory",
                   "Set the GPU's share yourself (zspeed plan suggests one).", "a number", "not with")),
             shown=lambda f: f" = {f.ratio!r}"),
+    Feature("optimizer state in host memory and on NVMe", "zero_optimization.offload_optimizer.max_in_cpu",
+            lambda f: f.host_tier,
+            (_req("offload", {"nvme"}, "needs offload_optimizer.device \"nvme\"",
+                  "it keeps part of the NVMe share's masters and state in host memory",
+                  "Remove the key (with device \"cpu\" everything is in host memory already).", "nvme",
+                  "optimizer offload"),
+             _req("store_split", {True}, "cuts a rank's part of the model at ZeRO-3 or on several ranks",
+                  "the host and NVMe shares are cut from a parameter store's local space",
+                  "Use stage 3, or remove max_in_cpu.", "3 (or 1-2 on several ranks)", "ZeRO stages")),
+            shown=lambda f: ""),
 )
 
 
@@ -251,6 +263,7 @@ class RunPlan:
     shard_degree: int = 1         # the ranks the trained parameters are split over: world_size when sharded, else 1
     cores_share: float | None = None  # the CPU optimizer's share of this rank's cores (None: all of them)
     cpu_tier: str = "host"        # where a split's non-GPU share keeps its masters and state: "host" | "nvme"
+    host_elems: int = 0           # with cpu_tier "nvme": elements of that share kept in host memory (max_in_cpu)
 
     @property
     def sharded(self) -> bool:
@@ -279,12 +292,13 @@ class RunPlan:
         return cls(stage=stage, world_size=world_size, rank=rank, device=device, dtype=dtype, store=store,
                    param_medium=param_medium, frozen_medium=_FROZEN_MEDIUM.get(pdev, param_medium),
                    comm=_COMM[several, backend == "nccl", device.type],
-                   optimizer=_OPTIMIZER[config.offload_device, off["ratio"] != 1.0],
+                   optimizer=_OPTIMIZER[config.offload_device, off["ratio"] != 1.0 or float(off["max_in_cpu"]) > 0],
                    timing=_TIMING[bool(off["delayed_update"]), bool(off["overlap_forward"])], ratio=off["ratio"],
                    unit_elems=_UNIT.get(store, bucket), bucket_elems=bucket,
                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
                    reduce_overlap=bool(config.zero["overlap_comm"]),
                    comm_dtype=_COMM_DTYPES.get((name or "").lower(), dtype), cpu_tier=_CPU_TIER[config.offload_device],
+                   host_elems=int(off["max_in_cpu"]) if config.offload_device == "nvme" else 0,
                    pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
                    shard_degree=_SHARD_DEGREE[store](world_size),
                    grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]])

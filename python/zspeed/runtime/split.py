@@ -158,8 +158,9 @@ class SplitOptimizer(torch.optim.Optimizer):
 
 class TwoHalves(OptimizerPath):
     """What the split paths share (this module's SplitPath over whole parameters, and
-    split_store.StoreSplitPath over a store's local space): a GPU half ``dev`` and a CPU half
-    ``cpu`` (either may be None), rebuilt by :meth:`_build` for a CPU share, the hyperparameters
+    split_store.StoreSplitPath over a store's local space): a GPU half ``dev``, a CPU half
+    ``cpu`` and, for the store split's three tiers, an NVMe half ``disk`` after it (any may be
+    None), rebuilt by :meth:`_build` for a CPU share, the hyperparameters
     handed to both before each step, the GPU's step queued before the CPU's runs, and the
     resize of ``"auto"``. Subclasses say how the halves are built, how gradients reach them and
     how their masters and states map to the path's layout (:meth:`masters`,
@@ -188,10 +189,10 @@ class TwoHalves(OptimizerPath):
         self._args = args
         self.auto = auto          # "auto": sized after the first step (see step_done)
         self._hooked: list = []   # (module, the CPU half's hook handles) of hook_modules
-        self._dev_done = False    # the GPU's half of the step under way ran (see apply)
-        self.dev = self.cpu = None
+        self._done: set = set()   # the halves (indices in _halves) whose part of the step under way ran
+        self.dev = self.cpu = self.disk = None
         self._halves: list = []
-        self._gmap: list = []     # per group: (its index among the GPU half's groups, among the CPU's) or None
+        self._gmap: list = []     # per group: its index among the GPU half's groups, the CPU's (, the disk's) or None
 
     def _build(self, ratio: float) -> None:
         """The two halves for a CPU share of ``ratio`` (sets dev, cpu, _halves, _gmap, gpu_elems, cpu_share)."""
@@ -202,20 +203,20 @@ class TwoHalves(OptimizerPath):
         return ratio
 
     def _finish_build(self) -> None:
-        self._halves = [h for h in (self.dev, self.cpu) if h is not None]
-        self._dev_done = False
+        self._halves = [h for h in (self.dev, self.cpu, self.disk) if h is not None]
+        self._done = set()
 
     def _optimizer(self, groups: list) -> "SplitOptimizer":
-        defaults = (self.cpu or self.dev).optimizer.defaults
+        defaults = (self.cpu or self.disk or self.dev).optimizer.defaults
         return SplitOptimizer([dict(g) for g in groups], dict(defaults), self)
 
     def state_dtypes(self) -> list:
         """Per parameter of the layout (in state_dict order), the state dtype its half keeps."""
-        cpu = self.cpu.optimizer.param_groups if self.cpu is not None else []
-        return [("fp32" if s == "dev" else cpu[sg].get("state_dtype", "fp32")) for s, sg in self._sides()]
+        return [("fp32" if s == "dev" else self._half(s).optimizer.param_groups[sg].get("state_dtype", "fp32"))
+                for s, sg in self._sides()]
 
     def _sides(self) -> list:
-        """Per parameter of the layout, in order: ("dev" | "cpu", its group in that half)."""
+        """Per parameter of the layout, in order: ("dev" | "cpu" | "disk", its group in that half)."""
         raise NotImplementedError
 
     # -- "auto" ------------------------------------------------------------------------------
@@ -289,8 +290,8 @@ class TwoHalves(OptimizerPath):
 
     def _sync_groups(self) -> None:
         """The engine's hyperparameters (an LR schedule's lr) into both halves' groups."""
-        for g, (di, ci) in zip(self.optimizer.param_groups, self._gmap):
-            for h, i in ((self.dev, di), (self.cpu, ci)):
+        for g, idx in zip(self.optimizer.param_groups, self._gmap):
+            for h, i in zip((self.dev, self.cpu, self.disk), idx):
                 if i is None:
                     continue
                 target = h.optimizer.param_groups[i]
@@ -299,25 +300,34 @@ class TwoHalves(OptimizerPath):
                         target[k] = v
 
     def apply(self, factor: float) -> None:
+        """The GPU's half queued first (its kernels run while the CPU steps the others), then the
+        CPU's and the disk's; called again after a half raised, the halves that ran are not
+        stepped again."""
         self._sync_groups()
-        if self.dev is not None and not self._dev_done:  # a retry after the CPU's half raised: not again
-            with self.trace.span("gpu step (split)"):
-                self.dev.apply(factor)  # queued on the GPU: runs while the CPU steps below
-        self._dev_done = True
-        if self.cpu is not None:
-            self.cpu.apply(factor)
-        self._dev_done = False
+        for i, h in enumerate(self._halves):
+            if i in self._done:
+                continue
+            if h is self.dev:
+                with self.trace.span("gpu step (split)"):
+                    h.apply(factor)
+            elif h is self.disk:
+                with self.trace.span("nvme share (split)"):
+                    h.apply(factor)
+            else:
+                h.apply(factor)
+            self._done.add(i)
+        self._done = set()
 
     def step_failed(self) -> bool:
         return any(h.step_failed() for h in self._halves)
 
     def abandon_step(self) -> None:
-        self._dev_done = False
+        self._done = set()
         self._each("abandon_step")
 
     # -- masters and state --------------------------------------------------------------------
     def _half(self, side: str):
-        return self.dev if side == "dev" else self.cpu
+        return {"dev": self.dev, "cpu": self.cpu, "disk": self.disk}[side]
 
     def _sub_index(self, side: str) -> list:
         """Per group of the half ``side``, the index of its first parameter in its optimizer's state_dict."""
@@ -333,7 +343,7 @@ class TwoHalves(OptimizerPath):
 
     # -- the rest -----------------------------------------------------------------------------
     def stats(self, reset: bool = False) -> list:
-        return self.cpu.stats(reset) if self.cpu is not None else []
+        return [st for h in (self.cpu, self.disk) if h is not None for st in h.stats(reset)]
 
     def set_trace(self, tracer) -> None:
         self.trace = tracer
@@ -423,7 +433,7 @@ class SplitPath(TwoHalves):
         return total, bad
 
     def release(self) -> None:
-        self._dev_done = False
+        self._done = set()
         self._each("release")
 
     def zero_grad(self) -> None:

@@ -46,21 +46,34 @@ from .streams import streams_for
 
 log = logging.getLogger("zspeed.split")
 
-__all__ = ["StoreSplitPath", "DeviceShare", "HostShare", "gpu_units"]
+__all__ = ["StoreSplitPath", "DeviceShare", "HostShare", "gpu_units", "tier_units"]
 
 
 def gpu_units(sm: ParamStore, ratio: float) -> list:
     """Per group, how many of its first units the GPU steps for a CPU share of ``ratio`` (of this
     rank's local elements, as near as whole units allow): a prefix in (group, unit) order."""
-    groups = sm.plan.groups
-    total = sum(u.shard for gp in groups for u in gp.units)
-    left = (1.0 - float(ratio)) * total
-    out = []
-    for gp in groups:
-        k = 0
-        for u in gp.units:
-            if left <= 0 or left < u.shard / 2:
-                left = 0  # the GPU's share ends here: the rest of the model is the CPU's
+    total = sum(u.shard for gp in sm.plan.groups for u in gp.units)
+    return _advance(sm, [0] * len(sm.plan.groups), (1.0 - float(ratio)) * total, at_most=False)
+
+
+def tier_units(sm: ParamStore, ratio: float, host_elems: int = 0) -> list:
+    """Per group (k1, k2): units [0, k1) on the GPU (:func:`gpu_units`), [k1, k2) in host memory
+    -- the next ones in (group, unit) order, at most ``host_elems`` elements -- and the rest,
+    [k2, end), on the last tier (host memory too, or NVMe)."""
+    k1 = gpu_units(sm, ratio)
+    k2 = _advance(sm, k1, float(host_elems), at_most=True) if host_elems > 0 else \
+        [len(gp.units) for gp in sm.plan.groups]
+    return list(zip(k1, k2))
+
+
+def _advance(sm: ParamStore, starts: list, elems: float, at_most: bool) -> list:
+    """Per group, the end of a run of units that begins at ``starts`` and goes on in (group, unit)
+    order over ``elems`` elements: as near as whole units allow, or never more (``at_most``)."""
+    out, left = [], elems
+    for gp, k in zip(sm.plan.groups, starts):
+        for u in gp.units[k:]:
+            if left <= 0 or left < (u.shard if at_most else u.shard / 2):
+                left = 0  # the run ends here: the rest of the model is the next tier's
                 break
             left -= u.shard
             k += 1
@@ -213,14 +226,15 @@ class _Given:
 
 
 class HostShare(HostBuffers):
-    """The CPU half's host buffers: units [k, end) of each group in ``gis`` (``ks``). Gradients
-    arrive from the store split's reducer; new weights are published unit by unit through the
-    store (dp.ShardedBuffers does the same for a whole local space)."""
+    """A host tier's buffers: units [lo, hi) of each group in ``gis`` (``spans``: the (lo, hi) of
+    each). Gradients arrive from the store split's reducer; new weights are published unit by
+    unit through the store (dp.ShardedBuffers does the same for a whole local space)."""
 
-    def __init__(self, sm: ParamStore, layout: FlatLayout, gis: list, ks: list, pin_memory: bool,
+    def __init__(self, sm: ParamStore, layout: FlatLayout, gis: list, spans: list, pin_memory: bool,
                  donor: "HostShare | None" = None):
-        self.sm, self.gis, self.ks = sm, gis, ks
-        self._base = [_end(sm.plan.groups[gi], k) for gi, k in zip(gis, ks)]
+        self.sm, self.gis, self.spans = sm, gis, spans
+        self._base = [_end(sm.plan.groups[gi], lo) for gi, (lo, _) in zip(gis, spans)]
+        self._size = [_end(sm.plan.groups[gi], hi) - b for gi, (_, hi), b in zip(gis, spans, self._base)]
         self._pending_src = None
         self._bases_of = None  # (weight views, their flat buffers) of the last publish
         # A shrunk CPU half (StoreSplitPath.resize to a smaller CPU share) takes over the buffers
@@ -249,7 +263,8 @@ class HostShare(HostBuffers):
             src = row[j]
             if src.dtype != dtype:
                 raise AssertionError(f"a shrunk CPU half's buffer {call} is {src.dtype}, not {dtype}")
-            flats.append(src[self._base[i] - d._base[j]:])
+            at = self._base[i] - d._base[j]
+            flats.append(src[at:at + self._size[i]])
         self._flats.extend(flats)
         return flats, [self.layout.views(f, i) for i, f in enumerate(flats)]
 
@@ -262,7 +277,7 @@ class HostShare(HostBuffers):
 
     def entry_units(self) -> list:
         units = self.sm.entry_units()
-        return [[(gi, ui) for ui in units[gi] if ui >= k] for gi, k in zip(self.gis, self.ks)]
+        return [[(gi, ui) for ui in units[gi] if lo <= ui < hi] for gi, (lo, hi) in zip(self.gis, self.spans)]
 
     def release(self) -> None:
         pass  # the store split drops the model's gradients and resets the reducer
@@ -293,8 +308,8 @@ class HostShare(HostBuffers):
     def end_write_back(self) -> None:
         src, self._pending_src = self._pending_src, None
         bases = self._bases(src)
-        for i, (gi, k) in enumerate(zip(self.gis, self.ks)):
-            for ui in range(k, len(self.sm.plan.groups[gi].units)):
+        for i, (gi, (lo, hi)) in enumerate(zip(self.gis, self.spans)):
+            for ui in range(lo, hi):
                 self.sm.publish_shard(gi, ui, self._new(bases, i, gi, ui))
         super().end_write_back()
 
@@ -315,6 +330,7 @@ def _nvme_half(layout: FlatLayout, buffers: HostShare, a: dict):
 
 # The non-GPU share's tier (RunPlan.cpu_tier): host memory, or NVMe (masters and state in swap files).
 _TIERS = {"host": _host_half, "nvme": _nvme_half}
+_SIDES = ("dev", "cpu", "disk")  # the halves in the local space's order
 
 
 class StoreSplitPath(TwoHalves):
@@ -335,10 +351,11 @@ class StoreSplitPath(TwoHalves):
     def __init__(self, sm: ParamStore, name: str, params: dict, ratio: float, *, stage: int, reduce_overlap: bool,
                  comm: Collectives, comm_dtype: torch.dtype, pin_memory: bool, force_native: bool,
                  chunk_elems: int, num_threads: int | None, timing: str = "sync", auto: AutoSplit | None = None,
-                 tier: str = "host", nvme: dict | None = None):
+                 tier: str = "host", nvme: dict | None = None, host_elems: int = 0):
         super().__init__(sm.local_layout, dict(dtype=sm.dtype, name=name, params=params, pin_memory=pin_memory,
                                                force_native=force_native, chunk_elems=chunk_elems,
-                                               num_threads=num_threads, timing=timing, tier=tier, nvme=nvme), auto)
+                                               num_threads=num_threads, timing=timing, tier=tier, nvme=nvme,
+                                               host_elems=int(host_elems) if tier == "nvme" else 0), auto)
         self.sm = sm
         self.comm = comm
         self.reducer = GradReducer(sm, None, stage=stage, overlap=reduce_overlap, comm=comm, comm_dtype=comm_dtype)
@@ -350,55 +367,75 @@ class StoreSplitPath(TwoHalves):
     def sharded(self) -> ParamStore:
         return self.sm
 
-    def _build(self, ratio: float) -> None:
-        self._build_halves(gpu_units(self.sm, ratio))
+    @property
+    def pinned(self) -> bool:
+        return any(h.pinned for h in (self.cpu, self.disk) if h is not None)
 
-    def _carve(self, ks: list) -> tuple:
-        """The layouts of both halves for GPU unit counts ``ks``: (GPU groups, CPU groups, and
-        per half the (store group, k) of each of its groups); sets the maps between them."""
+    def _build(self, ratio: float) -> None:
+        self._build_halves(tier_units(self.sm, ratio, self._args["host_elems"]))
+
+    def _carve(self, cuts: list) -> dict:
+        """The layouts of the halves for the unit cuts ``cuts`` (per group (k1, k2): units [0, k1)
+        on the GPU, [k1, k2) on the CPU's tier, [k2, end) on the disk): per half ("dev", "cpu",
+        "disk") its groups and the (store group, (first unit, end unit)) of each; sets the maps
+        between the halves and the path's layout."""
         sm, layout = self.sm, self.layout
         units = sm.entry_units()
-        dev_groups, cpu_groups, dev_at, cpu_at = [], [], [], []
+        out = {side: ([], []) for side in _SIDES}
         self._gmap, self._cut, self._side_of = [], [], []
-        for gi, (g, entries, k) in enumerate(zip(layout.groups, layout.params, ks)):
-            cut = sum(1 for ui in units[gi] if ui < k)  # entries of the GPU's units come first
-            self._cut.append(cut)
-            di = ci = None
-            if cut:
-                di = len(dev_groups)
-                dev_groups.append({**g, "params": entries[:cut]})
-                dev_at.append((gi, k))
-            if cut < len(entries):
-                ci = len(cpu_groups)
-                cpu_groups.append({**g, "params": entries[cut:]})
-                cpu_at.append((gi, k))
-            self._gmap.append((di, ci))
-            self._side_of.append([("dev", di)] * cut + [("cpu", ci)] * (len(entries) - cut))
-        self._ks = ks
-        self.gpu_elems = sum(_end(sm.plan.groups[gi], k) for gi, k in dev_at)
+        for gi, (g, entries, (k1, k2)) in enumerate(zip(layout.groups, layout.params, cuts)):
+            c1 = sum(1 for ui in units[gi] if ui < k1)  # entries of the GPU's units come first, ...
+            c2 = sum(1 for ui in units[gi] if ui < k2)  # ... then the CPU tier's, then the disk's
+            bounds = (0, c1, c2, len(entries))
+            spans = ((0, k1), (k1, k2), (k2, len(sm.plan.groups[gi].units)))
+            idx, side_of = [], []
+            for t, side in enumerate(_SIDES):
+                a, b = bounds[t], bounds[t + 1]
+                groups, at = out[side]
+                idx.append(len(groups) if a < b else None)
+                if a < b:
+                    groups.append({**g, "params": entries[a:b]})
+                    at.append((gi, spans[t]))
+                side_of += [(side, idx[-1])] * (b - a)
+            self._cut.append((c1, c2))
+            self._gmap.append(tuple(idx))
+            self._side_of.append(side_of)
+        self._ks = cuts
+        ends = [(_end(sm.plan.groups[gi], k1), _end(sm.plan.groups[gi], k2)) for gi, (k1, k2) in enumerate(cuts)]
+        self.gpu_elems = sum(e1 for e1, _ in ends)
+        # With three tiers: the elements of the CPU's tier (host memory), the rest of the share on NVMe.
+        self.kept_in_cpu = sum(e2 - e1 for e1, e2 in ends) if self._args["host_elems"] else 0
         total = sum(layout.totals)
         self.cpu_share = 1.0 - self.gpu_elems / total if total else 1.0
-        return dev_groups, cpu_groups, dev_at, cpu_at
+        return out
 
-    def _build_halves(self, ks: list, donor: HostShare | None = None) -> None:
+    def _build_halves(self, cuts: list, donor: HostShare | None = None) -> None:
         a, sm = self._args, self.sm
-        dev_groups, cpu_groups, dev_at, cpu_at = self._carve(ks)
-        self.dev = DeviceShare(sm, FlatLayout(dev_groups), [gi for gi, _ in dev_at], [k for _, k in dev_at],
+        carved = self._carve(cuts)
+        dev_groups, dev_at = carved["dev"]
+        self.dev = DeviceShare(sm, FlatLayout(dev_groups), [gi for gi, _ in dev_at], [k for _, (_, k) in dev_at],
                                a["name"], a["params"]) if dev_groups else None
-        self.cpu = self.buffers = None
-        if cpu_groups:
-            cl = FlatLayout(cpu_groups)
-            self.buffers = HostShare(sm, cl, [gi for gi, _ in cpu_at], [k for _, k in cpu_at], a["pin_memory"],
-                                     donor=donor)
-            self.cpu = _TIERS[a["tier"]](cl, self.buffers, a)
+        self.cpu = self.disk = self.buffers = self.disk_buffers = None
+        # With part of an NVMe share in host memory (max_in_cpu), the CPU's tier is host memory and
+        # the disk's the swap files; otherwise the CPU's tier is the configured one.
+        kinds = {"cpu": _host_half if a["host_elems"] else _TIERS[a["tier"]], "disk": _nvme_half}
+        for side in ("cpu", "disk"):
+            groups, at = carved[side]
+            if not groups:
+                continue
+            cl = FlatLayout(groups)
+            buf = HostShare(sm, cl, [gi for gi, _ in at], [span for _, span in at], a["pin_memory"],
+                            donor=donor if side == "cpu" else None)
+            setattr(self, {"cpu": "buffers", "disk": "disk_buffers"}[side], buf)
+            setattr(self, side, kinds[side](cl, buf, a))
         self._finish_build()
 
     # -- "auto": a smaller CPU share without new host memory ------------------------------------
     def _shrinks(self, ratio: float) -> bool:
         """Whether ``ratio`` only moves units from the CPU half (in host memory) to the GPU's (what
         "auto" does)."""
-        return self.cpu is not None and self._args["tier"] == "host" and \
-            all(k >= k0 for k, k0 in zip(gpu_units(self.sm, ratio), self._ks))
+        return self.cpu is not None and self.disk is None and self._args["tier"] == "host" and \
+            all(k >= k0 for k, (k0, _) in zip(gpu_units(self.sm, ratio), self._ks))
 
     def resize_host_bytes(self, ratio: float) -> int:
         """A shrink adds no host buffer (the new CPU half takes over the old one's): only each
@@ -424,20 +461,20 @@ class StoreSplitPath(TwoHalves):
         for module, handles in self._hooked:
             for h in handles:
                 h.remove()
-        self._build_halves(gpu_units(self.sm, ratio), donor=old_buf)
+        self._build_halves(tier_units(self.sm, ratio), donor=old_buf)
         self._each("set_trace", self.trace)
         self._hooked = [(m, self.cpu.hook_modules(m) if self.cpu is not None else []) for m, _ in self._hooked]
         host_masters = [list(g["params"]) for g in old_cpu.optimizer.param_groups]
         if self.dev is not None:  # every piece the GPU now steps: from the old GPU half or the old CPU half
             rows, srows = [], []
-            for gi, (di, _ci) in enumerate(self._gmap):
+            for gi, (di, _ci, _ni) in enumerate(self._gmap):
                 if di is None:
                     continue
-                odi, oci = old_gmap[gi]
-                ocut = old_cut[gi]
-                rows.append(masters[gi][:self._cut[gi]])
+                odi, oci, _ = old_gmap[gi]
+                ocut, cut = old_cut[gi][0], self._cut[gi][0]
+                rows.append(masters[gi][:cut])
                 srow = []
-                for ei in range(self._cut[gi]):
+                for ei in range(cut):
                     if ei < ocut:
                         srow.append(dev_states[odi][ei])
                     else:
@@ -448,10 +485,10 @@ class StoreSplitPath(TwoHalves):
         if self.cpu is not None:  # the remaining pieces' states move to the new CPU half as they are
             new_state = self.cpu.optimizer.state
             new_params = [list(g["params"]) for g in self.cpu.optimizer.param_groups]
-            for gi, (_di, ci) in enumerate(self._gmap):
+            for gi, (_di, ci, _ni) in enumerate(self._gmap):
                 if ci is None:
                     continue
-                oci, shift = old_gmap[gi][1], self._cut[gi] - old_cut[gi]
+                oci, shift = old_gmap[gi][1], self._cut[gi][0] - old_cut[gi][0]
                 for ei, p in enumerate(new_params[ci]):
                     st = cpu_state.get(host_masters[oci][ei + shift])
                     if st is not None:
@@ -462,10 +499,13 @@ class StoreSplitPath(TwoHalves):
                 h.close()
 
     def _dest_of(self, gi: int, ui: int) -> torch.Tensor:
-        di, ci = self._gmap[gi]
-        if ui < self._ks[gi]:
+        di, ci, ni = self._gmap[gi]
+        k1, k2 = self._ks[gi]
+        if ui < k1:
             return self.dev.unit_dest(di, gi, ui)
-        return self.buffers.unit_dest(ci, gi, ui)
+        if ui < k2:
+            return self.buffers.unit_dest(ci, gi, ui)
+        return self.disk_buffers.unit_dest(ni, gi, ui)
 
     def _agree(self, ratio: float) -> float:
         """Every rank takes the largest CPU share any rank chose (the one whose GPU has least
@@ -475,10 +515,14 @@ class StoreSplitPath(TwoHalves):
     def _sides(self) -> list:
         return [s for row in self._side_of for s in row]
 
+    def _offloaded(self) -> list:
+        """The halves off the GPU, in the local space's order."""
+        return [h for h in (self.cpu, self.disk) if h is not None]
+
     # -- the step -----------------------------------------------------------------------------
     def before_backward(self, boundary: bool) -> None:
-        if self.cpu is not None:  # an overlapped CPU step finishes before its gradient buffers refill
-            self.cpu.before_backward(boundary)
+        for h in self._offloaded():  # an overlapped CPU step finishes before its gradient buffers refill
+            h.before_backward(boundary)
         self.reducer.before_backward(boundary)
 
     def after_backward(self) -> None:
@@ -486,18 +530,18 @@ class StoreSplitPath(TwoHalves):
 
     def gather(self) -> None:
         self.reducer.gather()
-        if self.cpu is not None:
-            self.cpu.gather()
+        for h in self._offloaded():
+            h.gather()
 
     def grad_stats(self, scale: float) -> tuple[float, bool]:
-        """Over both halves at once: the reducer's norms on the GPU, or each half's on the host."""
+        """Over every half at once: the reducer's norms on the GPU, or each half's on the host."""
         if self.reducer.device_norms:
             return norms_stats(self.reducer.local_norms(), scale)
         total, bad = 0.0, False
         if self.dev is not None:
             total, bad = self.dev.grad_stats(scale)
-        if self.cpu is not None:
-            s, b = self.cpu._host_grad_stats([g for row in self.cpu._grads for g in row], scale)
+        for h in self._offloaded():
+            s, b = h._host_grad_stats([g for row in h._grads for g in row], scale)
             total, bad = total + s, bad or b
         return total, bad
 
@@ -506,7 +550,7 @@ class StoreSplitPath(TwoHalves):
         super().apply(factor)
 
     def release(self) -> None:
-        self._dev_done = False
+        self._done = set()
         self._each("release")
         self.reducer.reset()
         self.zero_grad()
@@ -516,33 +560,40 @@ class StoreSplitPath(TwoHalves):
 
     # -- masters and state, per entry of the local space --------------------------------------
     def masters(self) -> list:
-        dev = self.dev.masters() if self.dev is not None else None
-        cpu = self.cpu.masters() if self.cpu is not None else None
-        return [(dev[di] if di is not None else []) + (cpu[ci] if ci is not None else [])
-                for di, ci in self._gmap]
+        got = [h.masters() if h is not None else None for h in (self.dev, self.cpu, self.disk)]
+        return [[m for rows, i in zip(got, idx) if i is not None for m in rows[i]] for idx in self._gmap]
+
+    def _rows_of(self, per_entry: list) -> list:
+        """Per half (dev, cpu, disk), the rows of ``per_entry`` (per group of the layout, per
+        entry) that half holds, in its groups' order."""
+        out = [[], [], []]
+        for gi, (idx, (c1, c2)) in enumerate(zip(self._gmap, self._cut)):
+            row = per_entry[gi]
+            for t, (a, b) in enumerate(((0, c1), (c1, c2), (c2, len(row)))):
+                if idx[t] is not None:
+                    out[t].append(row[a:b])
+        return out
 
     def load_masters(self, masters: list) -> None:
-        dev_rows = [masters[gi][:cut] for gi, ((di, _), cut) in enumerate(zip(self._gmap, self._cut)) if di is not None]
-        cpu_rows = [masters[gi][cut:] for gi, ((_, ci), cut) in enumerate(zip(self._gmap, self._cut))
-                    if ci is not None]
-        if self.dev is not None:
-            self.dev.load_masters(dev_rows)
-        if self.cpu is not None:
-            self.cpu.load_masters(cpu_rows)
+        for h, rows in zip((self.dev, self.cpu, self.disk), self._rows_of(masters)):
+            if h is not None:
+                h.load_masters(rows)
 
     def export_states(self) -> dict:
         """entry index (running over the local space) -> its state in CPUAdam's format."""
         dev = self.dev.entry_states() if self.dev is not None else None
-        cpu_state = self.cpu.optimizer.state_dict()["state"] if self.cpu is not None else {}
-        starts = self._sub_index("cpu") if self.cpu is not None else []
+        subs = {side: h.optimizer.state_dict()["state"] for side, h in (("cpu", self.cpu), ("disk", self.disk))
+                if h is not None}
+        starts = {side: self._sub_index(side) for side in subs}
         out, idx = {}, 0
-        for gi, ((di, ci), cut) in enumerate(zip(self._gmap, self._cut)):
-            n = len(self.layout.params[gi])
-            for ei in range(n):
-                if ei < cut:
-                    st = dev[di][ei]
+        for gi, side_of in enumerate(self._side_of):
+            first = {}  # per half: the group's first entry in it
+            for ei, (side, sg) in enumerate(side_of):
+                first.setdefault(side, ei)
+                if side == "dev":
+                    st = dev[sg][ei]
                 else:
-                    st = cpu_state.get(starts[ci] + ei - cut)
+                    st = subs[side].get(starts[side][sg] + ei - first[side])
                     if st is not None:
                         st = {k: (int(v.item()) if k == "step" and torch.is_tensor(v) else v) for k, v in st.items()}
                 if st is not None:
@@ -553,25 +604,23 @@ class StoreSplitPath(TwoHalves):
     def import_states(self, state: dict) -> None:
         """The inverse of :meth:`export_states`: each entry's state converted to its half's dtype."""
         targets = self.state_dtypes()
-        dev_rows, cpu_sub = [], {}
-        starts = self._sub_index("cpu") if self.cpu is not None else []
-        idx = 0
-        for gi, ((di, ci), cut) in enumerate(zip(self._gmap, self._cut)):
-            numels = self.layout.numels[gi]
-            row = []
-            for ei, n in enumerate(numels):
+        subs = {side: {} for side, h in (("cpu", self.cpu), ("disk", self.disk)) if h is not None}
+        starts = {side: self._sub_index(side) for side in subs}
+        per_entry, idx = [], 0
+        for gi, side_of in enumerate(self._side_of):
+            numels, row, first = self.layout.numels[gi], [], {}
+            for ei, (side, sg) in enumerate(side_of):
+                first.setdefault(side, ei)
                 st = state.get(idx)
                 if st is not None and "exp_avg" in st:
-                    st = convert_adam_state(st, targets[idx], n, (n,))
-                if ei < cut:
-                    row.append(st)
-                elif st is not None:
-                    cpu_sub[starts[ci] + ei - cut] = st
+                    st = convert_adam_state(st, targets[idx], numels[ei], (numels[ei],))
+                row.append(st)
+                if side != "dev" and st is not None:
+                    subs[side][starts[side][sg] + ei - first[side]] = st
                 idx += 1
-            if di is not None:
-                dev_rows.append(row)
+            per_entry.append(row)
         if self.dev is not None:
-            self.dev.load_entry_states(dev_rows)
-        if self.cpu is not None:
-            opt = self.cpu.optimizer
-            opt.load_state_dict({"state": cpu_sub, "param_groups": indexed_groups(opt.param_groups)})
+            self.dev.load_entry_states(self._rows_of(per_entry)[0])
+        for side, sub in subs.items():
+            opt = self._half(side).optimizer
+            opt.load_state_dict({"state": sub, "param_groups": indexed_groups(opt.param_groups)})

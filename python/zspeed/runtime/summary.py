@@ -183,6 +183,12 @@ def summary_text(engine) -> str:
         other = {"cuda": "GPU"}.get(getattr(device, "type", ""), str(device))
         lines.append(f"  ratio ............. {share:.3f} (given {off.get('ratio')!r}): the CPU steps {100 * share:.1f}% "
                      f"of the parameters, the {other} {100 * (1 - share):.1f}%")
+        kept = _get(path, "kept_in_cpu")
+        if kept:  # three tiers: of the CPU's share, max_in_cpu in host memory, the rest on NVMe
+            local = sum(path.layout.totals)  # this rank's part
+            lines.append(f"  tiers ............. of this rank's {_count(local)} elements, masters and state: "
+                         f"{_count(int(gpu_elems))} on the {other}, {_count(int(kept))} in host memory (max_in_cpu "
+                         f"{int(off.get('max_in_cpu') or 0):,}), {_count(local - int(gpu_elems) - int(kept))} on NVMe")
     elif off.get("ratio") not in (None, 1, 1.0):
         lines.append(f"  ratio ............. 1 (given {off.get('ratio')!r}): the CPU steps every parameter")
     simd = (native.get("simd") or {}).get("level", "unknown")
@@ -199,7 +205,8 @@ def summary_text(engine) -> str:
         io = f"{forced} (ZSPEED_AIO_BACKEND)"
     if uring and not uring.get("available") and sys.platform.startswith("linux"):
         io += f"; io_uring: {uring.get('why', 'unavailable')}"
-    uses_disk = "nvme" in (_get(plan, "optimizer"), _get(plan, "frozen_medium"))
+    uses_disk = "nvme" in (_get(plan, "optimizer"), _get(plan, "frozen_medium")) or \
+        (_get(plan, "optimizer") == "split" and _get(plan, "cpu_tier") == "nvme")
     lines.append(f"  I/O backend ....... {io}" + ("" if uses_disk else " (for NVMe offload; unused here)"))
 
     # Memory per tier: what the GPU holds now, and what the host and NVMe tiers hold for this rank.
