@@ -1,10 +1,14 @@
 """Checkpoints written by an earlier zspeed still load (fixtures/make_checkpoints.py made them
 with de9c521, before the runtime's restructure): one of each kind an engine writes (stage 0,
 CPU offload fp32 and bf16 with 8-bit states, NVMe offload, ZeRO-3, the GPU/CPU split, two
-ranks at stage 2 and at stage 3). Each is loaded by today's engine of the same kind, which
-takes one more step; its weights must equal those the earlier zspeed had after the same
-load and step, bit for bit (the same kernels, the same order: nothing in the format or the
-numerics may have changed)."""
+ranks at stage 2 and at stage 3). Each is loaded by today's engine of the same kind: the
+weights it loads must equal the checkpoint's bit for bit (nothing in the format may have
+changed); then it takes one more step, and its weights must equal those the earlier zspeed had
+after the same load and step. That comparison is bit for bit for the bf16 kinds; with fp32
+models the step's gradients come from torch's CPU matmuls, whose rounding moved between torch
+releases (2.15 differs from the fixtures' torch by up to 3e-8 absolute), so fp32 weights are
+compared to 2e-7 absolute and 2e-6 relative: a few ulps, far below what a change in zspeed's
+update would move them (about lr, 1e-3 here)."""
 from __future__ import annotations
 
 import json
@@ -40,6 +44,15 @@ def test_an_earlier_zspeeds_checkpoint_loads_and_trains_on_bit_for_bit(kind, tmp
             safe_open(str(out / "loaded.safetensors"), "pt") as b:
         assert set(a.keys()) == set(b.keys())
         for k in a.keys():
-            assert torch.equal(a.get_tensor(k), b.get_tensor(k)), k
+            want, got = a.get_tensor(k), b.get_tensor(k)
+            if mk.KINDS[kind][2] == "bf16":
+                assert torch.equal(want, got), k
+            else:
+                torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-7, msg=lambda m, k=k: f"{k}: {m}")
         ma, mb = a.metadata(), b.metadata()
         assert ma["global_steps"] == mb["global_steps"] and json.loads(ma["lr"]) == json.loads(mb["lr"])
+    with safe_open(os.path.join(src, "ckpt", "t", "model.safetensors"), "pt") as a, \
+            safe_open(str(out / "as_loaded.safetensors"), "pt") as b:
+        assert set(a.keys()) == set(b.keys())
+        for k in a.keys():
+            assert torch.equal(a.get_tensor(k), b.get_tensor(k)), k  # the format: the weights as saved
