@@ -59,6 +59,43 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 from gpt import GPT, GPTConfig  # noqa: E402
 
 
+def _union(spans: list) -> float:
+    """Total length of the union of (start, end) intervals."""
+    total, end = 0.0, None
+    for s, e in sorted(spans):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def gpu_busy(run, n: int = 2) -> dict:
+    """Runs ``run`` (one training step) ``n`` times under torch.profiler and returns the share of
+    their wall time (from the first step's start to the GPU's end of the last) covered by CUDA
+    kernels, and by kernels or copies."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            with record_function("zs_bench_step"):
+                run()
+                torch.cuda.synchronize()
+    evs = prof.events()
+    steps = [(e.time_range.start, e.time_range.end) for e in evs if e.name == "zs_bench_step"]
+    lo, hi = min(s for s, _ in steps), max(e for _, e in steps)
+    dev = [e for e in evs if e.device_type == torch.autograd.DeviceType.CUDA]
+    clip = [(max(lo, e.time_range.start), min(hi, e.time_range.end)) for e in dev]
+    copies = [c for c, e in zip(clip, dev) if e.name.lower().startswith(("memcpy", "memset"))]
+    kernels = [c for c, e in zip(clip, dev) if not e.name.lower().startswith(("memcpy", "memset"))]
+    wall = max(1e-9, hi - lo)
+    return {"kernels": round(_union([c for c in kernels if c[1] > c[0]]) / wall, 4),
+            "with_copies": round(_union([c for c in kernels + copies if c[1] > c[0]]) / wall, 4),
+            "wall_s": round(wall / 1e6 / n, 4)}
+
+
 def ds_config(a):
     opt_params = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
     c = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
@@ -71,6 +108,11 @@ def ds_config(a):
     c["bf16" if a.dtype == "bf16" else "fp16"] = {"enabled": True}
     if a.offload == "cpu":
         c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": not a.no_pin}
+    if a.offload == "nvme":
+        c["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "pin_memory": not a.no_pin,
+                                                       "nvme_path": a.nvme_path}
+        if a.impl == "zspeed" and a.max_in_cpu:
+            c["zero_optimization"]["offload_optimizer"]["max_in_cpu"] = int(a.max_in_cpu)
     if a.ckpt and a.ckpt_impl != "torch":
         c["activation_checkpointing"] = checkpoint_section(a)
     if a.impl == "zspeed" and getattr(a, "ratio", None) is not None:
@@ -178,7 +220,13 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    ap.add_argument("--offload", choices=["cpu", "none"], default="cpu")
+    ap.add_argument("--offload", choices=["cpu", "nvme", "none"], default="cpu")
+    ap.add_argument("--nvme-path", default=None, help="--offload nvme: the folder of the swap files (default: a "
+                    "fresh folder under the temporary directory)")
+    ap.add_argument("--max-in-cpu", type=float, default=None, help="zspeed, --offload nvme: offload_optimizer."
+                    "max_in_cpu (elements of the optimizer's share kept in host memory; the rest on NVMe)")
+    ap.add_argument("--gpu-busy", action="store_true", help="after the timed steps, profile two more with "
+                    "torch.profiler and print the share of their wall time the GPU ran kernels")
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--torch-adam", action="store_true")
     ap.add_argument("--state-dtype", choices=["fp32", "bf16", "int8"], default="fp32")
@@ -211,6 +259,9 @@ def main():
         ap.error(why)
     if not torch.cuda.is_available():
         sys.exit("bench_engine.py needs a CUDA GPU")
+    if a.offload == "nvme" and a.nvme_path is None:
+        import tempfile
+        a.nvme_path = tempfile.mkdtemp(prefix="zs_bench_nvme_")
     if a.threads:
         torch.set_num_threads(a.threads)
     # Under torchrun every rank drives the GPU LOCAL_RANK and reads its own batches.
@@ -314,6 +365,16 @@ def main():
             print(f"step {i:3d}  {t2 - t0:.3f}s  (fwd+bwd {t1 - t0:.3f}s, step {t2 - t1:.3f}s)  "
                   f"loss {loss.item():.4f}{extra}", flush=True)
     med = statistics.median(times)
+    busy = None
+    if a.gpu_busy:
+        def one():
+            x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
+            y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
+            fwd_bwd(x, y)
+            step()
+        busy = gpu_busy(one)
+        print(f"GPU busy {100 * busy['kernels']:.1f}% of two profiled steps' wall time ({busy['wall_s']:.3f} s per step; "
+              f"idle {100 * (1 - busy['kernels']):.1f}%; with copies {100 * busy['with_copies']:.1f}%)", flush=True)
     if a.impl == "zspeed" and a.trace:
         engine.close()  # writes the trace (and finishes a step still running in the background)
     mine = {"peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
@@ -335,6 +396,7 @@ def main():
         "batch": a.batch, "seq": a.seq, "dtype": a.dtype, "torch_adam": a.torch_adam,
         "state_dtype": a.state_dtype, "pin": not a.no_pin, "world_size": world,
         "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
+        "gpu_busy": busy, "max_in_cpu": a.max_in_cpu,
         "opt_step_s": round(statistics.median(st), 4),
         "step_mean_s": round(statistics.fmean(times), 4), "final_loss": round(float(loss.item()), 4),
         "zenflow": getattr(a, "zenflow", False), "overlap_forward": getattr(a, "overlap_forward", False),

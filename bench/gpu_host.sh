@@ -12,7 +12,9 @@
 #   bench/gpu_host.sh budget-bench  1.28B GPT, ZeRO-2 + CPU offload, GPU capped at ZS_CAP (24) GiB:
 #                   ratio "auto" + overlap_forward, ratio 1, DeepSpeed (ZS_BUDGET_IMPLS picks the rows)
 #   bench/gpu_host.sh split3-bench  ZeRO-3 both offloads, GPU capped at 24 GiB, batch 8: 3.36B ratio 1 /
-#                   overlap_forward / "auto" + overlap_forward / DeepSpeed, 6.58B int8 (ZS_SPLIT3_ROWS picks)
+#                   overlap_forward / "auto" + overlap_forward / DeepSpeed, 6.58B int8: auto, a ratio
+#                   (ZS_BIG_RATIO) with the rest in host memory, on NVMe, or on three tiers (ZS_MAX_IN_CPU
+#                   in host memory) (ZS_SPLIT3_ROWS picks; ZS_SPLIT3_BUSY=1 adds the GPU's busy share)
 #   bench/gpu_host.sh plan-check  zspeed plan's predicted steps (rates measured on the spot) vs the measured ones
 #   bench/gpu_host.sh hf        the Hugging Face Trainer route on the GPU (tests/gpu/check_hf_cuda.py)
 #   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
@@ -135,10 +137,14 @@ split3-bench)
       deepspeed) args="--layers 16 --impl deepspeed" ;;
       big-one) args="--layers 32 --state-dtype int8 --ratio 1" ;;
       big-auto) args="--layers 32 --state-dtype int8 --ratio auto --overlap-forward" ;;
+      big-split) args="--layers 32 --state-dtype int8 --ratio ${ZS_BIG_RATIO:-0.83}" ;;
+      big-nvme) args="--layers 32 --state-dtype int8 --offload nvme --ratio ${ZS_BIG_RATIO:-0.83}" ;;
+      big-tiers) args="--layers 32 --state-dtype int8 --offload nvme --ratio ${ZS_BIG_RATIO:-0.83} --max-in-cpu ${ZS_MAX_IN_CPU:-2.7e9}" ;;
       *) echo "unknown row $row"; continue ;;
     esac
+    [ -n "${ZS_SPLIT3_BUSY:-}" ] && args="$args --gpu-busy"
     python3 bench/bench_engine.py $Z3 $args 2>&1 | tee "$OUT/split3_$row.log" \
-      | grep -E "ratio \"auto\" ->|RESULT|Error|error" | tail -3
+      | grep -E "ratio \"auto\" ->|GPU busy|RESULT|Error|error" | tail -4
   done
   ;;
 plan-check)

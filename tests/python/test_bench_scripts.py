@@ -158,6 +158,18 @@ def test_engine_checkpointing_options_imply_ckpt_and_fill_the_config_section(kw)
     assert be.checkpoint_args(plain) is None and "activation_checkpointing" not in be.ds_config(plain)
 
 
+def test_engine_three_tier_rows_configure_nvme_with_max_in_cpu_and_the_busy_share_unions_spans(tmp_path):
+    be = _engine_module()
+    from zspeed.runtime.config import parse_config
+    a = _args(offload="nvme", nvme_path=str(tmp_path), max_in_cpu=2.7e3, ratio="0.8")
+    off = be.ds_config(a)["zero_optimization"]["offload_optimizer"]
+    assert off == {"device": "nvme", "pin_memory": True, "nvme_path": str(tmp_path), "max_in_cpu": 2700, "ratio": 0.8}
+    parse_config(be.ds_config(a), world_size=1)  # a config zspeed takes
+    ds = be.ds_config(_args(impl="deepspeed", offload="nvme", nvme_path=str(tmp_path), max_in_cpu=2.7e3))
+    assert "max_in_cpu" not in ds["zero_optimization"]["offload_optimizer"]  # zspeed's extension only
+    assert be._union([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4
+
+
 def test_engine_zenflow_config_is_the_issue_s():
     be = _engine_module()
     a = _args(impl="deepspeed", stage=2, offload_param="none", zenflow=True)

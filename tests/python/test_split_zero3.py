@@ -404,7 +404,7 @@ def test_max_in_cpu_past_the_share_keeps_it_all_in_host_memory(tmp_path):
     b, _ = z3._train(_cfg(0.5), steps=2)
     _same_bits(a, b)
     from zspeed.runtime.summary import summary_text
-    assert re.search(r"tiers \.+ of this rank's [\d.]+K elements, masters and state: [\d.]+K on the cpu, "
+    assert re.search(r"tiers \.+ of this rank's [\d.]+K elements, masters and state: [\d.]+K on the (cpu|GPU), "
                      r"[\d.]+K in host memory \(max_in_cpu [\d,]+\), 0 on NVMe", summary_text(a))
 
 
