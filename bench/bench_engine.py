@@ -86,7 +86,10 @@ def gpu_busy(run, n: int = 2) -> dict:
     evs = prof.events()
     steps = [(e.time_range.start, e.time_range.end) for e in evs if e.name == "zs_bench_step"]
     lo, hi = min(s for s, _ in steps), max(e for _, e in steps)
-    dev = [e for e in evs if e.device_type == torch.autograd.DeviceType.CUDA]
+    # The GPU's own work: kernels and copies, not the ranges record_function marks on the GPU's
+    # timeline (their names are those of CPU-side events).
+    host_names = {e.name for e in evs if e.device_type != torch.autograd.DeviceType.CUDA}
+    dev = [e for e in evs if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in host_names]
     clip = [(max(lo, e.time_range.start), min(hi, e.time_range.end)) for e in dev]
     copies = [c for c, e in zip(clip, dev) if e.name.lower().startswith(("memcpy", "memset"))]
     kernels = [c for c, e in zip(clip, dev) if not e.name.lower().startswith(("memcpy", "memset"))]
