@@ -298,7 +298,7 @@ class RunPlan:
                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
                    reduce_overlap=bool(config.zero["overlap_comm"]),
                    comm_dtype=_COMM_DTYPES.get((name or "").lower(), dtype), cpu_tier=_CPU_TIER[config.offload_device],
-                   host_elems=int(off["max_in_cpu"]) if config.offload_device == "nvme" else 0,
+                   host_elems=int(off["max_in_cpu"]),  # > 0 only with device nvme (the rows say so)
                    pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
                    shard_degree=_SHARD_DEGREE[store](world_size),
                    grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]])

@@ -355,7 +355,7 @@ class StoreSplitPath(TwoHalves):
         super().__init__(sm.local_layout, dict(dtype=sm.dtype, name=name, params=params, pin_memory=pin_memory,
                                                force_native=force_native, chunk_elems=chunk_elems,
                                                num_threads=num_threads, timing=timing, tier=tier, nvme=nvme,
-                                               host_elems=int(host_elems) if tier == "nvme" else 0), auto)
+                                               host_elems=int(host_elems)), auto)
         self.sm = sm
         self.comm = comm
         self.reducer = GradReducer(sm, None, stage=stage, overlap=reduce_overlap, comm=comm, comm_dtype=comm_dtype)
