@@ -111,6 +111,22 @@ def test_engine_names_scripts_touch():
     assert groups == e.optimizer.bit16_groups and [p for g in groups for p in g] == list(m.parameters())
     assert all(p.dtype == torch.bfloat16 for g in groups for p in g)
     assert e.sparse_tensor_module_names == set()
+    # allreduce_gradients(): zspeed's backward reduced the gradients already, so a script that
+    # turns DeepSpeed's enable_backward_allreduce off and calls it gets the same step.
+    assert e.enable_backward_allreduce is True
+    ref, *_ = zspeed.initialize(model=eh.mlp(), config=cfg)
+    e3, *_ = zspeed.initialize(model=eh.mlp(), config=cfg)
+    e3.enable_backward_allreduce = False
+    for b in eh.regression_data(3):
+        for eng, manual in ((ref, False), (e3, True)):
+            eng.backward(eh.mse_loss(eng, b))
+            if manual:
+                eng.allreduce_gradients(bucket_size=5e8)
+            eng.step()
+    assert all(torch.equal(a, b) for a, b in zip(ref.module.parameters(), e3.module.parameters()))
+    e3.close()
+    with pytest.raises(zspeed.runtime.engine.EngineClosedError):
+        e3.allreduce_gradients()
     # DeepSpeed's deprecated --deepscale_config flag name.
     args = argparse.Namespace(deepscale_config=cfg, local_rank=0)
     with pytest.warns(DeprecationWarning, match="deepscale_config is deprecated"):

@@ -188,6 +188,10 @@ class ZSpeedEngine(torch.nn.Module):
         # DeepSpeed's names of the modules whose gradients it all-reduces sparse (Embedding with
         # sparse_gradients); zspeed reduces every gradient dense, so none.
         self.sparse_tensor_module_names: set = set()
+        # DeepSpeed's backward calls allreduce_gradients() while this is on (its pipeline engine
+        # turns it off and calls it itself); zspeed's backward reduces a boundary's gradients over
+        # the ranks whatever it says (see allreduce_gradients).
+        self.enable_backward_allreduce = True
         self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
@@ -334,6 +338,15 @@ class ZSpeedEngine(torch.nn.Module):
 
     def gradient_accumulation_steps(self) -> int:
         return self._gas
+
+    def allreduce_gradients(self, bucket_size: int | None = None) -> None:
+        """DeepSpeed's name: reduce the accumulated gradients over the data-parallel ranks. zspeed's
+        backward of a boundary micro-batch has reduced them already (during the backward, into
+        the optimizer's buffers, at every stage), so there is nothing left to do; the call is
+        accepted for the scripts that make it (after turning enable_backward_allreduce off), and
+        the step's result is the same with or without it. ``bucket_size`` is DeepSpeed's and is
+        not used."""
+        self._check_open()
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the current micro-batch ends an accumulation (its step() runs the optimizer):
