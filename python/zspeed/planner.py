@@ -36,7 +36,14 @@ of the model's shape and its output layer at the batch and sequence; times the l
                            new weights, so the CPU's step runs during it, and the backward
                            starts when both are done (the forward is a third of forward+backward,
                            a quarter with checkpointing)
-  optimizer on NVMe        not predicted: the disk's speed decides
+  optimizer on NVMe (whole, or the last of three tiers)
+                           forward+backward + the GPU share's AdamW + the host share's CPU step +
+                           the NVMe share's bytes (fp32 masters and state, per host) read at the
+                           disk's read rate and written at its write rate one after the other
+                           (given as --disk-read-gbs / --disk-write-gbs; without them, not
+                           predicted). The swapper overlaps reads with writes and compute, so
+                           a disk that serves both at once does better: on the H200 host's shared
+                           virtual disk the measured steps were 0.86-1.15x this serial bound
 
 Copies between host and GPU are taken to overlap the computation (they do, on a side stream).
 
@@ -228,13 +235,13 @@ def _candidates(stage3_nvme: bool) -> list:
             ("ZeRO-3, both offloaded, int8 states", {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                                      "offload_param": {"device": "cpu"}}, "int8", False)]
     if stage3_nvme:
-        rows.append(("ZeRO-3, parameters CPU, optimizer NVMe", {"stage": 3, "offload_optimizer": {"device": "nvme"},
-                                                                "offload_param": {"device": "cpu"}}, "int8", False))
         # The three tiers: the GPU's share (ratio) and host memory's (max_in_cpu) sized here from the
-        # memory left on each, the rest of the optimizer state on NVMe.
+        # memory left on each, the rest of the optimizer state on NVMe (less of it than below: faster).
         rows.append(("ZeRO-3, optimizer GPU + host + NVMe, int8 states",
                      {"stage": 3, "offload_optimizer": {"device": "nvme", "ratio": 0.5, "max_in_cpu": 1},
                       "offload_param": {"device": "cpu"}}, "int8", "tiers"))
+        rows.append(("ZeRO-3, parameters CPU, optimizer NVMe", {"stage": 3, "offload_optimizer": {"device": "nvme"},
+                                                                "offload_param": {"device": "cpu"}}, "int8", False))
     return rows
 
 
@@ -318,13 +325,26 @@ def measure_fwd_bwd(shape: Shape, batch: int, seq: int, ckpt: bool, dtype: str =
     return shape.layers * t_block * (4 / 3 if ckpt else 1.0) + t_out
 
 
+def disk_seconds(nvme_bytes: float, read_gbs: float, write_gbs: float) -> float:
+    """Seconds to read and then write ``nvme_bytes`` (one step of the NVMe swapper's masters and
+    state) at the given GB/s (10^9 bytes per second)."""
+    return nvme_bytes / (read_gbs * 1e9) + nvme_bytes / (write_gbs * 1e9)
+
+
 def predicted_step(rp, cand: "Candidate", local: int, fwd_bwd: float, ckpt: bool, cpu_s: float | None,
-                   gpu_s: float | None) -> float | None:
-    """The step time of one configuration (the module docstring's formulas)."""
+                   gpu_s: float | None, disk: tuple | None = None, host_elems: int = 0) -> float | None:
+    """The step time of one configuration (the module docstring's formulas); ``disk`` is (read,
+    write) GB/s for the NVMe rows, ``host_elems`` the elements of three tiers' host share."""
     gpu_s = gpu_s or 0.0
     if rp.optimizer == "device":
         return fwd_bwd + gpu_s * local
-    if rp.optimizer == "nvme" or rp.cpu_tier == "nvme" or cpu_s is None:
+    if "nvme" in (rp.optimizer, rp.cpu_tier):
+        if disk is None or cpu_s is None:
+            return None
+        share = cand.cpu_share if rp.optimizer == "split" else 1.0
+        return (fwd_bwd + gpu_s * local * (1 - share) + cpu_s * host_elems
+                + disk_seconds(cand.total("nvme") * rp.world_size, *disk))
+    if cpu_s is None:
         return None
     cpu = cpu_s * local * cand.cpu_share
     if rp.timing != "overlap":
@@ -337,7 +357,8 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
          host_memory: float | None = None, disk: float | None = None, cores: int | None = None, gpus: int = 1,
          dtype: str = "bf16", batch: int = 1, seq: int = 1024, ckpt: bool = False,
          cpu_seconds_per_element: float | None = None, fwd_bwd_seconds: float | None = None,
-         gpu_seconds_per_element: float | None = None, int8_seconds_per_element: float | None = None) -> PlanReport:
+         gpu_seconds_per_element: float | None = None, int8_seconds_per_element: float | None = None,
+         disk_read_gbs: float | None = None, disk_write_gbs: float | None = None) -> PlanReport:
     """What fits (see the module docstring). Give the model as a module (best on the meta device),
     a transformers config (``hf_config``: a config.json path, a dict with model_type, or a
     PretrainedConfig) or a parameter count (``params``: a GPT of that size); memory in GiB
@@ -345,7 +366,8 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     swap files, None for no NVMe); ``gpus``: GPUs (ranks) on the host. The rates of the step
     prediction (seconds; per element for the optimizers: fp32 and int8 states on the CPU, the
     GPU's AdamW) are measured here where not given; ``fwd_bwd_seconds`` is measured only on a
-    GPU (without it and without a GPU, no step is predicted)."""
+    GPU (without it and without a GPU, no step is predicted); the NVMe rows' steps need the
+    disk's rates (``disk_read_gbs``, ``disk_write_gbs``: GB/s, e.g. from ``zspeed bench io``)."""
     import torch
     from .runtime import memory
     from .runtime.assemble import footprint, placement
@@ -357,6 +379,11 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     if gpus < 1 or batch < 1 or seq < 1 or gpu_memory <= 0:
         raise ValueError("gpus, batch and seq must be >= 1 and gpu_memory > 0")
+    if (disk_read_gbs is None) != (disk_write_gbs is None) or any(
+            r is not None and r <= 0 for r in (disk_read_gbs, disk_write_gbs)):
+        raise ValueError("give both disk_read_gbs and disk_write_gbs (GB/s, > 0; zspeed bench io measures "
+                         "them), or neither")
+    disk_rates = (disk_read_gbs, disk_write_gbs) if disk_read_gbs is not None else None
     given = sum(x is not None for x in (model, params, hf_config))
     if given != 1:
         raise ValueError("give exactly one of model=, params= or hf_config=")
@@ -466,7 +493,8 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         if rate is not None and rp.optimizer in ("host", "split") and rp.cpu_tier == "host":  # NVMe: the disk decides
             cand.cpu_step_s = rate * sizes.local * cand.cpu_share
         if fwd_bwd_seconds is not None:
-            cand.step_s = predicted_step(rp, cand, sizes.local, fwd_bwd_seconds, ckpt, rate, gpu_s)
+            cand.step_s = predicted_step(rp, cand, sizes.local, fwd_bwd_seconds, ckpt, rate, gpu_s, disk_rates,
+                                         min(sizes.host_elems, int(sizes.local * sizes.cpu_share)))
         if "nvme" in (rp.optimizer, rp.cpu_tier):
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/path/on/your/nvme"
         gpu_need = cand.total("gpu")
@@ -480,9 +508,10 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
             cand.why.append(f"NVMe: {nvme_need / GiB:.2f} GiB > {disk:g} GiB")
         cand.fits = not cand.why
         rows.append(cand)
-    if disk is not None:
+    if disk is not None and disk_rates is None:
         notes.append("with the optimizer on NVMe each step reads and writes the masters and state (the NVMe "
-                     "column) once: the disk's speed sets the step time (bench/RESULTS.md has measured rates)")
+                     "column) once: the disk's speed sets the step time (--disk-read-gbs and --disk-write-gbs "
+                     "predict it; zspeed bench io measures them)")
     machine = {"gpus": gpus, "gpu_gib": gpu_memory, "host_gib": (host_b or 0) / GiB, "disk_gib": disk,
                "cores": ncores, "cpu_ns": (cpu_s or float("nan")) * 1e9, "scaled": scaled, "dtype": dtype,
                "batch": batch, "seq": seq, "ckpt": ckpt, "fwd_bwd_s": fwd_bwd_seconds, "fwd_bwd_from": fb_from,
@@ -546,6 +575,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ckpt", action="store_true", help="with activation checkpointing per layer")
     ap.add_argument("--fwd-bwd-s", type=float, default=None, help="seconds of one micro-batch's forward and "
                     "backward without offload (default: timed here on a GPU; without one, no step is predicted)")
+    ap.add_argument("--disk-read-gbs", type=float, default=None, help="the NVMe disk's read rate in GB/s (with "
+                    "--disk-write-gbs: the NVMe rows' steps are predicted; zspeed bench io measures both)")
+    ap.add_argument("--disk-write-gbs", type=float, default=None, help="the NVMe disk's write rate in GB/s")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--largest", action="store_true", help="instead: the largest GPT each configuration fits "
                     "(with --ckpt for activation checkpointing)")
@@ -572,7 +604,7 @@ def main(argv=None) -> int:
     try:
         rep = plan(params=a.params, hf_config=a.hf_config, gpu_memory=a.gpu_mem, host_memory=a.host_mem,
                    disk=a.disk, cores=a.cores, gpus=a.gpus, dtype=a.dtype, batch=a.batch, seq=a.seq, ckpt=a.ckpt,
-                   fwd_bwd_seconds=a.fwd_bwd_s)
+                   fwd_bwd_seconds=a.fwd_bwd_s, disk_read_gbs=a.disk_read_gbs, disk_write_gbs=a.disk_write_gbs)
     except ValueError as e:
         sys.stderr.write(f"zspeed plan: {e}\n")
         return 2
