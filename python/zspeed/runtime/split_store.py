@@ -18,7 +18,13 @@ range of it:
   the next forward (offload_optimizer.overlap_forward), where each of its units is published
   once stepped and the next forward -- at ZeRO-3 the fetcher's gathers -- waits per unit.
 
-One gradient reducer (dp.GradReducer) serves both: it lands each unit's summed shard on its
+With ``offload_optimizer.device "nvme"`` the rest keeps its masters and state in the NVMe swap
+files (nvme.NVMePath over a HostShare), and with ``max_in_cpu`` there are three tiers along the
+local space: the GPU's units, then host memory's (HostPath, at most max_in_cpu elements, whole
+units), then NVMe's (the ``disk`` half); a step queues the GPU's, then steps the host's and the
+disk's (:func:`tier_units` cuts them).
+
+One gradient reducer (dp.GradReducer) serves every half: it lands each unit's summed shard on its
 half (the GPU's units in the GPU's fp32 buffer, the CPU's in its host buffer). The gradient
 norm and the overflow flag are taken over both halves at once (from the reducer's norms on
 the GPU, or per half on the host), so clipping and fp16 loss scaling see the whole model,
