@@ -490,11 +490,13 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         cand.tiers = tiers
         cand.cpu_share = sizes.cpu_share if rp.optimizer != "device" else 0.0
         rate = int8_s if sd == "int8" else cpu_s
-        if rate is not None and rp.optimizer in ("host", "split") and rp.cpu_tier == "host":  # NVMe: the disk decides
+        kept = min(sizes.host_elems, int(sizes.local * sizes.cpu_share))  # three tiers: the host's share
+        if rate is not None and rp.optimizer in ("host", "split") and rp.cpu_tier == "host":
             cand.cpu_step_s = rate * sizes.local * cand.cpu_share
+        elif rate is not None and kept:  # the NVMe share's time is the disk's (see predicted_step)
+            cand.cpu_step_s = rate * kept
         if fwd_bwd_seconds is not None:
-            cand.step_s = predicted_step(rp, cand, sizes.local, fwd_bwd_seconds, ckpt, rate, gpu_s, disk_rates,
-                                         min(sizes.host_elems, int(sizes.local * sizes.cpu_share)))
+            cand.step_s = predicted_step(rp, cand, sizes.local, fwd_bwd_seconds, ckpt, rate, gpu_s, disk_rates, kept)
         if "nvme" in (rp.optimizer, rp.cpu_tier):
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/path/on/your/nvme"
         gpu_need = cand.total("gpu")
