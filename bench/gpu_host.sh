@@ -27,6 +27,8 @@
 #                   (bench/bench_inference.py; ZS_INF_ARGS: more flags, e.g. --offload-param nvme)
 #   bench/gpu_host.sh split-bench  1.28B GPT, ZeRO-2 + CPU offload: exact, ratio, overlap_forward, delayed, DeepSpeed, ZenFlow
 #                   (medians and means of 10 steps; Chrome traces under $OUT/traces)
+#   bench/gpu_host.sh stream-bench  bench/bench_stream_step.py: the CPU's AdamW share, the same step streamed
+#                   through the GPU from page-locked memory, and both at once (host-memory contention)
 #   bench/gpu_host.sh io        bench/bench_io.py + bench/bench_swap.py
 #   bench/gpu_host.sh nvme-bench  engine step, offload_optimizer nvme vs cpu, 2^28 params
 #   bench/gpu_host.sh ds-nvme   zspeed vs DeepSpeed ZeRO-3, optimizer state on NVMe
@@ -87,6 +89,9 @@ setup)
 tests)
   (cd build && ctest -j 8 --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -40
   python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+  ;;
+stream-bench)
+  python3 bench/bench_stream_step.py --threads 16 --n ${ZS_STREAM_N:-268435456} --steps 7 2>&1 | tee "$OUT/bench_stream_step.log"
   ;;
 adam)
   python3 bench/bench_adam.py --threads 16 --n 268435456 --steps 10 2>&1 | tee "$OUT/bench_adam.log"

@@ -39,7 +39,7 @@ def main() -> int:
                      cpu_seconds_per_element=mm["cpu_ns"] * 1e-9, int8_seconds_per_element=mm["int8_ns"] * 1e-9,
                      gpu_seconds_per_element=mm["gpu_ns"] * 1e-9)
         print(f"{layers} x {d}{' ckpt' if ckpt else ''}: forward+backward {mm['fwd_bwd_s']:.3f} s ({mm['fwd_bwd_from']}; "
-              f"the run measured {fb} s), CPU Adam {mm['cpu_ns']:.3f} ns (int8 {mm['int8_ns']:.3f}), GPU AdamW "
+              f"the run measured {fb} s; + {mm['fetch_s']:.3f} s of ZeRO-3 weight fetches), CPU Adam {mm['cpu_ns']:.3f} ns (int8 {mm['int8_ns']:.3f}), GPU AdamW "
               f"{mm['gpu_ns']:.4f} ns", flush=True)
         for row, measured in steps.items():
             for how, r in (("timed here", rep), ("measured fwd+bwd given", given)):

@@ -18,9 +18,10 @@ at start-up:
                          Transformer Models", 2022, without the attention-score term)
 
 and, for ``"ratio": "auto"``, the GPU share the engine's AutoSplit would choose from that peak.
-The CPU optimizer's speed is measured here (zspeed's C Adam on this machine's cores, a few
-million elements, per state dtype), and the step's CPU time is the CPU share's elements at
-that rate.
+The CPU optimizer's speed is measured here (zspeed's C Adam on this machine's cores, 2^27
+elements, per state dtype, as the engine runs the offloaded step: the model's 16-bit gradients
+in, its 16-bit weights out; the median of 3 steps), and the step's CPU time is the CPU share's
+elements at that rate.
 
 The step time is predicted from rates: the CPU Adam's (above), the GPU's AdamW (measured on
 the spot on a GPU) and the forward and backward of one micro-batch without offload
@@ -45,7 +46,13 @@ of the model's shape and its output layer at the batch and sequence; times the l
                            a disk that serves both at once does better: on the H200 host's shared
                            virtual disk the measured steps were 0.86-1.15x this serial bound
 
-Copies between host and GPU are taken to overlap the computation (they do, on a side stream).
+Copies between host and GPU are taken to overlap the computation (they do, on a side stream),
+but for one: with ZeRO-3's offload_param, forward+backward measured on the spot (the block
+timing has no weight fetches) gets one pass of the 16-bit weights at the pinned host-to-GPU
+rate measured on the spot. On the H200 host the engine's ZeRO-3 forward+backward exceeded the
+block timing by 0.159 s at 3.36B and 0.249 s at 6.58B, 42-53 GB/s for 2 bytes per parameter:
+one pass over PCIe (bench/RESULTS.md, "zspeed plan's step prediction"). A given
+forward+backward is the run's own and is used as it is.
 
 Limits: the activation formula is a transformer's; a model passed as a module without
 a known shape gets no activation estimate (said in the output). The GPU check of each row is
@@ -211,7 +218,10 @@ class PlanReport:
                                  + " GiB")
         if m.get("fwd_bwd_s") is not None:
             lines.append(f"Steps predicted from forward+backward {m['fwd_bwd_s']:.3f} s per micro-batch "
-                         f"({m['fwd_bwd_from']}), CPU Adam {m['cpu_ns']:.2f} ns/element (fp32 states) and the "
+                         f"({m['fwd_bwd_from']}"
+                         + (f"; + {m['fetch_s']:.3f} s of weight fetches where ZeRO-3 offloads the parameters"
+                            if m.get("fetch_s") else "")
+                         + f"), CPU Adam {m['cpu_ns']:.2f} ns/element (fp32 states) and the "
                          f"GPU's AdamW {m['gpu_ns']:.3f} ns/element.")
         else:
             lines.append("Steps not predicted: no GPU here to time the forward and backward (--fwd-bwd-s gives it).")
@@ -253,26 +263,35 @@ def _activations(shape: Shape | None, batch: int, seq: int, ckpt: bool, esize: i
     return (esize * per * shape.layers + layer) if ckpt else layer * shape.layers
 
 
-def _adam_rates(device_type: str, state_dtype: str = "fp32", threads: int | None = None) -> tuple:
-    """(CPU, GPU) seconds per element of zspeed's C AdamW here and of torch's on ``device_type``
-    ("cuda" measures the GPU too), None where one cannot be measured."""
+def _adam_rates(device_type: str, state_dtype: str = "fp32", threads: int | None = None,
+                dtype: str = "bf16") -> tuple:
+    """(CPU, GPU) seconds per element of zspeed's C AdamW here (the offloaded step of a ``dtype``
+    model: its gradients in, its weights out) and of torch's on ``device_type`` ("cuda"
+    measures the GPU too), None where one cannot be measured."""
     try:
         import torch
+        from .runtime import memory
         from .runtime.config import parse_config
         from .runtime.split import measure_rates
         params = {"lr": 1e-4, **({"state_dtype": state_dtype} if state_dtype != "fp32" else {})}
         c = parse_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": params},
                           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, world_size=1)
-        # 2^25 elements (512 MiB of masters and fp32 moments): beyond the caches, as a model's step is.
+        # 2^27 elements (2 GiB of masters, moments, gradients and weights), or 1/16 of the host
+        # memory available if that is less: far beyond the caches and the TLB's reach, as a
+        # model's step is (2^25 timed 30% faster than the engine's steps on the H200 host).
+        avail = memory.available_host_bytes() or (16 << 30)
+        elems = max(1 << 22, min(1 << 27, avail // 16 // 16))
         return measure_rates(torch.device(device_type), c.optimizer_name, c.optimizer_params, False, threads,
-                             cpu_elems=1 << 25, repeats=3)
+                             cpu_elems=elems, repeats=3, model_dtype=getattr(torch, _DTYPES[dtype]))
     except Exception:  # noqa: BLE001 - the timing only informs the report
         return None, None
 
 
-def cpu_adam_seconds_per_element(threads: int | None = None, state_dtype: str = "fp32") -> float | None:
-    """zspeed's C AdamW on this machine (seconds per element), None without the native library."""
-    return _adam_rates("cpu", state_dtype, threads)[0]
+def cpu_adam_seconds_per_element(threads: int | None = None, state_dtype: str = "fp32",
+                                 dtype: str = "bf16") -> float | None:
+    """zspeed's C AdamW on this machine (seconds per element of the offloaded step of a ``dtype``
+    model), None without the native library."""
+    return _adam_rates("cpu", state_dtype, threads, dtype)[0]
 
 
 def measure_fwd_bwd(shape: Shape, batch: int, seq: int, ckpt: bool, dtype: str = "bf16", device="cuda",
@@ -323,6 +342,25 @@ def measure_fwd_bwd(shape: Shape, batch: int, seq: int, ckpt: bool, dtype: str =
     t_block = timed(lambda x: block(x).float().square().mean())
     t_out = timed(lambda x: out(x, y))
     return shape.layers * t_block * (4 / 3 if ckpt else 1.0) + t_out
+
+
+def measure_h2d_gbs(device="cuda", mib: int = 256, repeats: int = 3) -> float:
+    """GB/s (10^9 bytes per second) of a copy from page-locked host memory to ``device``, the
+    median of ``repeats`` copies of ``mib`` MiB."""
+    import time
+    import torch
+    dev = torch.device(device)
+    src = torch.empty(mib << 20, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(mib << 20, dtype=torch.uint8, device=dev)
+    times = []
+    for i in range(repeats + 1):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(dev)
+        if i:  # the first copy warms up
+            times.append(time.perf_counter() - t0)
+    return src.numel() / sorted(times)[len(times) // 2] / 1e9
 
 
 def disk_seconds(nvme_bytes: float, read_gbs: float, write_gbs: float) -> float:
@@ -418,10 +456,12 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         notes.append("host memory: what this machine has available now (--host-mem to plan another)")
     ncores = cores or os.cpu_count() or 1
     here = os.cpu_count() or 1
-    cpu_s = cpu_seconds_per_element if cpu_seconds_per_element is not None else cpu_adam_seconds_per_element()
+    cpu_s = cpu_seconds_per_element if cpu_seconds_per_element is not None else \
+        cpu_adam_seconds_per_element(dtype=dtype)
     int8_s = int8_seconds_per_element
     if int8_s is None:  # the rate given applies to every state dtype; else measured here
-        int8_s = cpu_s if cpu_seconds_per_element is not None else cpu_adam_seconds_per_element(state_dtype="int8")
+        int8_s = cpu_s if cpu_seconds_per_element is not None else \
+            cpu_adam_seconds_per_element(state_dtype="int8", dtype=dtype)
     scaled = cpu_s is not None and cores is not None and cores != here
     if scaled:  # the C kernel's threads scale about linearly with cores until memory bandwidth binds
         cpu_s = cpu_s * here / cores
@@ -431,10 +471,13 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     gpu_s = gpu_seconds_per_element
     if gpu_s is None and on_gpu:
         gpu_s = _adam_rates("cuda")[1]
-    fb_from = "given"
+    fb_from, fetch_s = "given", 0.0
     if fwd_bwd_seconds is None and on_gpu and shape is not None:
         fwd_bwd_seconds = measure_fwd_bwd(shape, batch, seq, ckpt, dtype)
         fb_from = f"one block and the output layer timed on {torch.cuda.get_device_name(0)}"
+        # ZeRO-3 with offload_param: the block timing has no weight fetches; about one pass of the
+        # 16-bit weights over PCIe is not hidden by compute (the module docstring).
+        fetch_s = nparams * esize / (measure_h2d_gbs() * 1e9)
     gpu_b = int(gpu_memory * GiB)
     margin = max(MARGIN_MIN, int(MARGIN_FRACTION * gpu_b))
     act = _activations(shape, batch, seq, ckpt, esize)
@@ -496,7 +539,8 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
         elif rate is not None and kept:  # the NVMe share's time is the disk's (see predicted_step)
             cand.cpu_step_s = rate * kept
         if fwd_bwd_seconds is not None:
-            cand.step_s = predicted_step(rp, cand, sizes.local, fwd_bwd_seconds, ckpt, rate, gpu_s, disk_rates, kept)
+            fb = fwd_bwd_seconds + (fetch_s if rp.param_medium == "host" else 0.0)
+            cand.step_s = predicted_step(rp, cand, sizes.local, fb, ckpt, rate, gpu_s, disk_rates, kept)
         if "nvme" in (rp.optimizer, rp.cpu_tier):
             cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/path/on/your/nvme"
         gpu_need = cand.total("gpu")
@@ -517,6 +561,7 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     machine = {"gpus": gpus, "gpu_gib": gpu_memory, "host_gib": (host_b or 0) / GiB, "disk_gib": disk,
                "cores": ncores, "cpu_ns": (cpu_s or float("nan")) * 1e9, "scaled": scaled, "dtype": dtype,
                "batch": batch, "seq": seq, "ckpt": ckpt, "fwd_bwd_s": fwd_bwd_seconds, "fwd_bwd_from": fb_from,
+               "fetch_s": fetch_s,
                "gpu_ns": (gpu_s or 0.0) * 1e9, "int8_ns": (int8_s or float("nan")) * 1e9}
     return PlanReport(params=nparams, machine=machine, candidates=rows, notes=notes)
 
@@ -528,7 +573,7 @@ def largest(*, gpu_memory: float = 24.0, host_memory: float | None = None, disk:
     machine, by bisection on the parameter count: {candidate name without its GPU share: params}
     (0 where not even 100M parameters fit)."""
     if cpu_seconds_per_element is None:
-        cpu_seconds_per_element = cpu_adam_seconds_per_element() or 1e-9
+        cpu_seconds_per_element = cpu_adam_seconds_per_element(dtype=dtype) or 1e-9
     kw = dict(gpu_memory=gpu_memory, host_memory=host_memory, disk=disk, gpus=gpus, dtype=dtype, batch=batch,
               seq=seq, ckpt=ckpt, cpu_seconds_per_element=cpu_seconds_per_element)
 

@@ -282,3 +282,38 @@ def test_the_forward_backward_timing_of_one_block():
     rep = plan(params=1.3e9, gpu_memory=24, host_memory=64, cpu_seconds_per_element=1e-9)
     if not torch.cuda.is_available():  # no GPU and no --fwd-bwd-s: no step is predicted, and it says so
         assert all(c.step_s is None for c in rep.candidates) and "Steps not predicted" in str(rep)
+
+
+def test_measured_on_the_spot_zero3_rows_add_one_pass_of_weight_fetches(monkeypatch):
+    """With forward+backward timed on the spot (here: the timing functions stand in for a GPU),
+    the rows whose ZeRO-3 parameters live in host memory get one pass of the 16-bit weights at
+    the measured host-to-GPU rate on top; the other rows do not, and a given forward+backward is
+    used as it is."""
+    import zspeed.planner as planner
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stand-in GPU")
+    monkeypatch.setattr(planner, "measure_fwd_bwd", lambda *a, **k: 0.5)
+    monkeypatch.setattr(planner, "measure_h2d_gbs", lambda *a, **k: 40.0)
+    kw = dict(params=2e9, gpu_memory=24, host_memory=125, batch=8, cpu_seconds_per_element=0.2e-9,
+              int8_seconds_per_element=0.2e-9, gpu_seconds_per_element=0.02e-9)
+    spot = plan(**kw)
+    given = plan(**kw, fwd_bwd_seconds=0.5)
+    fetch = spot.params * 2 / 40e9
+    assert spot.machine["fetch_s"] == pytest.approx(fetch) and given.machine["fetch_s"] == 0.0
+    assert "weight fetches where ZeRO-3 offloads the parameters" in str(spot)
+    for row in ("ZeRO-3, both offloaded to CPU", "ZeRO-2 + CPU offload, ratio 1"):
+        a, b = _row(spot, row).step_s, _row(given, row).step_s
+        assert a == pytest.approx(b + (fetch if row.startswith("ZeRO-3") else 0.0)), row
+
+
+def test_the_cpu_rate_is_the_offloaded_steps():
+    """The CPU rate the planner and "auto" use is the offloaded step's (16-bit gradients in,
+    16-bit weights out): measured and positive for each model dtype (no fp32-only fallback)."""
+    from zspeed.runtime.split import measure_rates
+    from zspeed.runtime.config import parse_config
+    c = parse_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+                      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, world_size=1)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        cpu_s, gpu_s = measure_rates(torch.device("cpu"), c.optimizer_name, c.optimizer_params, True, 2,
+                                     cpu_elems=1 << 16, repeats=3, model_dtype=dt)
+        assert cpu_s is not None and 0 < cpu_s < 1e-6 and gpu_s is None, dt

@@ -176,7 +176,7 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
             log.warning("zspeed: offload_optimizer.ratio \"auto\" -> 1.000: the CPU steps 100.0%% of the parameters "
                         "(no GPU)")
             return _host_path(plan, config, layout, name, params, client, coll)
-        cpu_s, gpu_s = split.measure_rates(device, name, params, force, threads)
+        cpu_s, gpu_s = split.measure_rates(device, name, params, force, threads, model_dtype=plan.dtype)
         log.warning("zspeed: offload_optimizer.ratio \"auto\": step 1 runs with the whole optimizer on the CPU; "
                     "the GPU's share is then sized from that step's peak GPU memory")
         ratio, auto = 1.0, split.AutoSplit(device, cpu_s, gpu_s)
