@@ -391,6 +391,29 @@ def predicted_step(rp, cand: "Candidate", local: int, fwd_bwd: float, ckpt: bool
     return gpu_s * local * (1 - cand.cpu_share) + max(fwd, cpu) + (fwd_bwd - fwd)
 
 
+def _by_tier(rp, place, config, sizes, extra: list) -> dict:
+    """The engine's footprint of one configuration (its components' needs) plus ``extra``, by tier."""
+    from .runtime import memory
+    from .runtime.assemble import footprint
+    return memory.by_tier([n for n in footprint(rp, place, config, sizes) + extra if n.bytes])
+
+
+def _tier_sizes(rp, place, config, sizes, extra: list, gpu_room: float, host_room: float) -> tuple:
+    """(ratio, max_in_cpu) of the three-tier row: the GPU's share of the optimizer fills what the
+    GPU has left of ``gpu_room`` (bytes) with the whole optimizer off it (as AutoSplit would,
+    rounded up to 0.001 so the GPU is never asked for more), then host memory keeps the fp32
+    masters and state of as many of the rest's elements as ``host_room`` leaves room for."""
+    from .runtime import memory
+    from .runtime.split import choose_ratio
+    used = _by_tier(rp, place, config, dataclasses.replace(sizes, cpu_share=1.0, host_elems=0), extra)
+    budget = max(0, gpu_room - sum(used.get("gpu", {}).values()))
+    share = math.ceil(choose_ratio(sizes.local, budget, None, None) * 1000) / 1000
+    host = _by_tier(rp, place, config, dataclasses.replace(sizes, cpu_share=share, host_elems=0), extra)
+    room = host_room - sum(host.get("host", {}).values())
+    _, per = memory.state_bytes(config)
+    return share, int(max(0.0, min(room / (4 + per), sizes.local * share)))
+
+
 def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory: float = 24.0,
          host_memory: float | None = None, disk: float | None = None, cores: int | None = None, gpus: int = 1,
          dtype: str = "bf16", batch: int = 1, seq: int = 1024, ckpt: bool = False,
@@ -408,7 +431,7 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     disk's rates (``disk_read_gbs``, ``disk_write_gbs``: GB/s, e.g. from ``zspeed bench io``)."""
     import torch
     from .runtime import memory
-    from .runtime.assemble import footprint, placement
+    from .runtime.assemble import placement
     from .runtime.config import ConfigError, parse_config
     from .runtime.layout import FlatLayout
     from .runtime.plan import RunPlan
@@ -508,27 +531,19 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
             extra.append(memory.Need("gpu", "gradients (autograd's, whole model)", esize * sizes.model))
         if act is not None:
             extra.append(memory.Need("gpu", "activations" + (" (checkpointed)" if ckpt else ""), act))
-        tiers = memory.by_tier([n for n in footprint(rp, place, config, sizes) + extra if n.bytes])
+        tiers = _by_tier(rp, place, config, sizes, extra)
         if auto == "tiers":  # the GPU's share from its room, then host memory's from what is left there
-            def need(**kw):
-                return memory.by_tier([n for n in footprint(rp, place, config, dataclasses.replace(sizes, **kw))
-                                       + extra if n.bytes])
-            used = need(cpu_share=1.0, host_elems=0)
-            budget = max(0, gpu_b - sum(used.get("gpu", {}).values()) - margin)
-            share = math.ceil(choose_ratio(sizes.local, budget, None, None) * 1000) / 1000
-            room = (0.9 * host_b / gpus if host_b is not None else 0) - \
-                sum(need(cpu_share=share, host_elems=0).get("host", {}).values())
-            _, per = memory.state_bytes(config)
-            kept = int(max(0.0, min(room / (4 + per), sizes.local * share)))
+            share, kept = _tier_sizes(rp, place, config, sizes, extra, gpu_b - margin,
+                                      0.9 * host_b / gpus if host_b is not None else 0.0)
             sizes = dataclasses.replace(sizes, cpu_share=share, host_elems=kept)
-            tiers = need()
+            tiers = _by_tier(rp, place, config, sizes, extra)
             cfg["zero_optimization"]["offload_optimizer"].update(ratio=share, max_in_cpu=kept)
             cand.name = f"{name} (GPU {100 * (1 - share):.0f}%, host {100 * kept / max(1, sizes.local):.0f}%)"
         elif auto:  # what AutoSplit would give the GPU after the first step
             budget = max(0, gpu_b - sum(tiers.get("gpu", {}).values()) - margin)
             share = choose_ratio(sizes.local, budget, None, None)
             sizes = dataclasses.replace(sizes, cpu_share=share)
-            tiers = memory.by_tier([n for n in footprint(rp, place, config, sizes) + extra if n.bytes])
+            tiers = _by_tier(rp, place, config, sizes, extra)
             cand.name = f"{name} (GPU takes {100 * (1 - share):.0f}%)"
         cand.tiers = tiers
         cand.cpu_share = sizes.cpu_share if rp.optimizer != "device" else 0.0

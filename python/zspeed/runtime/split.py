@@ -156,6 +156,9 @@ class SplitOptimizer(torch.optim.Optimizer):
         self._path_ref().import_states(state_dict["state"])
 
 
+_HALF_SPANS = {"dev": "gpu step (split)", "disk": "nvme share (split)"}  # each half's span on the trace
+
+
 class TwoHalves(OptimizerPath):
     """What the split paths share (this module's SplitPath over whole parameters, and
     split_store.StoreSplitPath over a store's local space): a GPU half ``dev``, a CPU half
@@ -203,7 +206,7 @@ class TwoHalves(OptimizerPath):
         return ratio
 
     def _finish_build(self) -> None:
-        self._halves = [h for h in (self.dev, self.cpu, self.disk) if h is not None]
+        self._halves = [h for _, h in self._named_halves()]
         self._done = set()
 
     def _optimizer(self, groups: list) -> "SplitOptimizer":
@@ -304,17 +307,15 @@ class TwoHalves(OptimizerPath):
         CPU's and the disk's; called again after a half raised, the halves that ran are not
         stepped again."""
         self._sync_groups()
-        for i, h in enumerate(self._halves):
+        for i, (side, h) in enumerate(self._named_halves()):
             if i in self._done:
                 continue
-            if h is self.dev:
-                with self.trace.span("gpu step (split)"):
-                    h.apply(factor)
-            elif h is self.disk:
-                with self.trace.span("nvme share (split)"):
-                    h.apply(factor)
-            else:
+            span = _HALF_SPANS.get(side)  # the CPU's half has its own chunk spans
+            if span is None:
                 h.apply(factor)
+            else:
+                with self.trace.span(span):
+                    h.apply(factor)
             self._done.add(i)
         self._done = set()
 
@@ -328,6 +329,10 @@ class TwoHalves(OptimizerPath):
     # -- masters and state --------------------------------------------------------------------
     def _half(self, side: str):
         return {"dev": self.dev, "cpu": self.cpu, "disk": self.disk}[side]
+
+    def _named_halves(self) -> list:
+        """(side, half) of each half there is, in the order of ``_halves``."""
+        return [(side, h) for side, h in (("dev", self.dev), ("cpu", self.cpu), ("disk", self.disk)) if h is not None]
 
     def _sub_index(self, side: str) -> list:
         """Per group of the half ``side``, the index of its first parameter in its optimizer's state_dict."""

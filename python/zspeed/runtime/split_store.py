@@ -358,6 +358,10 @@ class StoreSplitPath(TwoHalves):
                  comm: Collectives, comm_dtype: torch.dtype, pin_memory: bool, force_native: bool,
                  chunk_elems: int, num_threads: int | None, timing: str = "sync", auto: AutoSplit | None = None,
                  tier: str = "host", nvme: dict | None = None, host_elems: int = 0):
+        if host_elems and tier != "nvme":  # the run plan refuses this config; a direct build is told too
+            raise ValueError(f"host_elems (offload_optimizer.max_in_cpu) splits an NVMe share between host memory "
+                             f"and the disk; the CPU's tier here is {tier!r}: set offload_optimizer.device \"nvme\" "
+                             f"or drop max_in_cpu")
         super().__init__(sm.local_layout, dict(dtype=sm.dtype, name=name, params=params, pin_memory=pin_memory,
                                                force_native=force_native, chunk_elems=chunk_elems,
                                                num_threads=num_threads, timing=timing, tier=tier, nvme=nvme,
@@ -388,7 +392,7 @@ class StoreSplitPath(TwoHalves):
         sm, layout = self.sm, self.layout
         units = sm.entry_units()
         out = {side: ([], []) for side in _SIDES}
-        self._gmap, self._cut, self._side_of = [], [], []
+        self._gmap, self._bounds, self._side_of = [], [], []
         for gi, (g, entries, (k1, k2)) in enumerate(zip(layout.groups, layout.params, cuts)):
             c1 = sum(1 for ui in units[gi] if ui < k1)  # entries of the GPU's units come first, ...
             c2 = sum(1 for ui in units[gi] if ui < k2)  # ... then the CPU tier's, then the disk's
@@ -403,7 +407,7 @@ class StoreSplitPath(TwoHalves):
                     groups.append({**g, "params": entries[a:b]})
                     at.append((gi, spans[t]))
                 side_of += [(side, idx[-1])] * (b - a)
-            self._cut.append((c1, c2))
+            self._bounds.append(bounds)  # where each half's entries of the group begin and end
             self._gmap.append(tuple(idx))
             self._side_of.append(side_of)
         self._ks = cuts
@@ -462,7 +466,7 @@ class StoreSplitPath(TwoHalves):
         masters = self.masters()                     # views: the old halves' own tensors
         dev_states = self.dev.entry_states() if self.dev is not None else []
         old_cpu, old_buf, old_dev = self.cpu, self.buffers, self.dev
-        old_gmap, old_cut = self._gmap, self._cut
+        old_gmap, old_bounds = self._gmap, self._bounds
         cpu_state = old_cpu.optimizer.state
         for module, handles in self._hooked:
             for h in handles:
@@ -477,7 +481,7 @@ class StoreSplitPath(TwoHalves):
                 if di is None:
                     continue
                 odi, oci, _ = old_gmap[gi]
-                ocut, cut = old_cut[gi][0], self._cut[gi][0]
+                ocut, cut = old_bounds[gi][1], self._bounds[gi][1]
                 rows.append(masters[gi][:cut])
                 srow = []
                 for ei in range(cut):
@@ -494,7 +498,7 @@ class StoreSplitPath(TwoHalves):
             for gi, (_di, ci, _ni) in enumerate(self._gmap):
                 if ci is None:
                     continue
-                oci, shift = old_gmap[gi][1], self._cut[gi][0] - old_cut[gi][0]
+                oci, shift = old_gmap[gi][1], self._bounds[gi][1] - old_bounds[gi][1]
                 for ei, p in enumerate(new_params[ci]):
                     st = cpu_state.get(host_masters[oci][ei + shift])
                     if st is not None:
@@ -573,12 +577,15 @@ class StoreSplitPath(TwoHalves):
         """Per half (dev, cpu, disk), the rows of ``per_entry`` (per group of the layout, per
         entry) that half holds, in its groups' order."""
         out = [[], [], []]
-        for gi, (idx, (c1, c2)) in enumerate(zip(self._gmap, self._cut)):
-            row = per_entry[gi]
-            for t, (a, b) in enumerate(((0, c1), (c1, c2), (c2, len(row)))):
+        for row, idx, bounds in zip(per_entry, self._gmap, self._bounds):
+            for t in range(len(_SIDES)):
                 if idx[t] is not None:
-                    out[t].append(row[a:b])
+                    out[t].append(row[bounds[t]:bounds[t + 1]])
         return out
+
+    def _first(self, gi: int, side: str) -> int:
+        """The index in group gi of the first entry the half ``side`` holds."""
+        return self._bounds[gi][_SIDES.index(side)]
 
     def load_masters(self, masters: list) -> None:
         for h, rows in zip((self.dev, self.cpu, self.disk), self._rows_of(masters)):
@@ -593,13 +600,11 @@ class StoreSplitPath(TwoHalves):
         starts = {side: self._sub_index(side) for side in subs}
         out, idx = {}, 0
         for gi, side_of in enumerate(self._side_of):
-            first = {}  # per half: the group's first entry in it
             for ei, (side, sg) in enumerate(side_of):
-                first.setdefault(side, ei)
                 if side == "dev":
                     st = dev[sg][ei]
                 else:
-                    st = subs[side].get(starts[side][sg] + ei - first[side])
+                    st = subs[side].get(starts[side][sg] + ei - self._first(gi, side))
                     if st is not None:
                         st = {k: (int(v.item()) if k == "step" and torch.is_tensor(v) else v) for k, v in st.items()}
                 if st is not None:
@@ -614,15 +619,14 @@ class StoreSplitPath(TwoHalves):
         starts = {side: self._sub_index(side) for side in subs}
         per_entry, idx = [], 0
         for gi, side_of in enumerate(self._side_of):
-            numels, row, first = self.layout.numels[gi], [], {}
+            numels, row = self.layout.numels[gi], []
             for ei, (side, sg) in enumerate(side_of):
-                first.setdefault(side, ei)
                 st = state.get(idx)
                 if st is not None and "exp_avg" in st:
                     st = convert_adam_state(st, targets[idx], numels[ei], (numels[ei],))
                 row.append(st)
                 if side != "dev" and st is not None:
-                    subs[side][starts[side][sg] + ei - first[side]] = st
+                    subs[side][starts[side][sg] + ei - self._first(gi, side)] = st
                 idx += 1
             per_entry.append(row)
         if self.dev is not None:
