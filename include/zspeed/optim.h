@@ -9,7 +9,10 @@
  *   states fp32, bf16 or (Adam only) 8-bit blockwise quantized, see below;
  *   out    optional: a bf16 or fp16 copy of the updated weights written in
  *          the same pass (e.g. into a pinned buffer for the host-to-device
- *          copy), or NULL.
+ *          copy), or NULL. out may be grad itself (the same pointer and
+ *          dtype): each element's gradient is read before its new weight is
+ *          written over it, so the step turns a gradient buffer into the
+ *          weights in place (ZeRO-3 lands gradients in the parameter shards).
  * All arithmetic is done in fp32 whatever the storage types.
  *
  * Dispatch. The kernel is picked on every call from zs_simd_level(), which
@@ -64,7 +67,8 @@
  * are the zero state.
  *
  * Validation happens before anything is written: NULL pointers, a pointer
- * not aligned to its element size, any two buffers overlapping, unsupported
+ * not aligned to its element size, any two buffers overlapping (but out
+ * being grad itself, above), unsupported
  * dtypes or combinations, non-finite or out-of-range hyperparameters and
  * amsgrad all fail with a clear zs_last_error() and leave every buffer
  * untouched.

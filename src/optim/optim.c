@@ -124,9 +124,14 @@ static int check_tensors(const char *fn, const zs_optim_tensors *t,
         (rc = add_span(fn, spans, &ns, "v_scale", t->v_scale, nb, 4)) < 0)
       return rc;
   }
-  if (t->out && (rc = add_span(fn, spans, &ns, "out", t->out,
-                               n * zs__dtype_size(t->out_dtype),
-                               zs__dtype_size(t->out_dtype))) < 0)
+  /* out may be grad itself (same pointer, same dtype): every kernel reads an
+   * element's gradient before it writes that element's new weight, so the
+   * step consumes the gradient buffer in place. Any other overlap is
+   * refused. */
+  if (t->out && !(t->out == t->grad && t->out_dtype == t->grad_dtype) &&
+      (rc = add_span(fn, spans, &ns, "out", t->out,
+                     n * zs__dtype_size(t->out_dtype),
+                     zs__dtype_size(t->out_dtype))) < 0)
     return rc;
   for (i = 0; i < ns; i++)
     for (j = i + 1; j < ns; j++)

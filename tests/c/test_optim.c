@@ -524,6 +524,83 @@ static void isa_bit_identical(void) {
   ZT_OK(zs_simd_force(env ? env : "auto"));
 }
 
+/* out = grad (the same pointer and dtype: ZeRO-3's gradients landed in the
+ * parameter shards) gives the same params, states and weights as a separate
+ * out buffer, on every ISA, for odd sizes (vector and 8-bit block tails) and
+ * each optimizer; a partial overlap of out and grad is still refused. */
+static int step_kind(int kind, zs_optim_tensors *t, int step) {
+  if (kind <= 1) {
+    zs_adam_config c;
+    zs_adam_config_init(&c);
+    c.step = step, c.num_threads = 2, c.pool = test_pool();
+    c.weight_decay = 0.01;
+    return zs_adam_step(&c, t);
+  }
+  if (kind == 2) {
+    zs_adagrad_config c;
+    zs_adagrad_config_init(&c);
+    c.num_threads = 2, c.pool = test_pool();
+    return zs_adagrad_step(&c, t);
+  }
+  {
+    zs_lion_config c;
+    zs_lion_config_init(&c);
+    c.num_threads = 2, c.pool = test_pool(), c.weight_decay = 0.1;
+    return zs_lion_step(&c, t);
+  }
+}
+
+static void out_over_grad_in_place(void) {
+  static const char *levels[] = {"scalar", "avx2", "avx512", "neon"};
+  static const int sds[] = {ZS_DTYPE_F32, ZS_DTYPE_Q8, ZS_DTYPE_F32,
+                            ZS_DTYPE_BF16};
+  static const size_t sizes[] = {77, 40003};
+  const char *env = zs__getenv("ZSPEED_SIMD");
+  int kind, li, od, k;
+  REQUIRE_LEVEL();
+  for (li = 0; li < 4; li++) {
+    if (zs_simd_force(levels[li]) != 0) continue; /* CPU lacks it */
+    for (kind = 0; kind < 4; kind++)
+      for (od = ZS_DTYPE_BF16; od <= ZS_DTYPE_F16; od++)
+        for (k = 0; k < 2; k++) {
+          size_t n = sizes[k], sb = kind == 1 ? 1 : esz(sds[kind]);
+          uint64_t seed = zt_rand() | 1;
+          bufs a, b;
+          zs_optim_tensors ta, tb;
+          g_state = seed;
+          ZT_OK(bufs_alloc(&a, n, ZS_DTYPE_F32, od, sds[kind], od, kind != 2,
+                           kind < 3));
+          g_state = seed;
+          ZT_OK(bufs_alloc(&b, n, ZS_DTYPE_F32, od, sds[kind], od, kind != 2,
+                           kind < 3));
+          bufs_tensors(&a, &ta);
+          bufs_tensors(&b, &tb);
+          tb.out = b.g; /* the gradients become the weights */
+          ZT_OK(step_kind(kind, &ta, 1));
+          ZT_OK(step_kind(kind, &tb, 1));
+          ZT_CHECKF(!memcmp(a.p, b.p, n * 4) && !memcmp(a.out, b.g, n * 2) &&
+                        (!a.m || !memcmp(a.m, b.m, n * sb)) &&
+                        (!a.v || !memcmp(a.v, b.v, n * sb)) &&
+                        (!a.ms || (!memcmp(a.ms, b.ms, zs_optim_qblocks(n) * 4) &&
+                                   !memcmp(a.vs, b.vs, zs_optim_qblocks(n) * 4))),
+                    "%s, kind %d, out dtype %d, n %zu: out = grad differs from "
+                    "a separate out buffer", levels[li], kind, od, n);
+          /* Half a buffer off: refused, nothing written. */
+          tb.out = (char *)b.g + 2 * (n / 2);
+          ZT_ERR(step_kind(kind, &tb, 2), ZS_EOVERLAP);
+          ZT_CHECK(strstr(zs_last_error(), "grad and out overlap") != NULL);
+          ZT_CHECK(!memcmp(a.p, b.p, n * 4) && !memcmp(a.out, b.g, n * 2));
+          /* The same pointer with another dtype is an overlap too. */
+          tb.out = b.g;
+          tb.out_dtype = od == ZS_DTYPE_BF16 ? ZS_DTYPE_F16 : ZS_DTYPE_BF16;
+          ZT_ERR(step_kind(kind, &tb, 2), ZS_EOVERLAP);
+          bufs_free(&a);
+          bufs_free(&b);
+        }
+  }
+  ZT_OK(zs_simd_force(env ? env : "auto"));
+}
+
 /* Special values through every ISA: NaN, +-inf, +-0, subnormal and huge
  * gradients and params (and blocks whose maxima are tiny or huge) must give
  * the same bits as the scalar reference, for fp32 and 8-bit states. The
@@ -938,7 +1015,8 @@ static void fmaf_correctly_rounded(void) {
 ZT_MAIN(ZT_CASE(conversions_round_to_nearest_even), ZT_CASE(fmaf_correctly_rounded), ZT_CASE(adam_reference_matrix),
         ZT_CASE(adam_large), ZT_CASE(adagrad_lion_reference),
         ZT_CASE(grad_stats_reference), ZT_CASE(thread_count_determinism),
-        ZT_CASE(isa_bit_identical), ZT_CASE(special_values_bit_identical),
+        ZT_CASE(isa_bit_identical), ZT_CASE(out_over_grad_in_place),
+        ZT_CASE(special_values_bit_identical),
         ZT_CASE(q8_roundtrip), ZT_CASE(q8_converges),
         ZT_CASE(errors_modify_nothing), ZT_CASE(grad_stats_errors_and_faults),
         ZT_CASE(simd_unusable_refused))
