@@ -492,9 +492,15 @@ def test_a_configuration_that_cannot_fit_in_host_memory_is_refused_before_alloca
     monkeypatch.setattr(memory, "available_host_bytes", lambda: 1 << 40)
     e = zspeed.initialize(model=Model(), config=_cfg(3, opt="cpu", param="cpu", precision="bf16"))[0]
     # The estimate itself (what the components report for host memory, per rank): 2 bytes per
-    # element of the bf16 shards and gradients, 4 of the masters, 8 of Adam's fp32 moments.
+    # element of the bf16 shards, 4 of the masters, 8 of Adam's fp32 moments; the gradients land
+    # in the shards (offload_param.grads_in_shards, the default), or take 2 more bytes without.
     local = e.memory_needs["host"]["parameters"] // 2
     assert local >= sum(p.numel() for p in Model().parameters())
+    assert e.memory_needs["host"] == {"parameters": 2 * local, "fp32 masters": 4 * local,
+                                      "optimizer state (fp32)": 8 * local}
+    cfg = _cfg(3, opt="cpu", param="cpu", precision="bf16")
+    cfg["zero_optimization"]["offload_param"]["grads_in_shards"] = False
+    e = zspeed.initialize(model=Model(), config=cfg)[0]
     assert e.memory_needs["host"] == {"parameters": 2 * local, "gradients": 2 * local, "fp32 masters": 4 * local,
                                       "optimizer state (fp32)": 8 * local}
 

@@ -138,7 +138,8 @@ def _host_buffers(plan: RunPlan, config, layout: FlatLayout, coll) -> tuple:
         return HostBuffers(layout, plan.device, plan.dtype, plan.pin_memory, plan.bucket_elems,
                            flat_grads=plan.optimizer == "nvme" or plan.timing == "delayed"), layout
     return ShardedBuffers(store, pin_memory=plan.pin_memory, stage=plan.stage, overlap=plan.reduce_overlap,
-                          comm=coll, comm_dtype=plan.comm_dtype), store.local_layout
+                          comm=coll, comm_dtype=plan.comm_dtype, grads_in_shards=plan.grads_in_shards), \
+        store.local_layout
 
 
 def _host_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, coll) -> OptimizerPath:

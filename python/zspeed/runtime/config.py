@@ -401,6 +401,13 @@ SCHEMA: dict[str, S] = {
         "max_in_cpu": K(1000000000, NUM, "nvme: elements of (frozen) parameter shards kept in host memory "
                         "instead, the first ones in parameter order", auto=AUTO_DEFAULT,
                         check=_between(0, 2 ** 62)),
+        "grads_in_shards": K(True, (bool,), "zspeed extension (device cpu or nvme, with offload_optimizer cpu, "
+                             "bf16/fp16, gradient_accumulation_steps 1, no ratio or delayed_update): the "
+                             "boundary's reduced gradients land in the rank's host parameter shards, whose "
+                             "weights the step overwrites anyway (the fp32 masters keep them meanwhile), so "
+                             "host memory holds no separate gradient buffer (2 bytes per parameter less); "
+                             "parameters cannot be edited between backward and step (docs/ZERO3.md); false "
+                             "keeps a separate buffer"),
     }, "zero_optimization.offload_param"),
     "aio": S({
         "block_size": K(1048576, (int,), "bytes per I/O request, at most 1 GiB (nvme swapper)",

@@ -47,7 +47,8 @@ class HostPath(OffloadedPath):
         dtype, the fp32 masters and the optimizer state of the CPU's share of the rank's part."""
         sd, per = state_bytes(config)
         n = int(s.local * s.cpu_share)
-        return [Need("host", "gradients", s.esize * n), Need("host", "fp32 masters", 4 * n),
+        grads = 0 if plan.grads_in_shards else s.esize * n  # else in the parameter shards' place
+        return [Need("host", "gradients", grads), Need("host", "fp32 masters", 4 * n),
                 Need("host", f"optimizer state ({sd})", int(per * n))]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str | None, params: dict, *,
@@ -66,7 +67,8 @@ class HostPath(OffloadedPath):
         if own is not None and not lowp:
             self.host_masters = own
         else:
-            _, self.host_masters = buffers.alloc(torch.float32)
+            flats, self.host_masters = buffers.alloc(torch.float32)
+            buffers.use_masters(flats)
             if not buffers.prefilled:  # (buffers taken over from an earlier path hold its masters)
                 with torch.no_grad():
                     for ps, ms in zip(layout.params, self.host_masters):
@@ -103,6 +105,7 @@ class HostPath(OffloadedPath):
         super().gather()
 
     def apply(self, factor: float) -> None:
+        self.buffers.step_started()
         self.runner.start(factor)
 
     def flush(self) -> None:
@@ -115,6 +118,7 @@ class HostPath(OffloadedPath):
 
     def abandon_step(self) -> None:
         self.runner.abandon()
+        self.buffers.abandoned()
 
     def wait_chunk(self, k: int) -> None:
         self.runner.wait(k)

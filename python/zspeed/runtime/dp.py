@@ -46,7 +46,7 @@ from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
-from .store import ParamStore, flat_base, per_element
+from .store import GradsInShards, ParamStore, flat_base, per_element
 
 __all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
 
@@ -61,6 +61,7 @@ class GradReducer:
                  comm_dtype: torch.dtype):
         self.sm, self.dests = store, dests
         self.dest_of = None  # (group, unit) -> the tensor its summed shard goes into
+        self.landed = None   # called with (group, unit) as its summed shard is sent to its destination
         self.layout = store.layout
         self.device = store.device
         self.cuda = self.device.type == "cuda"
@@ -147,6 +148,8 @@ class GradReducer:
 
     def _issue_unit(self, gi: int, ui: int, buf: torch.Tensor) -> None:
         dest = self._dest(gi, ui)
+        if self.landed is not None:
+            self.landed(gi, ui)
         n = dest.numel()
         first = True  # stage 3 adds into dest after its first micro-batch since the last step
         if self.accumulate:
@@ -241,6 +244,8 @@ class GradReducer:
             for gi, gp in enumerate(self.sm.plan.groups):
                 for ui in range(len(gp.units)):
                     if (gi, ui) not in self._fresh:
+                        if self.landed is not None:
+                            self.landed(gi, ui)
                         self._dest(gi, ui).zero_()
                         self._fresh.add((gi, ui))
 
@@ -295,11 +300,38 @@ class ShardedBuffers(HostBuffers):
     waiting for the last step's copies) is HostBuffers' own."""
 
     def __init__(self, store: ParamStore, *, pin_memory: bool, stage: int, overlap: bool, comm: Collectives,
-                 comm_dtype: torch.dtype):
+                 comm_dtype: torch.dtype, grads_in_shards: bool = False):
         self.sm = store
         self._reducer_args = dict(stage=stage, overlap=overlap, comm=comm, comm_dtype=comm_dtype)
         self._pending_src = None
+        # plan.grads_in_shards: the shards themselves receive the reduced gradients (store.GradsInShards)
+        self.grads_in = GradsInShards(store) if grads_in_shards else None
+        self._stepping = False  # a step started since the gradients were taken (see release)
         super().__init__(store.local_layout, store.device, store.dtype, pin_memory, 0, flat_grads=True)
+        if self.grads_in is not None:
+            store.grads_in = self.grads_in
+            self.reducer.landed = self.grads_in.land
+
+    def _grad_buffers(self) -> tuple[list, list]:
+        if self.grads_in is None:
+            return super()._grad_buffers()
+        flats = list(self.sm.flat)
+        return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
+
+    def use_masters(self, flats: list) -> None:
+        if self.grads_in is not None:
+            self.grads_in.masters = flats
+
+    def step_started(self) -> None:
+        self._stepping = True
+
+    def abandoned(self) -> None:
+        if self.grads_in is not None:
+            self.grads_in.restore()
+
+    def chunk_stepped(self, keys: list) -> None:
+        if self.grads_in is not None:
+            self.grads_in.stepped(keys)
 
     def _gradient_source(self, bucket_elems: int):
         self.reducer = GradReducer(self.sm, self.flat_grads, **self._reducer_args)
@@ -318,6 +350,11 @@ class ShardedBuffers(HostBuffers):
         self._source.grads = views
 
     def release(self) -> None:
+        # Gradients no step reads (an overflow skip) give way to the weights; a step under way
+        # (in the background, with overlap_forward) turns them into the new weights itself.
+        if self.grads_in is not None and self.grads_in.held and not self._stepping:
+            self.grads_in.restore()
+        self._stepping = False
         self.sm.drop_grads()
         self._source.reset()
 
@@ -347,6 +384,7 @@ class ShardedBuffers(HostBuffers):
     def refresh(self, masters: list, outs: list | None) -> None:
         """After a checkpoint load replaced this rank's masters: its shards, its weight buffers
         and then, by the store's publish, every parameter follow them."""
+        self.sm.check_writable()  # gradients held in the shards would be overwritten
         with torch.no_grad():
             for ps, ms in zip(self.layout.params, masters):
                 for p, m in zip(ps, ms):

@@ -621,6 +621,9 @@ class ZSpeedEngine(torch.nn.Module):
             self.optimizer_path.release()
             self._unfinished = None
         self.optimizer_path.flush()
+        sm = self.optimizer_path.sharded
+        if sm is not None:  # before anything is read: the load must not half-happen
+            sm.check_writable()
         return load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=with_states,
                                load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only,

@@ -72,9 +72,27 @@ class HostBuffers:
         self.flat_grads: list | None = None
         self.grads: list | None = None
         if self.cuda or flat_grads:
-            self.flat_grads, self.grads = self.alloc(model_dtype)
+            self.flat_grads, self.grads = self._grad_buffers()
         self._source = self._gradient_source(bucket_elems)
         self._h2d_done = None
+
+    def _grad_buffers(self) -> tuple[list, list]:
+        """(flat gradient buffer per group, per-parameter views): allocated here."""
+        return self.alloc(self.model_dtype)
+
+    # What a path tells buffers that can hold the gradients in the weights' place (dp.py's
+    # ShardedBuffers at ZeRO-3); nothing to do for separate gradient buffers.
+    def use_masters(self, flats: list) -> None:
+        """The path's fp32 masters (a flat tensor per group of this layout)."""
+
+    def step_started(self) -> None:
+        """The optimizer step has started (it may run on after release(), in the background)."""
+
+    def abandoned(self) -> None:
+        """A step that stopped partway is abandoned (what it did not step stays as it was)."""
+
+    def chunk_stepped(self, keys: list) -> None:
+        """The step has written the new weights of the parameters ``keys`` ((group, parameter))."""
 
     def _gradient_source(self, bucket_elems: int):
         """Where the gradients come from: copies made during backward (CUDA), or the

@@ -264,6 +264,7 @@ class RunPlan:
     cores_share: float | None = None  # the CPU optimizer's share of this rank's cores (None: all of them)
     cpu_tier: str = "host"        # where a split's non-GPU share keeps its masters and state: "host" | "nvme"
     host_elems: int = 0           # with cpu_tier "nvme": elements of that share kept in host memory (max_in_cpu)
+    grads_in_shards: bool = False  # the reduced gradients land in the host parameter shards (no gradient buffer)
 
     @property
     def sharded(self) -> bool:
@@ -301,7 +302,20 @@ class RunPlan:
                    host_elems=int(off["max_in_cpu"]),  # > 0 only with device nvme (the rows say so)
                    pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
                    shard_degree=_SHARD_DEGREE[store](world_size),
-                   grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]])
+                   grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]],
+                   grads_in_shards=_grads_in_shards(config, store, param_medium, dtype, off))
+
+
+def _grads_in_shards(config, store: str, medium: str, dtype: torch.dtype, off: dict) -> bool:
+    """Whether the reduced gradients can land in the host parameter shards: a partitioned store in
+    host memory, stepped in place by the CPU path (not a split, not delayed: those read the shards
+    or the gradients while the model trains on), low-precision weights (an fp32 model's shards are
+    its masters), and one micro-batch per step (with several, each forward would read the weights
+    back from the masters). Correct in any case it allows (docs/ZERO3.md)."""
+    return (bool(config.offload_param.get("grads_in_shards", True)) and store == "partitioned"
+            and medium == "host" and dtype != torch.float32
+            and _OPTIMIZER[config.offload_device, off["ratio"] != 1.0 or float(off["max_in_cpu"]) > 0] == "host"
+            and not off["delayed_update"] and int(config.gradient_accumulation_steps or 1) == 1)
 
 
 # The plan's decisions, one table each (read by RunPlan.build alone).

@@ -126,6 +126,7 @@ class SyncRunner:
                 with path.trace.span(self.span, chunk=i, params=len(path.chunks[i])):
                     pend.host.step(pend.grads[i], pend.factor, path._lowp_out)
                 pend.stepped = i + 1
+                path.buffers.chunk_stepped(path.chunks[i])
             self.after_chunk(pend, i)
             pend.next = i + 1
 

@@ -39,7 +39,8 @@ from .hostmem import alloc_host, pin_filled, unpin
 from .layout import FlatLayout
 from .partition import PartitionPlan
 
-__all__ = ["ParamStore", "ShardedStore", "PartitionedStore", "full_numel", "full_shape", "flat_base"]
+__all__ = ["ParamStore", "ShardedStore", "PartitionedStore", "GradsInShards", "full_numel", "full_shape",
+           "flat_base"]
 
 
 def full_numel(p: torch.Tensor) -> int:
@@ -139,6 +140,12 @@ class ParamStore:
             out.append(row)
         return out
 
+    def weights(self, gi: int, ui: int) -> torch.Tensor:
+        """Unit ui's shard as weights, for every reader but the optimizer (gathers, whole values):
+        the shard itself, or where it holds gradients (:class:`GradsInShards`) the weights
+        derived from the fp32 masters."""
+        return self.shard(gi, ui)
+
     def _source(self, src: list | None, gi: int, ui: int) -> torch.Tensor:
         """Unit ui's new shard: from ``src`` (per group, a flat tensor of the local space) or, with
         None, the shard itself."""
@@ -163,6 +170,9 @@ class ParamStore:
         when it holds them already) into the model, with its collective on ``group``."""
         raise NotImplementedError
 
+    def check_writable(self) -> None:
+        """Raises if writing weights into the shards now would destroy gradients held there."""
+
     def drop_grads(self) -> None:
         """The model's gradients of this store's parameters are dropped (after a step)."""
         for ps in self.layout.params:
@@ -183,7 +193,7 @@ class ParamStore:
         ui = gp.unit_of[pi]
         u = gp.units[ui]
         off, n = gp.offsets[pi] - u.start, gp.numels[pi]  # the parameter's place in its unit
-        whole = self.comm.gathered(self.shard(gi, ui), u.padded)
+        whole = self.comm.gathered(self.weights(gi, ui), u.padded)
         return whole[off:off + n].to(device, copy=True)
 
     def set_full(self, gi: int, pi: int, value: torch.Tensor) -> None:
@@ -191,6 +201,7 @@ class ParamStore:
         gp = self.plan.groups[gi]
         ui = gp.unit_of[pi]
         u = gp.units[ui]
+        self.check_writable()
         flat = value.detach().reshape(-1)
         off, n = gp.offsets[pi] - u.start, gp.numels[pi]
         with torch.no_grad():
@@ -296,6 +307,20 @@ class PartitionedStore(ParamStore):
         start = self.plan.groups[gi].local_start[ui]
         return self.flat[gi].narrow(0, start, u.shard)
 
+    grads_in: "GradsInShards | None" = None  # set when the reduced gradients land in the shards
+
+    def weights(self, gi: int, ui: int) -> torch.Tensor:
+        g = self.grads_in
+        return g.derived(gi, ui) if g is not None and (gi, ui) in g.held else self.shard(gi, ui)
+
+    def check_writable(self) -> None:
+        if self.grads_in is not None and self.grads_in.held:
+            raise RuntimeError(
+                "zspeed: the parameters cannot be written between backward and step here: the last backward's "
+                "gradients are held in the host parameter shards until engine.step() (ZeRO-3 with offload_param, "
+                "to save host memory). Call engine.step() first, or set zero_optimization.offload_param."
+                "grads_in_shards false to keep a separate gradient buffer.")
+
     def publish(self, src: list | None = None) -> None:
         """Nothing is gathered now, as the shards are the weights: new weights kept elsewhere
         (``src``: the path's host buffer, when it is not the shards themselves) are copied in,
@@ -313,6 +338,58 @@ class PartitionedStore(ParamStore):
         if new.data_ptr() != shard.data_ptr():
             with torch.no_grad():
                 shard.copy_(new, non_blocking=new.is_cuda and shard.is_pinned())
+
+
+class GradsInShards:
+    """The reduced gradients of a boundary in a partitioned store's host shards (ZeRO-3 with
+    offload_param, offload_optimizer cpu: plan.grads_in_shards). A unit's weights are not
+    needed between the last use of its parameters in backward and the step, which overwrites
+    them, and the fp32 masters hold them meanwhile (the shards are the masters rounded to the
+    model's dtype), so the shards can serve as the gradient buffer: the CPU kernel reads each
+    element's gradient and writes its new weight in its place.
+
+    ``held`` lists the units whose shards hold gradients: from the landing of their first
+    gradient until the step has stepped all of their elements (chunk by chunk, also in the
+    background with overlap_forward, whose gate lets a forward read a unit only then). Every
+    reader but the optimizer gets a held unit's weights from the masters (:meth:`derived`: a
+    forward or GatheredParameters between backward and step, a second backward before the step,
+    a forward after a step that failed partway), which is right at any point of a step, as each
+    chunk's masters and shards are written by the same kernel call. A step that does not run
+    (an overflow skip) or is abandoned puts the weights back from the masters
+    (:meth:`restore`, at the release of the gradients); writing weights into the shards while
+    any unit is held is refused (its gradients would be lost)."""
+
+    def __init__(self, store: PartitionedStore):
+        self.store = store
+        self.held: set = set()
+        self.masters: list | None = None  # per group, the fp32 masters of the local space (flat)
+        # per group of the local space, per entry: its unit, and whether it is the unit's last entry
+        self._unit_of = store.entry_units()
+        self._last = [[i + 1 == len(row) or row[i + 1] != u for i, u in enumerate(row)] for row in self._unit_of]
+
+    def land(self, gi: int, ui: int) -> None:
+        self.held.add((gi, ui))
+
+    def derived(self, gi: int, ui: int) -> torch.Tensor:
+        """Unit ui's weights, rounded from its masters (the values its shard held before the
+        gradients; a new tensor)."""
+        start, n = self.store.local_range(gi, ui)
+        return self.masters[gi][start:start + n].to(self.store.dtype)
+
+    def stepped(self, keys: list) -> None:
+        """The step has written the entries ``keys`` ((group, entry) of the local space, in
+        order): units whose last entry is among them hold their new weights."""
+        for gi, ei in keys:
+            if self._last[gi][ei]:
+                self.held.discard((gi, self._unit_of[gi][ei]))
+
+    def restore(self) -> None:
+        """The held units' weights back into their shards from the masters."""
+        with torch.no_grad():
+            for gi, ui in sorted(self.held):
+                start, n = self.store.local_range(gi, ui)
+                self.store.shard(gi, ui).copy_(self.masters[gi][start:start + n])
+        self.held.clear()
 
 
 def shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:

@@ -252,7 +252,7 @@ class ParamFetcher:
             else:
                 now.append(st)
         if now:
-            self._copy_in(now, [st.sm.shard(st.gi, st.ui) for st in now])
+            self._copy_in(now, [st.sm.weights(st.gi, st.ui) for st in now])
         if not prefetch:
             for st in reads:
                 if st.io is not None:
@@ -579,7 +579,7 @@ class ParamFetcher:
                 sm = st.sm
                 if st.full is None or (getattr(sm, "nvme", False) and sm.on_disk(st.gi, st.ui)):
                     continue
-                shard = sm.shard(st.gi, st.ui)
+                shard = sm.weights(st.gi, st.ui)
                 lo = sm.rank * shard.numel()  # one unit per parameter: the padding past numel is no value
                 n = min(shard.numel(), st.numel - lo)
                 if n > 0 and not torch.equal(st.full[lo:lo + n], shard[:n].to(st.full.device)):

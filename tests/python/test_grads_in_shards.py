@@ -1,0 +1,176 @@
+"""ZeRO-3's gradients in the host parameter shards (offload_param.grads_in_shards, on by default
+where it applies: docs/ZERO3.md): the boundary's reduced gradients land in the shards, the CPU
+kernel turns them into the new weights in place, and no separate host gradient buffer exists.
+
+Every case is compared with the same run keeping a separate gradient buffer
+(``grads_in_shards`` false): the arithmetic is the same kernel on the same values, so the
+results must be equal bit for bit (no tolerance)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_zero3 as z3  # noqa: E402
+
+import zspeed  # noqa: E402
+
+
+def _cfg(precision="bf16", on=True, gas=1, state_dtype=None, overlap=False, **zero):
+    c = z3._cfg(3, opt="cpu", param="cpu", precision=precision, gas=gas, **zero)
+    c["zero_optimization"]["offload_param"]["grads_in_shards"] = on
+    c["zero_optimization"]["offload_optimizer"]["overlap_forward"] = overlap
+    if state_dtype:
+        c["optimizer"]["params"]["state_dtype"] = state_dtype
+    return c
+
+
+def _equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _in_shards(engine) -> bool:
+    """Whether the engine's host gradient buffers are its parameter shards."""
+    buf = engine.optimizer_path.buffers
+    return all(g.data_ptr() == f.data_ptr() for g, f in zip(buf.flat_grads, buf.sm.flat))
+
+
+@pytest.mark.parametrize("precision,state_dtype,overlap", [("bf16", None, False), ("fp16", None, False),
+                                                          ("bf16", "int8", False), ("bf16", None, True)])
+def test_training_equals_a_separate_gradient_buffer_bit_for_bit(precision, state_dtype, overlap):
+    ref, lr = z3._train(_cfg(precision, False, state_dtype=state_dtype, overlap=overlap), steps=5)
+    e, le = z3._train(_cfg(precision, True, state_dtype=state_dtype, overlap=overlap), steps=5)
+    assert _in_shards(e) and not _in_shards(ref)
+    assert le == lr
+    _equal(z3._whole(e), z3._whole(ref))  # (which waits for a step in the background)
+    assert e.optimizer_path.buffers.grads_in.held == set()  # between steps the shards hold weights
+    assert e.get_global_grad_norm() == ref.get_global_grad_norm()
+    # The memory the estimate no longer counts is really not allocated.
+    assert "gradients" not in e.memory_needs["host"] and "gradients" in ref.memory_needs["host"]
+
+
+def test_an_overflow_skip_puts_the_weights_back_from_the_masters():
+    cfg = _cfg("fp16")
+    cfg["fp16"]["initial_scale_power"] = 30  # the first steps overflow and are skipped
+    ref, lr = z3._train(dict(cfg, zero_optimization={**cfg["zero_optimization"], "offload_param": {
+        **cfg["zero_optimization"]["offload_param"], "grads_in_shards": False}}), steps=4)
+    e, le = z3._train(cfg, steps=4)
+    assert e.skipped_steps == ref.skipped_steps >= 1
+    buf = e.optimizer_path.buffers
+    assert buf.grads_in.held == set()  # the skipped steps' gradients were replaced by the weights
+    for f, m in zip(buf.sm.flat, buf.grads_in.masters):
+        assert torch.equal(f, m.to(f.dtype))
+    assert le == lr
+    _equal(z3._whole(e), z3._whole(ref))
+
+
+def _backward_only(engine, idx):
+    loss = z3._loss(engine, idx)
+    engine.backward(loss)
+    return loss.item()
+
+
+def test_reads_between_backward_and_step_see_the_weights_and_change_nothing():
+    torch.manual_seed(0)
+    ref, _ = z3._train(_cfg(on=False), steps=3)
+    e, _ = z3._train(_cfg(), steps=2)
+    data = z3._data(3)
+    before = z3._whole(e)
+    with torch.no_grad():
+        eval_before = z3._loss(e, data[0]).item()
+    _backward_only(e, data[2])
+    assert e.optimizer_path.buffers.grads_in.held  # the shards hold gradients now
+    _equal(z3._whole(e), before)                    # GatheredParameters reads the weights
+    with torch.no_grad():                           # and so does a forward
+        assert z3._loss(e, data[0]).item() == eval_before
+    e.step()
+    _equal(z3._whole(e), z3._whole(ref))
+
+
+def test_a_second_backward_before_the_step_accumulates_as_with_a_buffer():
+    out = []
+    for on in (False, True):
+        e, _ = z3._train(_cfg(on=on), steps=1)
+        data = z3._data(3)
+        _backward_only(e, data[1])
+        _backward_only(e, data[2])  # reads the held units' weights from the masters
+        e.step()
+        out.append(z3._whole(e))
+    _equal(out[1], out[0])
+
+
+def test_edits_between_backward_and_step_are_refused_and_lose_nothing(tmp_path):
+    ref, _ = z3._train(_cfg(on=False), steps=3)
+    e, _ = z3._train(_cfg(), steps=2)
+    e.save_checkpoint(tmp_path, tag="s")
+    _backward_only(e, z3._data(3)[2])
+    w = e.module.emb.weight
+    with pytest.raises(RuntimeError, match=r"between backward and step.*grads_in_shards false"):
+        with zspeed.zero.GatheredParameters([w], modifier_rank=0):
+            w.data.fill_(1.0)
+    with pytest.raises(RuntimeError, match=r"between backward and step.*Call engine.step\(\) first"):
+        e.load_checkpoint(tmp_path, tag="s")
+    e.step()  # the gradients were kept: the step is the one of a run without the attempt
+    _equal(z3._whole(e), z3._whole(ref))
+
+
+def test_a_step_failing_partway_is_completed_or_abandoned_as_with_a_buffer(tmp_path, monkeypatch):
+    """sub_group_size cuts the CPU step into chunks; the second chunk's kernel fails once. A
+    forward then sees the torn step's weights (its first chunk stepped, the rest not) as with a
+    buffer, a retry completes the step (each chunk stepped once), and an abandoned step
+    (load_checkpoint) leaves every shard holding weights again."""
+    from zspeed.runtime.optimizers import HostOptimizer
+    real = HostOptimizer.step
+    results = {}
+    for on in (False, True):
+        for how in ("retry", "abandon"):
+            e, _ = z3._train(_cfg(on=on, sub_group_size=300), steps=2)
+            assert len(e.optimizer_path.chunks) > 2
+            e.save_checkpoint(tmp_path / f"{on}{how}", tag="s")
+            calls = []
+
+            def failing(self, *a, **k):
+                calls.append(1)
+                if len(calls) == 2:
+                    raise RuntimeError("injected kernel failure")
+                return real(self, *a, **k)
+            monkeypatch.setattr(HostOptimizer, "step", failing)
+            _backward_only(e, z3._data(3)[2])
+            with pytest.raises(RuntimeError, match="injected"):
+                e.step()
+            results[on, how, "torn"] = z3._loss(e, z3._data(3)[0]).item()  # a training forward, no backward
+            if how == "retry":
+                e.step()
+            else:
+                e.load_checkpoint(tmp_path / f"{on}{how}", tag="s")
+            monkeypatch.setattr(HostOptimizer, "step", real)
+            if on:
+                assert e.optimizer_path.buffers.grads_in.held == set()
+            _backward_only(e, z3._data(4)[3])
+            e.step()
+            results[on, how] = z3._whole(e)
+    for how in ("retry", "abandon"):
+        _equal(results[True, how], results[False, how])
+        assert results[True, how, "torn"] == results[False, how, "torn"]
+
+
+def test_where_it_does_not_apply_a_separate_buffer_is_kept():
+    for cfg in (_cfg(gas=2), _cfg("fp32"), dict(_cfg(), zero_optimization={**_cfg()["zero_optimization"],
+                                                                           "offload_param": {"device": "none"}})):
+        e = zspeed.initialize(model=z3.Model(), config=cfg)[0]
+        assert not e.optimizer_path.buffers.__dict__.get("grads_in"), cfg
+
+
+@pytest.mark.skipif(z3.DEVICE != "cpu", reason="the multi-rank cases run on the CPU (Gloo)")
+def test_two_ranks_equal_a_separate_gradient_buffer(tmp_path):
+    outs = {}
+    for on in (False, True):
+        cfg = dict(_cfg(on=on), train_micro_batch_size_per_gpu=3)
+        outs[on] = z3._ranks(2, cfg, tmp_path, f"g{on}")
+    for r in range(2):
+        _equal(outs[True][r]["state"], outs[False][r]["state"])
