@@ -63,8 +63,8 @@ def test_an_overflow_skip_puts_the_weights_back_from_the_masters():
     assert e.skipped_steps == ref.skipped_steps >= 1
     buf = e.optimizer_path.buffers
     assert buf.grads_in.held == set()  # the skipped steps' gradients were replaced by the weights
-    for f, m in zip(buf.sm.flat, buf.grads_in.masters):
-        assert torch.equal(f, m.to(f.dtype))
+    for gi, f in enumerate(buf.sm.flat):
+        assert torch.equal(f, buf.grads_in.masters[gi][0].to(f.dtype))
     assert le == lr
     _equal(z3._whole(e), z3._whole(ref))
 
@@ -174,3 +174,52 @@ def test_two_ranks_equal_a_separate_gradient_buffer(tmp_path):
         outs[on] = z3._ranks(2, cfg, tmp_path, f"g{on}")
     for r in range(2):
         _equal(outs[True][r]["state"], outs[False][r]["state"])
+
+
+def _split(ratio, **kw):
+    c = _cfg(**kw)
+    c["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
+    return c
+
+
+@pytest.mark.parametrize("precision,overlap", [("bf16", False), ("fp16", False), ("bf16", True)])
+def test_a_gpu_cpu_split_lands_the_cpu_share_in_the_shards_bit_for_bit(precision, overlap):
+    """With ratio < 1 (the "GPU" half runs on the CPU here, tests/gpu on CUDA) the CPU share's
+    gradients land in its shards, the GPU share's in its own fp32 buffer; the GPU's units never
+    count as held, so their weights are read from the shards."""
+    runs = {}
+    for on in (False, True):
+        cfg = _split(0.5, precision=precision, on=on, overlap=overlap)
+        if precision == "fp16":
+            cfg["fp16"]["initial_scale_power"] = 30  # overflow skips first
+        e, losses = z3._train(cfg, steps=5)
+        runs[on] = (e, losses, z3._whole(e))
+    (ref, lr, wr), (e, le, we) = runs[False], runs[True]
+    path = e.optimizer_path
+    assert type(path).__name__ == "StoreSplitPath" and path.dev is not None
+    grads = path.buffers.flat_grads
+    assert all(any(g.data_ptr() >= f.data_ptr() and g.data_ptr() < f.data_ptr() + f.numel() * f.element_size()
+                   for f in path.sm.flat) for g in grads)  # the CPU half's gradient buffers are in the shards
+    assert path.grads_in.held == set() and e.skipped_steps == ref.skipped_steps
+    assert le == lr
+    _equal(we, wr)
+
+
+def test_a_split_that_moves_keeps_the_gradients_in_the_shards():
+    """resize() as "auto" does it (a smaller CPU share, taking over the old half's buffers), then
+    back up (the general move): each equals the run with a gradient buffer."""
+    out = {}
+    for on in (False, True):
+        e, _ = z3._train(_split(0.9, on=on), steps=2)
+        e.optimizer_path.resize(0.4)
+        for idx in z3._data(6)[2:4]:
+            e.backward(z3._loss(e, idx))
+            e.step()
+        e.optimizer_path.resize(0.95)
+        for idx in z3._data(6)[4:6]:
+            e.backward(z3._loss(e, idx))
+            e.step()
+        out[on] = z3._whole(e)
+        if on:
+            assert e.optimizer_path.grads_in is not None and e.optimizer_path.buffers.grads_in is not None
+    _equal(out[True], out[False])

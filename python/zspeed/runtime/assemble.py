@@ -187,6 +187,7 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
                               comm=coll, comm_dtype=plan.comm_dtype, pin_memory=plan.pin_memory, force_native=force,
                               chunk_elems=plan.chunk_elems, num_threads=host_threads(plan.cores_share),
                               timing=plan.timing, auto=auto, tier=plan.cpu_tier, host_elems=plan.host_elems,
+                              grads_in_shards=plan.grads_in_shards,
                               nvme=dict(offload_cfg=config.offload, aio=config.aio,
                                         sub_group_size=int(config.zero["sub_group_size"])))
     return split.SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,

@@ -402,8 +402,8 @@ SCHEMA: dict[str, S] = {
                         "instead, the first ones in parameter order", auto=AUTO_DEFAULT,
                         check=_between(0, 2 ** 62)),
         "grads_in_shards": K(True, (bool,), "zspeed extension (device cpu or nvme, with offload_optimizer cpu, "
-                             "bf16/fp16, gradient_accumulation_steps 1, no ratio or delayed_update): the "
-                             "boundary's reduced gradients land in the rank's host parameter shards, whose "
+                             "bf16/fp16, gradient_accumulation_steps 1, no delayed_update; with a ratio, the "
+                             "CPU's share): the boundary's reduced gradients land in the rank's host parameter shards, whose "
                              "weights the step overwrites anyway (the fp32 masters keep them meanwhile), so "
                              "host memory holds no separate gradient buffer (2 bytes per parameter less); "
                              "parameters cannot be edited between backward and step (docs/ZERO3.md); false "

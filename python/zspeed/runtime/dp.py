@@ -46,7 +46,7 @@ from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
-from .store import GradsInShards, ParamStore, flat_base, per_element
+from .store import GradsInShards, ParamStore, flat_base, per_element, unit_ends
 
 __all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
 
@@ -311,6 +311,7 @@ class ShardedBuffers(HostBuffers):
         if self.grads_in is not None:
             store.grads_in = self.grads_in
             self.reducer.landed = self.grads_in.land
+            self._ends = unit_ends(self.entry_units())
 
     def _grad_buffers(self) -> tuple[list, list]:
         if self.grads_in is None:
@@ -320,7 +321,7 @@ class ShardedBuffers(HostBuffers):
 
     def use_masters(self, flats: list) -> None:
         if self.grads_in is not None:
-            self.grads_in.masters = flats
+            self.grads_in.use_masters(list(range(len(flats))), flats, [0] * len(flats))
 
     def step_started(self) -> None:
         self._stepping = True
@@ -331,7 +332,7 @@ class ShardedBuffers(HostBuffers):
 
     def chunk_stepped(self, keys: list) -> None:
         if self.grads_in is not None:
-            self.grads_in.stepped(keys)
+            self.grads_in.stepped(u for gi, ei in keys if (u := self._ends[gi][ei]) is not None)
 
     def _gradient_source(self, bucket_elems: int):
         self.reducer = GradReducer(self.sm, self.flat_grads, **self._reducer_args)

@@ -47,7 +47,7 @@ from .offload import HostBuffers
 from .optimizers import build_device_optimizer, convert_adam_state, norms_stats, torch_grad_stats
 from .paths import OptimizerPath, copy_masters, indexed_groups
 from .split import AutoSplit, TwoHalves
-from .store import ParamStore, flat_base
+from .store import GradsInShards, ParamStore, flat_base, unit_ends
 from .streams import streams_for
 
 log = logging.getLogger("zspeed.split")
@@ -237,8 +237,11 @@ class HostShare(HostBuffers):
     unit through the store (dp.ShardedBuffers does the same for a whole local space)."""
 
     def __init__(self, sm: ParamStore, layout: FlatLayout, gis: list, spans: list, pin_memory: bool,
-                 donor: "HostShare | None" = None):
+                 donor: "HostShare | None" = None, grads_in: GradsInShards | None = None):
         self.sm, self.gis, self.spans = sm, gis, spans
+        # The gradients in the store's shards (store.GradsInShards; the CPU tier in host memory
+        # only): the tier's gradient buffers are views of the shards.
+        self.grads_in, self._stepping = grads_in, False
         self._base = [_end(sm.plan.groups[gi], lo) for gi, (lo, _) in zip(gis, spans)]
         self._size = [_end(sm.plan.groups[gi], hi) - b for gi, (_, hi), b in zip(gis, spans, self._base)]
         self._pending_src = None
@@ -253,6 +256,30 @@ class HostShare(HostBuffers):
             self._pinned_ptrs.extend(donor._pinned_ptrs)
             donor._pinned_ptrs.clear()
             self._pinned_any = donor._pinned_any
+        if grads_in is not None:
+            self._ends = unit_ends(self.entry_units())
+
+    def _grad_buffers(self) -> tuple[list, list]:
+        if self.grads_in is None:
+            return super()._grad_buffers()
+        flats = [self.sm.flat[gi][b:b + n] for gi, b, n in zip(self.gis, self._base, self._size)]
+        return flats, [self.layout.views(f, i) for i, f in enumerate(flats)]
+
+    # The gradients in the shards (dp.ShardedBuffers does the same over a whole local space).
+    def use_masters(self, flats: list) -> None:
+        if self.grads_in is not None:
+            self.grads_in.use_masters(self.gis, flats, self._base)
+
+    def step_started(self) -> None:
+        self._stepping = True
+
+    def abandoned(self) -> None:
+        if self.grads_in is not None:
+            self.grads_in.restore()
+
+    def chunk_stepped(self, keys: list) -> None:
+        if self.grads_in is not None:
+            self.grads_in.stepped(u for i, ei in keys if (u := self._ends[i][ei]) is not None)
 
     def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
         d = self._donor
@@ -286,7 +313,11 @@ class HostShare(HostBuffers):
         return [[(gi, ui) for ui in units[gi] if lo <= ui < hi] for gi, (lo, hi) in zip(self.gis, self.spans)]
 
     def release(self) -> None:
-        pass  # the store split drops the model's gradients and resets the reducer
+        # The store split drops the model's gradients and resets the reducer; gradients in the
+        # shards that no step reads (an overflow skip) give way to the weights.
+        if self.grads_in is not None and self.grads_in.held and not self._stepping:
+            self.grads_in.restore()
+        self._stepping = False
 
     def _bases(self, src: list | None) -> list | None:
         """Per group, the flat buffer the path's weight views ``src`` are views of (None where the
@@ -357,7 +388,7 @@ class StoreSplitPath(TwoHalves):
     def __init__(self, sm: ParamStore, name: str, params: dict, ratio: float, *, stage: int, reduce_overlap: bool,
                  comm: Collectives, comm_dtype: torch.dtype, pin_memory: bool, force_native: bool,
                  chunk_elems: int, num_threads: int | None, timing: str = "sync", auto: AutoSplit | None = None,
-                 tier: str = "host", nvme: dict | None = None, host_elems: int = 0):
+                 tier: str = "host", nvme: dict | None = None, host_elems: int = 0, grads_in_shards: bool = False):
         if host_elems and tier != "nvme":  # the run plan refuses this config; a direct build is told too
             raise ValueError(f"host_elems (offload_optimizer.max_in_cpu) splits an NVMe share between host memory "
                              f"and the disk; the CPU's tier here is {tier!r}: set offload_optimizer.device \"nvme\" "
@@ -370,6 +401,11 @@ class StoreSplitPath(TwoHalves):
         self.comm = comm
         self.reducer = GradReducer(sm, None, stage=stage, overlap=reduce_overlap, comm=comm, comm_dtype=comm_dtype)
         self.reducer.dest_of = self._dest_of
+        # plan.grads_in_shards (a CPU tier in host memory): the CPU's units' gradients land in their shards
+        self.grads_in = None
+        if grads_in_shards and tier == "host" and not host_elems:
+            self.grads_in = sm.grads_in = GradsInShards(sm)
+            self.reducer.landed = self._landed
         self._build(ratio)
         self.optimizer = self._optimizer(sm.layout.groups)
 
@@ -435,7 +471,8 @@ class StoreSplitPath(TwoHalves):
                 continue
             cl = FlatLayout(groups)
             buf = HostShare(sm, cl, [gi for gi, _ in at], [span for _, span in at], a["pin_memory"],
-                            donor=donor if side == "cpu" else None)
+                            donor=donor if side == "cpu" else None,
+                            grads_in=self.grads_in if side == "cpu" else None)
             setattr(self, {"cpu": "buffers", "disk": "disk_buffers"}[side], buf)
             setattr(self, side, kinds[side](cl, buf, a))
         self._finish_build()
@@ -507,6 +544,11 @@ class StoreSplitPath(TwoHalves):
         for h in (old_dev, old_cpu):
             if h is not None:
                 h.close()
+
+    def _landed(self, gi: int, ui: int) -> None:
+        """A unit's summed shard goes to its destination: the CPU's units' is their shard."""
+        if ui >= self._ks[gi][0]:
+            self.grads_in.land(gi, ui)
 
     def _dest_of(self, gi: int, ui: int) -> torch.Tensor:
         di, ci, ni = self._gmap[gi]

@@ -39,8 +39,8 @@ from .hostmem import alloc_host, pin_filled, unpin
 from .layout import FlatLayout
 from .partition import PartitionPlan
 
-__all__ = ["ParamStore", "ShardedStore", "PartitionedStore", "GradsInShards", "full_numel", "full_shape",
-           "flat_base"]
+__all__ = ["ParamStore", "ShardedStore", "PartitionedStore", "GradsInShards", "unit_ends", "full_numel",
+           "full_shape", "flat_base"]
 
 
 def full_numel(p: torch.Tensor) -> int:
@@ -362,34 +362,44 @@ class GradsInShards:
     def __init__(self, store: PartitionedStore):
         self.store = store
         self.held: set = set()
-        self.masters: list | None = None  # per group, the fp32 masters of the local space (flat)
-        # per group of the local space, per entry: its unit, and whether it is the unit's last entry
-        self._unit_of = store.entry_units()
-        self._last = [[i + 1 == len(row) or row[i + 1] != u for i, u in enumerate(row)] for row in self._unit_of]
+        self.masters: dict = {}  # per group of the store: (a flat fp32 master buffer, the local index of its start)
 
     def land(self, gi: int, ui: int) -> None:
         self.held.add((gi, ui))
 
+    def use_masters(self, gis: list, flats: list, bases: list) -> None:
+        """Groups ``gis``' fp32 masters: ``flats[i]`` holds group gis[i]'s local space from ``bases[i]``."""
+        for gi, f, b in zip(gis, flats, bases):
+            self.masters[gi] = (f, b)
+
+    def _masters(self, gi: int, ui: int) -> torch.Tensor:
+        flat, base = self.masters[gi]
+        start, n = self.store.local_range(gi, ui)
+        return flat[start - base:start - base + n]
+
     def derived(self, gi: int, ui: int) -> torch.Tensor:
         """Unit ui's weights, rounded from its masters (the values its shard held before the
         gradients; a new tensor)."""
-        start, n = self.store.local_range(gi, ui)
-        return self.masters[gi][start:start + n].to(self.store.dtype)
+        return self._masters(gi, ui).to(self.store.dtype)
 
-    def stepped(self, keys: list) -> None:
-        """The step has written the entries ``keys`` ((group, entry) of the local space, in
-        order): units whose last entry is among them hold their new weights."""
-        for gi, ei in keys:
-            if self._last[gi][ei]:
-                self.held.discard((gi, self._unit_of[gi][ei]))
+    def stepped(self, units) -> None:
+        """The step has written every element of ``units`` ((group, unit)): they hold weights."""
+        for u in units:
+            self.held.discard(u)
 
     def restore(self) -> None:
         """The held units' weights back into their shards from the masters."""
         with torch.no_grad():
             for gi, ui in sorted(self.held):
-                start, n = self.store.local_range(gi, ui)
-                self.store.shard(gi, ui).copy_(self.masters[gi][start:start + n])
+                self.store.shard(gi, ui).copy_(self._masters(gi, ui))
         self.held.clear()
+
+
+def unit_ends(entry_units: list) -> list:
+    """Per group, per entry of a local space (``entry_units``: its (group, unit) per entry, in
+    order): the unit if the entry is that unit's last, else None."""
+    return [[u if i + 1 == len(row) or row[i + 1] != u else None for i, u in enumerate(row)]
+            for row in entry_units]
 
 
 def shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
