@@ -108,6 +108,8 @@ def ds_config(a):
          "steps_per_print": 1000000}
     if a.stage == 3 and a.offload_param != "none":
         c["zero_optimization"]["offload_param"] = {"device": a.offload_param, "pin_memory": not a.no_pin}
+        if a.impl == "zspeed" and getattr(a, "grads_in_shards", "on") == "off":  # zspeed's key (DeepSpeed's configs do not have it)
+            c["zero_optimization"]["offload_param"]["grads_in_shards"] = False
     c["bf16" if a.dtype == "bf16" else "fp16"] = {"enabled": True}
     if a.offload == "cpu":
         c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": not a.no_pin}
@@ -247,6 +249,9 @@ def main():
     ap.add_argument("--zenflow", action="store_true",
                     help="--impl deepspeed: DeepSpeed's ZenFlow (topk_ratio 0.05, update_interval 4, overlap_step)")
     ap.add_argument("--offload-param", choices=["cpu", "none"], default="none")
+    ap.add_argument("--grads-in-shards", choices=["on", "off"], default="on",
+                    help="zspeed, stage 3 with --offload-param cpu: offload_param.grads_in_shards (the gradients "
+                         "in the host parameter shards; off: a separate host gradient buffer)")
     ap.add_argument("--gpu-cap", type=float, default=None, help="GiB of GPU memory this process may use")
     ap.add_argument("--ckpt", action="store_true", help="activation checkpointing per block")
     ap.add_argument("--ckpt-impl", choices=["torch", "zspeed", "deepspeed"], default="torch",
@@ -392,7 +397,7 @@ def main():
             return
     res = {
         "impl": a.impl, "offload": a.offload, "stage": a.stage, "offload_param": a.offload_param,
-        "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "delayed_update": getattr(a, "delayed_update", False), "ratio": getattr(a, "ratio", None), "ckpt_impl": a.ckpt_impl if a.ckpt else None,
+        "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "grads_in_shards": getattr(a, "grads_in_shards", "on"), "delayed_update": getattr(a, "delayed_update", False), "ratio": getattr(a, "ratio", None), "ckpt_impl": a.ckpt_impl if a.ckpt else None,
         "cpu_ckpt": a.cpu_ckpt, "init": a.init, "model": a.model,
         "host_peak_rss_gib": round(_peak_rss() / 2**30, 2),
         "params": nparams, "layers": a.layers, "d_model": a.d_model,

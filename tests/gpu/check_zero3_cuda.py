@@ -1,8 +1,8 @@
 """GPU check of ZeRO-3 (run on a CUDA machine): the single-process cases of
 tests/python/test_zero3.py, test_inference.py, test_split.py and test_split_zero3.py (the
-optimizer split between GPU and CPU), test_overlap_forward.py and test_step_atomic.py on the
-GPU, then the multi-rank cases with CUDA models (ZeRO-3, and the split at stages 1-3 with and
-without overlap_forward): 2 ranks sharing GPU 0 through Gloo (Windows' backend), and with two
+optimizer split between GPU and CPU), test_overlap_forward.py, test_step_atomic.py and
+test_grads_in_shards.py on the GPU, then the multi-rank cases with CUDA models (ZeRO-3, the
+split at stages 1-3 with and without overlap_forward, the gradients in the shards): 2 ranks sharing GPU 0 through Gloo (Windows' backend), and with two
 or more GPUs 2 ranks on NCCL, one GPU each.
 
   python tests/gpu/check_zero3_cuda.py [gloo] [nccl]   # default: every backend the machine allows
@@ -33,7 +33,7 @@ def main() -> int:
                         str(TESTS / "test_zero3.py"), str(TESTS / "test_inference.py"),
                         str(TESTS / "test_split.py"), str(TESTS / "test_split_zero3.py"),
                         str(TESTS / "test_overlap_forward.py"),
-                        str(TESTS / "test_step_atomic.py")], env=env,
+                        str(TESTS / "test_step_atomic.py"), str(TESTS / "test_grads_in_shards.py")], env=env,
                        capture_output=True, text=True)
     print(("PASS" if r.returncode == 0 else "FAIL") + " single-process cases on cuda:0: " +
           r.stdout.strip().splitlines()[-1], flush=True)
@@ -64,6 +64,8 @@ def main() -> int:
         split_cases = [("zero3 split", S.test_zero3_split_on_ranks_equals_plain_offload, (2, 0.5, "fp32", 1), "cpu"),
                        *[(f"split stage {st}", S.test_split_on_ranks_equals_plain_offload_and_overlaps_exactly,
                           (st, "fp32"), device or "cuda") for st in (1, 2, 3)]]
+        import test_grads_in_shards as G  # noqa: E402
+        split_cases.append(("grads in shards", G.test_two_ranks_equal_a_separate_gradient_buffer, (), "cpu"))
         for name, fn, case, dev in split_cases:
             with tempfile.TemporaryDirectory() as d:
                 try:
