@@ -389,10 +389,6 @@ class StoreSplitPath(TwoHalves):
                  comm: Collectives, comm_dtype: torch.dtype, pin_memory: bool, force_native: bool,
                  chunk_elems: int, num_threads: int | None, timing: str = "sync", auto: AutoSplit | None = None,
                  tier: str = "host", nvme: dict | None = None, host_elems: int = 0, grads_in_shards: bool = False):
-        if host_elems and tier != "nvme":  # the run plan refuses this config; a direct build is told too
-            raise ValueError(f"host_elems (offload_optimizer.max_in_cpu) splits an NVMe share between host memory "
-                             f"and the disk; the CPU's tier here is {tier!r}: set offload_optimizer.device \"nvme\" "
-                             f"or drop max_in_cpu")
         super().__init__(sm.local_layout, dict(dtype=sm.dtype, name=name, params=params, pin_memory=pin_memory,
                                                force_native=force_native, chunk_elems=chunk_elems,
                                                num_threads=num_threads, timing=timing, tier=tier, nvme=nvme,
@@ -401,9 +397,10 @@ class StoreSplitPath(TwoHalves):
         self.comm = comm
         self.reducer = GradReducer(sm, None, stage=stage, overlap=reduce_overlap, comm=comm, comm_dtype=comm_dtype)
         self.reducer.dest_of = self._dest_of
-        # plan.grads_in_shards (a CPU tier in host memory): the CPU's units' gradients land in their shards
+        # plan.grads_in_shards (the plan allows it only for a CPU tier wholly in host memory): the
+        # CPU's units' gradients land in their shards
         self.grads_in = None
-        if grads_in_shards and tier == "host" and not host_elems:
+        if grads_in_shards:
             self.grads_in = sm.grads_in = GradsInShards(sm)
             self.reducer.landed = self._landed
         self._build(ratio)
