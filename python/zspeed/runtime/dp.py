@@ -48,7 +48,7 @@ from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
 from .store import GradsInShards, ParamStore, flat_base, per_element, unit_ends
 
-__all__ = ["GradReducer", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
+__all__ = ["GradReducer", "ShardGrads", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
 
 
 class GradReducer:
@@ -293,7 +293,50 @@ class _ShardedSource:
         self.reducer.reset()
 
 
-class ShardedBuffers(HostBuffers):
+class ShardGrads:
+    """What host buffers over a parameter store do when its shards receive their gradients
+    (``grads_in``: a store.GradsInShards, or None for a separate gradient buffer). Subclasses
+    say which part of the store's local space they cover (:meth:`_shard_spans`) and set
+    ``_ends`` (store.unit_ends of their entries)."""
+
+    grads_in: GradsInShards | None = None
+    _stepping = False  # a step started since the gradients were taken (see _release_shard_grads)
+
+    def _shard_spans(self) -> list:
+        """(store group, local start, length) of each group of these buffers' layout."""
+        raise NotImplementedError
+
+    def _grad_buffers(self) -> tuple[list, list]:
+        if self.grads_in is None:
+            return super()._grad_buffers()
+        flats = [self.sm.flat[gi][b:b + n] for gi, b, n in self._shard_spans()]
+        return flats, [self.layout.views(f, i) for i, f in enumerate(flats)]
+
+    def use_masters(self, flats: list) -> None:
+        if self.grads_in is not None:
+            gis, bases, _ = zip(*self._shard_spans())
+            self.grads_in.use_masters(list(gis), flats, list(bases))
+
+    def step_started(self) -> None:
+        self._stepping = True
+
+    def abandoned(self) -> None:
+        if self.grads_in is not None:
+            self.grads_in.restore()
+
+    def chunk_stepped(self, keys: list) -> None:
+        if self.grads_in is not None:
+            self.grads_in.stepped(u for i, ei in keys if (u := self._ends[i][ei]) is not None)
+
+    def _release_shard_grads(self) -> None:
+        """Gradients no step read (an overflow skip) give way to the weights; a step under way (in
+        the background, with overlap_forward) turns them into the new weights itself."""
+        if self.grads_in is not None and self.grads_in.held and not self._stepping:
+            self.grads_in.restore()
+        self._stepping = False
+
+
+class ShardedBuffers(ShardGrads, HostBuffers):
     """offload.HostBuffers over a parameter store (see the module docstring): host buffers in
     this rank's local space, gradients reduce-scattered into them, new weights published by
     the store. What does not depend on the store (pinning, the gradient source's calls,
@@ -306,33 +349,14 @@ class ShardedBuffers(HostBuffers):
         self._pending_src = None
         # plan.grads_in_shards: the shards themselves receive the reduced gradients (store.GradsInShards)
         self.grads_in = GradsInShards(store) if grads_in_shards else None
-        self._stepping = False  # a step started since the gradients were taken (see release)
         super().__init__(store.local_layout, store.device, store.dtype, pin_memory, 0, flat_grads=True)
         if self.grads_in is not None:
             store.grads_in = self.grads_in
             self.reducer.landed = self.grads_in.land
             self._ends = unit_ends(self.entry_units())
 
-    def _grad_buffers(self) -> tuple[list, list]:
-        if self.grads_in is None:
-            return super()._grad_buffers()
-        flats = list(self.sm.flat)
-        return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]
-
-    def use_masters(self, flats: list) -> None:
-        if self.grads_in is not None:
-            self.grads_in.use_masters(list(range(len(flats))), flats, [0] * len(flats))
-
-    def step_started(self) -> None:
-        self._stepping = True
-
-    def abandoned(self) -> None:
-        if self.grads_in is not None:
-            self.grads_in.restore()
-
-    def chunk_stepped(self, keys: list) -> None:
-        if self.grads_in is not None:
-            self.grads_in.stepped(u for gi, ei in keys if (u := self._ends[gi][ei]) is not None)
+    def _shard_spans(self) -> list:
+        return [(gi, 0, f.numel()) for gi, f in enumerate(self.sm.flat)]
 
     def _gradient_source(self, bucket_elems: int):
         self.reducer = GradReducer(self.sm, self.flat_grads, **self._reducer_args)
@@ -351,11 +375,7 @@ class ShardedBuffers(HostBuffers):
         self._source.grads = views
 
     def release(self) -> None:
-        # Gradients no step reads (an overflow skip) give way to the weights; a step under way
-        # (in the background, with overlap_forward) turns them into the new weights itself.
-        if self.grads_in is not None and self.grads_in.held and not self._stepping:
-            self.grads_in.restore()
-        self._stepping = False
+        self._release_shard_grads()
         self.sm.drop_grads()
         self._source.reset()
 

@@ -40,7 +40,7 @@ import torch
 
 from .collectives import Collectives
 from .cpu import HostPath
-from .dp import GradReducer, ShardedBuffers, phased_step
+from .dp import GradReducer, ShardGrads, ShardedBuffers, phased_step
 from .layout import FlatLayout
 from .memory import Need
 from .offload import HostBuffers
@@ -231,17 +231,18 @@ class _Given:
         pass
 
 
-class HostShare(HostBuffers):
+class HostShare(ShardGrads, HostBuffers):
     """A host tier's buffers: units [lo, hi) of each group in ``gis`` (``spans``: the (lo, hi) of
     each). Gradients arrive from the store split's reducer; new weights are published unit by
-    unit through the store (dp.ShardedBuffers does the same for a whole local space)."""
+    unit through the store (dp.ShardedBuffers does the same for a whole local space); with
+    ``grads_in`` the gradients land in the shards (dp.ShardGrads)."""
 
     def __init__(self, sm: ParamStore, layout: FlatLayout, gis: list, spans: list, pin_memory: bool,
                  donor: "HostShare | None" = None, grads_in: GradsInShards | None = None):
         self.sm, self.gis, self.spans = sm, gis, spans
         # The gradients in the store's shards (store.GradsInShards; the CPU tier in host memory
         # only): the tier's gradient buffers are views of the shards.
-        self.grads_in, self._stepping = grads_in, False
+        self.grads_in = grads_in
         self._base = [_end(sm.plan.groups[gi], lo) for gi, (lo, _) in zip(gis, spans)]
         self._size = [_end(sm.plan.groups[gi], hi) - b for gi, (_, hi), b in zip(gis, spans, self._base)]
         self._pending_src = None
@@ -259,27 +260,8 @@ class HostShare(HostBuffers):
         if grads_in is not None:
             self._ends = unit_ends(self.entry_units())
 
-    def _grad_buffers(self) -> tuple[list, list]:
-        if self.grads_in is None:
-            return super()._grad_buffers()
-        flats = [self.sm.flat[gi][b:b + n] for gi, b, n in zip(self.gis, self._base, self._size)]
-        return flats, [self.layout.views(f, i) for i, f in enumerate(flats)]
-
-    # The gradients in the shards (dp.ShardedBuffers does the same over a whole local space).
-    def use_masters(self, flats: list) -> None:
-        if self.grads_in is not None:
-            self.grads_in.use_masters(self.gis, flats, self._base)
-
-    def step_started(self) -> None:
-        self._stepping = True
-
-    def abandoned(self) -> None:
-        if self.grads_in is not None:
-            self.grads_in.restore()
-
-    def chunk_stepped(self, keys: list) -> None:
-        if self.grads_in is not None:
-            self.grads_in.stepped(u for i, ei in keys if (u := self._ends[i][ei]) is not None)
+    def _shard_spans(self) -> list:
+        return list(zip(self.gis, self._base, self._size))
 
     def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
         d = self._donor
@@ -313,11 +295,7 @@ class HostShare(HostBuffers):
         return [[(gi, ui) for ui in units[gi] if lo <= ui < hi] for gi, (lo, hi) in zip(self.gis, self.spans)]
 
     def release(self) -> None:
-        # The store split drops the model's gradients and resets the reducer; gradients in the
-        # shards that no step reads (an overflow skip) give way to the weights.
-        if self.grads_in is not None and self.grads_in.held and not self._stepping:
-            self.grads_in.restore()
-        self._stepping = False
+        self._release_shard_grads()  # (the store split drops the model's gradients and resets the reducer)
 
     def _bases(self, src: list | None) -> list | None:
         """Per group, the flat buffer the path's weight views ``src`` are views of (None where the
