@@ -258,3 +258,20 @@ def test_fp32_inputs_to_an_fp16_model_name_auto_cast():
     e, *_ = zspeed.initialize(model=mlp(), config=cfg(bf16={"enabled": True}))
     with pytest.raises(ConfigError, match="bfloat16"):
         e(x)
+
+
+def test_an_empty_save_dir_and_an_odd_allgather_bucket_are_refused_as_in_deepspeed(tmp_path, monkeypatch):
+    """DeepSpeed's save_checkpoint raises ValueError for an empty save_dir (else the checkpoint
+    lands in the working directory), and its stage 1-2 optimizer requires an even
+    allgather_bucket_size (stage 3 does not check it)."""
+    e = zspeed.initialize(model=mlp(), config=cfg(zero_optimization={"stage": 2}))[0]
+    monkeypatch.chdir(tmp_path)
+    for bad in ("", None):
+        with pytest.raises(ValueError, match="save_dir must be a non-empty string"):
+            e.save_checkpoint(bad)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    for stage in (1, 2):
+        c = cfg(zero_optimization={"stage": stage, "allgather_bucket_size": 1001})
+        with pytest.raises(ConfigError, match=r"allgather_bucket_size = 1001 must be a multiple of 2.*1002"):
+            zspeed.initialize(model=mlp(), config=c)
+    zspeed.initialize(model=mlp(), config=cfg(zero_optimization={"stage": 3, "allgather_bucket_size": 1001}))

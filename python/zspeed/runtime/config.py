@@ -296,7 +296,8 @@ SCHEMA: dict[str, S] = {
         "reduce_bucket_size": K(500000000, NUM, "elements per reduction bucket (capped at 2^24; stage 3 reduces each parameter on its own)", auto=AUTO_DEFAULT,
                                 check=_count),
         "allgather_partitions": K(True, (bool,), "accepted: updated weights are always all-gathered"),
-        "allgather_bucket_size": K(500000000, NUM, "accepted: all-gathers follow the reduction buckets",
+        "allgather_bucket_size": K(500000000, NUM, "accepted: all-gathers follow the reduction buckets (stages "
+                                   "1-2: must be even, as DeepSpeed requires)",
                                    auto=AUTO_DEFAULT, check=_count),
         "round_robin_gradients": K(False, (bool,), "accepted (no effect)"),
         "load_from_fp32_weights": K(True, (bool,), "restore masters from fp32 copies in checkpoints"),
@@ -889,6 +890,11 @@ class ZSpeedConfig:
                               "zspeed does not have; use \"bf16\": {\"enabled\": true} (or fp16), which runs "
                               "the model in that dtype with fp32 master weights, or set torch_autocast.enabled "
                               "to false.")
+        agb = self.zero["allgather_bucket_size"]
+        if self.zero_stage in (1, 2) and float(agb) % 2 != 0:  # DeepSpeed's stage 1-2 optimizer asserts this
+            raise ConfigError(f"zero_optimization.allgather_bucket_size = {agb!r} must be a multiple of 2 at ZeRO "
+                              f"stages 1-2 (DeepSpeed aligns its all-gather buffers to 4 bytes of fp16 elements); "
+                              f"use an even count such as {2 * -(-int(float(agb)) // 2)}, or remove the key.")
         model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
         pdt = self.data_types["param_dtype"]
         if pdt is not None and _DTYPE_NAMES[pdt.lower()] != model:

@@ -595,6 +595,9 @@ class ZSpeedEngine(torch.nn.Module):
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> bool:
         from .checkpoint import save_checkpoint
+        if not save_dir:  # as DeepSpeed: "" would write into the working directory unnoticed
+            raise ValueError(f"save_checkpoint: save_dir must be a non-empty string (the folder to write the "
+                             f"checkpoint into), got {save_dir!r}")
         self._check_open()
         with self._collectives("save_checkpoint"):
             self._settle()  # a step that stopped partway or runs in the background completes first
