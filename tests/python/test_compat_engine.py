@@ -275,3 +275,39 @@ def test_an_empty_save_dir_and_an_odd_allgather_bucket_are_refused_as_in_deepspe
         with pytest.raises(ConfigError, match=r"allgather_bucket_size = 1001 must be a multiple of 2.*1002"):
             zspeed.initialize(model=mlp(), config=c)
     zspeed.initialize(model=mlp(), config=cfg(zero_optimization={"stage": 3, "allgather_bucket_size": 1001}))
+
+
+class _WithUnused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.used, self.unused = torch.nn.Linear(13, 5), torch.nn.Linear(13, 5)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_ignore_unused_parameters_false_refuses_a_step_with_unused_parameters(ignore):
+    """DeepSpeed's stage 1-2 CPU offload asserts when a trained parameter got no gradient and
+    zero_optimization.ignore_unused_parameters is false; with true (the default) it steps."""
+    c = cfg(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"},
+                               "ignore_unused_parameters": ignore})
+    e = zspeed.initialize(model=_WithUnused(), config=c)[0]
+    x, y = batches(1)[0]
+    before = _params(e)
+    e.backward(F.mse_loss(e(x), y))
+    if ignore:
+        e.step()
+        assert not torch.equal(_params(e)[0], before[0])
+        return
+    with pytest.raises(AssertionError, match=r"ignore_unused_parameters is false and 2 trained parameter\(s\) "
+                                             r"got no gradient in this step: unused.weight, unused.bias"):
+        e.step()
+    assert all(torch.equal(a, b) for a, b in zip(_params(e), before))  # nothing stepped
+    # Stage 3, or no offload: DeepSpeed does not check there, nor does zspeed.
+    for z in ({"stage": 3, "ignore_unused_parameters": False},
+              {"stage": 2, "ignore_unused_parameters": False}):
+        e = zspeed.initialize(model=_WithUnused(), config=cfg(zero_optimization=z))[0]
+        e.backward(F.mse_loss(e(x), y))
+        e.step()

@@ -302,7 +302,9 @@ SCHEMA: dict[str, S] = {
         "round_robin_gradients": K(False, (bool,), "accepted (no effect)"),
         "load_from_fp32_weights": K(True, (bool,), "restore masters from fp32 copies in checkpoints"),
         "elastic_checkpoint": K(False, (bool,), "accepted (no effect)"),
-        "ignore_unused_parameters": K(True, (bool,), "tolerate parameters without gradients"),
+        "ignore_unused_parameters": K(True, (bool,), "true: trained parameters without a gradient step with zero "
+                                      "gradients; false: at stages 1-2 with offload_optimizer cpu such a step raises "
+                                      "an AssertionError naming them (as DeepSpeed; elsewhere no check, as there)"),
         "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group (cpu: step chunk, capped at 2^26; nvme: swapper partition, capped at 2^23)", auto=AUTO_DEFAULT, check=_count),
         "stage3_max_live_parameters": K(1000000000, NUM, "stage 3: elements gathered on the device at most "
                                         "before prefetching stops (a module's own parameters are always gathered)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),

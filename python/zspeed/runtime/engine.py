@@ -37,6 +37,7 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
+from .errors import UnusedParametersError
 from .assemble import client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
 from .device import pick_device
 from .collectives import for_plan
@@ -195,6 +196,15 @@ class ZSpeedEngine(torch.nn.Module):
         self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
+        # zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload,
+        # a step whose trained parameters did not all get a gradient is refused (see _decide_step).
+        self._got_grad = None
+        if not config.zero["ignore_unused_parameters"] and self.plan.stage in (1, 2) and \
+                config.offload_device == "cpu":
+            got = self._got_grad = set()
+            for p in self.module.parameters():
+                if p.requires_grad:
+                    self._path_hooks.append(p.register_post_accumulate_grad_hook(lambda q: got.add(id(q))))
         # module.state_dict() (what exports and EMA copies read) sees the finished step.
         self._path_hooks.append(self.module.register_state_dict_pre_hook(_SettleFirst(self)))
         guard_copies(self.module, _before_copy(weakref.ref(self)))  # EMA copies see the finished step
@@ -561,6 +571,8 @@ class ZSpeedEngine(torch.nn.Module):
         # With several ranks the gradients are sums over the ranks: the mean (gradient_allreduce_op
         # "mean") is folded into the factor, and every rank adds up the statistics of its part.
         inv_scale = 1.0 / self.loss_scaler.loss_scale / self.plan.grad_divisor
+        if self._got_grad is not None:
+            self._check_all_used()
         self._sync.grads()  # stage 0 on several ranks: every gradient summed over the ranks
         with self._trace.span("gather gradients"):
             path.gather()
@@ -582,6 +594,19 @@ class ZSpeedEngine(torch.nn.Module):
         if self._clip > 0 and norm > self._clip:
             coef = self._clip / (norm + 1e-6)
         return inv_scale * coef
+
+    def _check_all_used(self) -> None:
+        """ignore_unused_parameters false: every trained parameter got a gradient since the last
+        step, else UnusedParametersError before anything is stepped."""
+        got = self._got_grad  # (the set the hooks fill)
+        missing = [n for n, p in self.module.named_parameters() if p.requires_grad and id(p) not in got]
+        if missing:
+            raise UnusedParametersError(
+                f"zero_optimization.ignore_unused_parameters is false and {len(missing)} trained parameter(s) got "
+                f"no gradient in this step: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. Set "
+                f"ignore_unused_parameters true (the default: they step with zero gradients), make every trained "
+                f"parameter take part in the loss, or freeze them (requires_grad=False).")
+        got.clear()
 
     def _count_step(self) -> None:
         self.global_steps += 1
