@@ -15,7 +15,7 @@ from ._version import __git_branch__, __git_hash__, __version__
 from ._native import NativeError, ZSpeedError
 
 __all__ = ["__version__", "ZSpeedError", "NativeError", "initialize", "add_config_arguments",
-           "init_distributed", "init_inference", "ConfigError", "ZSpeedEngine", "DeepSpeedEngine", "get_accelerator"]
+           "init_distributed", "init_inference", "ConfigError", "DeepSpeedConfigError", "ZSpeedEngine", "DeepSpeedEngine", "get_accelerator"]
 
 version = __version__
 __version_major__, __version_minor__, __version_patch__ = (int(x) for x in __version__.split(".")[:3])
@@ -67,7 +67,7 @@ _PLAIN_SUBMODULES = ("utils", "ops", "pipe", "moe", "checkpoint", "runtime")
 
 
 def __getattr__(name):
-    if name == "ConfigError":
+    if name in ("ConfigError", "DeepSpeedConfigError"):  # the latter: DeepSpeed's name of its config error
         from .runtime.config import ConfigError
         return ConfigError
     if name in _TORCH_SUBMODULES:

@@ -329,7 +329,7 @@ def attempt(what, fn):
         fn()
         print(json.dumps([what, None]), flush=True)
     except CheckpointError as x:
-        print(json.dumps([what, str(x)]), flush=True)
+        print(json.dumps([what, str(x), isinstance(x, AssertionError)]), flush=True)
 
 # a client_state that cannot be stored (rank 0 saves it): refused before anything is written
 attempt("client", lambda: e.save_checkpoint(root, tag="b", client_state={{"x": object()}} if rank == 0 else {{}}))
@@ -382,6 +382,7 @@ def test_failures_during_save_and_load_fail_every_rank_and_change_nothing(tmp_pa
         # the previous checkpoint and `latest` are intact, nothing of the failed saves is visible
         assert g["after"] == [[".zspeed-lock", "a", "latest", "nvme"], "a"]
         assert "rank 1 asked for tag 'c1', rank 0 for 'c0'" in g["tags"][0]
+        assert g["tags"][1] is True  # an AssertionError too, as DeepSpeed's tag_validation "Fail" raises
         assert "rank 1 found no checkpoint" in g["differ"][0] and "Nothing was loaded" in g["differ"][0]
         assert "failed on rank 1 of 2" in g["corrupt"][0] and "optim.rank1.safetensors' is corrupt" in g["corrupt"][0]
         assert g["unchanged"] == [True]

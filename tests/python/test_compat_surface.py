@@ -321,3 +321,13 @@ def test_async_pwrite_fd_keyword(tmp_path):
         h.close()
     back = np.fromfile(tmp_path / "fd.bin", dtype=np.float32)
     assert np.array_equal(back, x.numpy())
+
+
+def test_deepspeed_config_error_is_the_config_error():
+    """deepspeed.DeepSpeedConfigError (what DeepSpeed's scripts and tests catch) is zspeed's
+    ConfigError, raised for an invalid config such as an unknown tag_validation mode."""
+    import zspeed
+    from zspeed.runtime.config import ConfigError, parse_config
+    assert zspeed.DeepSpeedConfigError is ConfigError and "DeepSpeedConfigError" in zspeed.__all__
+    with pytest.raises(zspeed.DeepSpeedConfigError, match="tag_validation"):
+        parse_config({"train_batch_size": 2, "checkpoint": {"tag_validation": "foo"}}, world_size=1)

@@ -64,8 +64,8 @@ import torch
 from .._version import __version__
 from .store import full_numel, per_element
 from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, CheckpointError, CheckpointReader, Deferred,
-                               SaveTransaction, StagingWriter, _Dir, _oserror, json_depth, open_for_load,
-                               validate_tag)
+                               SaveTransaction, StagingWriter, TagMismatchError, _Dir, _oserror, json_depth,
+                               open_for_load, validate_tag)
 from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
                                 piece_key, raise_failed, saved_world_size)
 from .loss_scaler import check_state_dict as _check_scaler_state
@@ -364,8 +364,8 @@ def save_checkpoint(ck, save_dir, tag=None, client_state: dict | None = None, sa
         tags = [o[1] for o in opened]
         if any(t != tags[0] for t in tags):
             r = next(r for r, t in enumerate(tags) if t != tags[0])
-            raise CheckpointError(f"{doing}: rank {r} asked for tag {tags[r]!r}, rank 0 for {tags[0]!r}; every rank "
-                                  f"must save the same tag (or leave it to the default, global_step<N>).")
+            raise TagMismatchError(f"{doing}: rank {r} asked for tag {tags[r]!r}, rank 0 for {tags[0]!r}; every rank "
+                                   f"must save the same tag (or leave it to the default, global_step<N>).")
         _, _, staging, owner, save_id = opened[0]
 
         entries = {}

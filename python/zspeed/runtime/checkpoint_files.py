@@ -70,7 +70,7 @@ from .._native import ZSpeedError
 
 log = logging.getLogger("zspeed.checkpoint")
 
-__all__ = ["CheckpointError", "validate_tag", "SaveTransaction", "StagingWriter", "CheckpointReader",
+__all__ = ["CheckpointError", "TagMismatchError", "validate_tag", "SaveTransaction", "StagingWriter", "CheckpointReader",
            "Deferred", "open_for_load", "write_file_atomic", "MANIFEST", "MAX_TAG_BYTES"]
 
 FORMAT = "zspeed-checkpoint-2"
@@ -98,6 +98,11 @@ _write = os.write
 
 class CheckpointError(ZSpeedError, RuntimeError):
     """A checkpoint cannot be written or is incomplete, corrupt or incompatible."""
+
+
+class TagMismatchError(CheckpointError, AssertionError):
+    """Ranks asked to save under different tags (an AssertionError too, as DeepSpeed's
+    checkpoint.tag_validation "Fail" raises; zspeed refuses it in every mode: docs/COMPAT.md)."""
 
 
 def _crash_point(what: str) -> None:
