@@ -730,6 +730,10 @@ def parse_precision(config: Any) -> str:
     return _model_dtype(fp16, bf16)
 
 
+# Stages whose allgather_bucket_size must be even: DeepSpeed's stage 1-2 optimizer asserts it.
+_EVEN_ALLGATHER = {1: True, 2: True}
+
+
 class ZSpeedConfig:
     """A validated DeepSpeed config with every default filled in.
 
@@ -893,7 +897,8 @@ class ZSpeedConfig:
                               "the model in that dtype with fp32 master weights, or set torch_autocast.enabled "
                               "to false.")
         agb = self.zero["allgather_bucket_size"]
-        if self.zero_stage in (1, 2) and float(agb) % 2 != 0:  # DeepSpeed's stage 1-2 optimizer asserts this
+        even = _EVEN_ALLGATHER.get(self.zero_stage, False)
+        if even and float(agb) % 2 != 0:
             raise ConfigError(f"zero_optimization.allgather_bucket_size = {agb!r} must be a multiple of 2 at ZeRO "
                               f"stages 1-2 (DeepSpeed aligns its all-gather buffers to 4 bytes of fp16 elements); "
                               f"use an even count such as {2 * -(-int(float(agb)) // 2)}, or remove the key.")

@@ -199,8 +199,7 @@ class ZSpeedEngine(torch.nn.Module):
         # zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload,
         # a step whose trained parameters did not all get a gradient is refused (see _decide_step).
         self._got_grad = None
-        if not config.zero["ignore_unused_parameters"] and self.plan.stage in (1, 2) and \
-                config.offload_device == "cpu":
+        if self.plan.check_unused:
             got = self._got_grad = set()
             for p in self.module.parameters():
                 if p.requires_grad:

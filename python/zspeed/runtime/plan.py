@@ -265,6 +265,7 @@ class RunPlan:
     cpu_tier: str = "host"        # where a split's non-GPU share keeps its masters and state: "host" | "nvme"
     host_elems: int = 0           # with cpu_tier "nvme": elements of that share kept in host memory (max_in_cpu)
     grads_in_shards: bool = False  # the reduced gradients land in the host parameter shards (no gradient buffer)
+    check_unused: bool = False    # a step whose trained parameters did not all get a gradient raises
 
     @property
     def sharded(self) -> bool:
@@ -303,7 +304,9 @@ class RunPlan:
                    pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
                    shard_degree=_SHARD_DEGREE[store](world_size),
                    grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]],
-                   grads_in_shards=_grads_in_shards(config, store, param_medium, dtype, off))
+                   grads_in_shards=_grads_in_shards(config, store, param_medium, dtype, off),
+                   check_unused=not config.zero["ignore_unused_parameters"]
+                   and _CHECKS_UNUSED.get((stage, config.offload_device), False))
 
 
 def _grads_in_shards(config, store: str, medium: str, dtype: torch.dtype, off: dict) -> bool:
@@ -332,3 +335,5 @@ _OPTIMIZER = {("none", False): "device", ("none", True): "device", ("cpu", False
 _CPU_TIER = {"none": "host", "cpu": "host", "nvme": "nvme"}   # offload_optimizer.device -> a split's other tier
 _TIMING = {(True, False): "delayed", (True, True): "delayed", (False, True): "overlap", (False, False): "sync"}
 _UNIT = {"partitioned": 1}   # ZeRO-3: one parameter per unit; otherwise units of a bucket
+# ignore_unused_parameters false is checked where DeepSpeed checks it: its stage 1-2 CPU offload.
+_CHECKS_UNUSED = {(1, "cpu"): True, (2, "cpu"): True}
