@@ -37,6 +37,7 @@ overlap with the GPU's work here).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -46,7 +47,7 @@ from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
-from .store import GradsInShards, ParamStore, flat_base, per_element, unit_ends
+from .store import GradsInShards, ParamStore, flat_base, per_element
 
 __all__ = ["GradReducer", "ShardGrads", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
 
@@ -296,8 +297,8 @@ class _ShardedSource:
 class ShardGrads:
     """What host buffers over a parameter store do when its shards receive their gradients
     (``grads_in``: a store.GradsInShards, or None for a separate gradient buffer). Subclasses
-    say which part of the store's local space they cover (:meth:`_shard_spans`) and set
-    ``_ends`` (store.unit_ends of their entries)."""
+    say which part of the store's local space they cover (:meth:`_shard_spans`) and which unit
+    each entry of their layout lies in (``entry_units()``)."""
 
     grads_in: GradsInShards | None = None
     _stepping = False  # a step started since the gradients were taken (see _release_shard_grads)
@@ -323,6 +324,12 @@ class ShardGrads:
     def abandoned(self) -> None:
         if self.grads_in is not None:
             self.grads_in.restore()
+
+    @functools.cached_property
+    def _ends(self) -> list:
+        """Per group, per entry: its (store group, unit) if it is that unit's last entry, else None."""
+        return [[u if i + 1 == len(row) or row[i + 1] != u else None for i, u in enumerate(row)]
+                for row in self.entry_units()]
 
     def chunk_stepped(self, keys: list) -> None:
         if self.grads_in is not None:
@@ -353,7 +360,6 @@ class ShardedBuffers(ShardGrads, HostBuffers):
         if self.grads_in is not None:
             store.grads_in = self.grads_in
             self.reducer.landed = self.grads_in.land
-            self._ends = unit_ends(self.entry_units())
 
     def _shard_spans(self) -> list:
         return [(gi, 0, f.numel()) for gi, f in enumerate(self.sm.flat)]

@@ -47,7 +47,7 @@ from .offload import HostBuffers
 from .optimizers import build_device_optimizer, convert_adam_state, norms_stats, torch_grad_stats
 from .paths import OptimizerPath, copy_masters, indexed_groups
 from .split import AutoSplit, TwoHalves
-from .store import GradsInShards, ParamStore, flat_base, unit_ends
+from .store import GradsInShards, ParamStore, flat_base
 from .streams import streams_for
 
 log = logging.getLogger("zspeed.split")
@@ -257,8 +257,6 @@ class HostShare(ShardGrads, HostBuffers):
             self._pinned_ptrs.extend(donor._pinned_ptrs)
             donor._pinned_ptrs.clear()
             self._pinned_any = donor._pinned_any
-        if grads_in is not None:
-            self._ends = unit_ends(self.entry_units())
 
     def _shard_spans(self) -> list:
         return list(zip(self.gis, self._base, self._size))

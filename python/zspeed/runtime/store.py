@@ -39,8 +39,8 @@ from .hostmem import alloc_host, pin_filled, unpin
 from .layout import FlatLayout
 from .partition import PartitionPlan
 
-__all__ = ["ParamStore", "ShardedStore", "PartitionedStore", "GradsInShards", "unit_ends", "full_numel",
-           "full_shape", "flat_base"]
+__all__ = ["ParamStore", "ShardedStore", "PartitionedStore", "GradsInShards", "full_numel", "full_shape",
+           "flat_base"]
 
 
 def full_numel(p: torch.Tensor) -> int:
@@ -393,13 +393,6 @@ class GradsInShards:
             for gi, ui in sorted(self.held):
                 self.store.shard(gi, ui).copy_(self._masters(gi, ui))
         self.held.clear()
-
-
-def unit_ends(entry_units: list) -> list:
-    """Per group, per entry of a local space (``entry_units``: its (group, unit) per entry, in
-    order): the unit if the entry is that unit's last, else None."""
-    return [[u if i + 1 == len(row) or row[i + 1] != u else None for i, u in enumerate(row)]
-            for row in entry_units]
 
 
 def shard_source(p: torch.Tensor, pc, plan: PartitionPlan, gp) -> torch.Tensor:
