@@ -488,6 +488,9 @@ class ShardedDevicePath(OptimizerPath):
     def grad_stats(self, scale: float) -> tuple[float, bool]:
         return torch_grad_stats(self._gflat, scale)
 
+    def grad_rows(self, create: tuple | None = None) -> list:
+        return [self.layout.views(g, gi) for gi, g in enumerate(self._gflat)]
+
     def apply(self, factor: float) -> None:
         # Called again after it raised: each phase that ran is not repeated (the all-gather is).
         phased_step(self, factor)

@@ -37,7 +37,8 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, parse_config
-from .errors import UnusedParametersError
+from .errors import FragmentError, UnusedParametersError
+from .fragments import attach as attach_fragments
 from .assemble import client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
 from .device import pick_device
 from .collectives import for_plan
@@ -129,6 +130,10 @@ class ZSpeedEngine(torch.nn.Module):
         self._skip_nonfinite = config.fp16_enabled or bool(config.bf16["check_grad_overflow"])
         self._clip = config.gradient_clipping
         self._gas = config.gradient_accumulation_steps
+        # The tensor-fragment API (fragments.py): a boundary's backward has run since the last step,
+        # and its gradients were already collected where the step reads them.
+        self._boundary_grads = False
+        self._grads_gathered = False
 
         groups = self._param_groups(model_parameters, optimizer)
         self._names = self._param_names(groups)
@@ -196,6 +201,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
+        attach_fragments(self, [p for ps in self._model_params for p in ps])
         # zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload,
         # a step whose trained parameters did not all get a gradient is refused (see _decide_step).
         self._got_grad = None
@@ -450,6 +456,7 @@ class ZSpeedEngine(torch.nn.Module):
             raise ValueError("engine.backward(loss) needs the scalar loss tensor of the micro-batch")
         self._check_open()
         self._refuse_if_unfinished("engine.backward()")
+        self._refuse_if_collected("engine.backward()")
         if scale_wrt_gas and self._gas > 1:
             loss = loss / self._gas
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
@@ -461,6 +468,7 @@ class ZSpeedEngine(torch.nn.Module):
             with self._collectives("backward"), self._trace.span("backward"):
                 scaled.backward(retain_graph=retain_graph)
             failed = False
+            self._boundary_grads = self.is_gradient_accumulation_boundary()
         finally:
             self._in_engine_backward = False
             try:
@@ -480,6 +488,7 @@ class ZSpeedEngine(torch.nn.Module):
         engine.backward does before autograd runs, and its end queued after it."""
         self._check_open()
         self._refuse_if_unfinished("loss.backward()")
+        self._refuse_if_collected("loss.backward()")
         self._direct_backward_active = True
         self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
         torch.autograd.Variable._execution_engine.queue_callback(self._end_direct_backward)
@@ -487,6 +496,7 @@ class ZSpeedEngine(torch.nn.Module):
     def _end_direct_backward(self) -> None:
         self._direct_backward_active = False
         self._loss_scaled_by_script = False
+        self._boundary_grads = self.is_gradient_accumulation_boundary()
         self.optimizer_path.after_backward()
         if self._fetcher is not None:
             self._fetcher.release_all()
@@ -497,6 +507,33 @@ class ZSpeedEngine(torch.nn.Module):
                 f"{what}: optimizer step {self.global_steps + 1} stopped partway ({self._unfinished_error}); the "
                 f"gradients it reads must not be overwritten. Call engine.step() again to complete it (each "
                 f"parameter is stepped once), or engine.load_checkpoint(...) to return to a saved state.")
+
+    def _refuse_if_collected(self, what: str) -> None:
+        if self._grads_gathered:
+            raise FragmentError(
+                f"{what}: this step's gradients were already read or set through the tensor-fragment API "
+                f"(safe_get_full_grad / safe_set_full_grad ...), which collects them where the step reads them; "
+                f"call engine.step() before the next backward.")
+
+    def _grads_for_fragments(self, what: str) -> None:
+        """The boundary's gradients collected where the step reads them (what the step does first),
+        for the tensor-fragment API; refused outside backward..step."""
+        self._check_open()
+        self._refuse_if_unfinished(what)
+        if not self._boundary_grads:
+            raise FragmentError(
+                f"{what}: gradients are readable after the backward of an accumulation boundary (micro-batch "
+                f"{self._gas} of {self._gas}) and before engine.step(); there is none now (no backward since the "
+                f"last step, or the accumulation is not at its boundary).")
+        if not self._grads_gathered:
+            with self._collectives(what):
+                self._collect_grads()
+
+    def _collect_grads(self) -> None:
+        self._sync.grads()  # stage 0 on several ranks: every gradient summed over the ranks
+        with self._trace.span("gather gradients"):
+            self.optimizer_path.gather()
+        self._grads_gathered = True
 
     def _settle(self) -> None:
         """Completes the optimizer step under way before anything reads the weights or the state:
@@ -547,6 +584,7 @@ class ZSpeedEngine(torch.nn.Module):
             factor = self._decide_step()
             if factor is None:  # overflow: skipped
                 path.release()
+                self._step_over()
                 self._count_step()
                 return
             self._unfinished = factor
@@ -560,8 +598,12 @@ class ZSpeedEngine(torch.nn.Module):
         if self.lr_scheduler is not None:
             self.lr_scheduler.step(**(lr_kwargs or {}))
         path.release()
+        self._step_over()
         self._count_step()
         path.step_done()
+
+    def _step_over(self) -> None:
+        self._boundary_grads = self._grads_gathered = False
 
     def _decide_step(self) -> float | None:
         """Gathers the boundary's gradients and their statistics; None for a skipped step (fp16
@@ -572,9 +614,8 @@ class ZSpeedEngine(torch.nn.Module):
         inv_scale = 1.0 / self.loss_scaler.loss_scale / self.plan.grad_divisor
         if self._got_grad is not None:
             self._check_all_used()
-        self._sync.grads()  # stage 0 on several ranks: every gradient summed over the ranks
-        with self._trace.span("gather gradients"):
-            path.gather()
+        if not self._grads_gathered:  # (else the tensor-fragment API collected them)
+            self._collect_grads()
         with self._trace.span("gradient statistics"):
             sumsq, nonfinite = path.grad_stats(inv_scale)
         sumsq, nonfinite = self._sync.stats(sumsq, nonfinite)  # each rank's part added up
@@ -646,6 +687,7 @@ class ZSpeedEngine(torch.nn.Module):
             log.warning("zspeed: load_checkpoint discards an optimizer step that stopped partway.")
             self.optimizer_path.abandon_step()
             self.optimizer_path.release()
+            self._step_over()
             self._unfinished = None
         self.optimizer_path.flush()
         sm = self.optimizer_path.sharded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "UnusedParametersError"]
+__all__ = ["ConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError"]
 
 
 class ConfigError(ZSpeedError, ValueError):
@@ -14,3 +14,14 @@ class ConfigError(ZSpeedError, ValueError):
 class UnusedParametersError(ZSpeedError, AssertionError):
     """zero_optimization.ignore_unused_parameters is false and trained parameters got no gradient
     (an AssertionError, as DeepSpeed raises there)."""
+
+
+class FragmentError(ZSpeedError, ValueError):
+    """A tensor-fragment call (zspeed.utils.safe_get_full_grad and its siblings) that cannot be
+    served: a value of the wrong size, a state the optimizer does not keep, gradients read
+    outside backward..step."""
+
+
+class NotPartitionedError(FragmentError, AssertionError):
+    """A safe_*_local_* call on a parameter that ZeRO-3 does not partition (an AssertionError,
+    as DeepSpeed raises there)."""

@@ -214,6 +214,7 @@ class OffloadedPath(OptimizerPath):
         super().__init__(layout)
         self.buffers = buffers
         self._grads: list | None = None
+        self._edited = False  # the tensor-fragment API wrote into the gathered gradients
 
     @property
     def pinned(self) -> bool:
@@ -229,7 +230,15 @@ class OffloadedPath(OptimizerPath):
         self._grads = self.buffers.gather()
 
     def grad_stats(self, scale: float) -> tuple[float, bool]:
+        if self._edited:  # (norms taken on the device while copying are of the old values)
+            return self._host_grad_stats([g for row in self._grads for g in row], scale)
         return self.buffers.grad_stats(self._grads, scale, self._host_grad_stats)
+
+    def grad_rows(self, create: tuple | None = None) -> list:
+        return self._grads  # (every entry has one: zeros where backward left none)
+
+    def grads_edited(self) -> None:
+        self._edited = True
 
     @abc.abstractmethod
     def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
@@ -237,6 +246,7 @@ class OffloadedPath(OptimizerPath):
 
     def release(self) -> None:
         self._grads = None
+        self._edited = False
         self.buffers.release()
 
 

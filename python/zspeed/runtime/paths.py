@@ -13,6 +13,10 @@ few calls, so its step algorithm does not depend on where the optimizer runs:
                               factor, then the updated weights written into the model
   release()                   drop the step's gradients (after apply or a skipped step)
   masters() / load_masters()  the fp32 masters, for checkpoints
+  grad_rows() / grads_edited()
+                              after gather(), the gradients the step reads, per entry of
+                              masters()'s rows, and the note that they were written
+                              (the tensor-fragment API, fragments.py)
   param_states() / state_dict_from()
                               the optimizer state per parameter of the path's layout
                               and back, for checkpoints of several ranks (whose
@@ -108,6 +112,17 @@ class OptimizerPath(abc.ABC):
     def load_masters(self, masters: list) -> None:
         """Replaces every fp32 master (per group, per parameter tensors shaped like the
         parameters) and refreshes the model's weights from them."""
+
+    def grad_rows(self, create: tuple | None = None) -> list:
+        """After gather(): per group, per entry of :meth:`masters`' rows, the gradient tensor the
+        step reads (written in place by the tensor-fragment API), or None for a parameter without
+        one this step; ``create=(group, entry)``: that entry gets a zero gradient first, which the
+        step then applies."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its gradients")
+
+    def grads_edited(self) -> None:
+        """grad_rows()' tensors were written: statistics taken earlier (on the device, while the
+        gradients were copied) are stale."""
 
     @property
     def sharded(self):
@@ -230,6 +245,27 @@ class DevicePath(OptimizerPath):
     def grad_stats(self, scale: float) -> tuple[float, bool]:
         return torch_grad_stats(self._grads, scale)
 
+    def grad_rows(self, create: tuple | None = None) -> list:
+        rows = []
+        for gi, (ps, ms) in enumerate(zip(self.layout.params, self._masters)):
+            row = []
+            for pi, (p, m) in enumerate(zip(ps, ms)):
+                g = self._held_grad(p, m)
+                if g is None and create == (gi, pi):
+                    g = self._new_grad(p, m)
+                    self._grads.append(g)
+                row.append(g)
+            rows.append(row)
+        return rows
+
+    def _held_grad(self, p, m):
+        """After gather(): the gradient the optimizer reads for parameter p (master m), or None."""
+        return p.grad
+
+    def _new_grad(self, p, m):
+        p.grad = torch.zeros_like(p)
+        return p.grad
+
     def apply(self, factor: float) -> None:
         # Called again after it raised: the gradients are scaled once.
         if factor != 1.0 and self._grads and not self._scaled:
@@ -273,6 +309,13 @@ class DeviceMasterPath(DevicePath):
 
     def _grad_of(self, p, m):
         m.grad = p.grad.detach().float()
+        return m.grad
+
+    def _held_grad(self, p, m):
+        return m.grad
+
+    def _new_grad(self, p, m):
+        m.grad = torch.zeros_like(m)
         return m.grad
 
     def gather(self) -> None:

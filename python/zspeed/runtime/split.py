@@ -448,6 +448,15 @@ class SplitPath(TwoHalves):
         got = {"dev": self.dev.masters() if self.dev else None, "cpu": self.cpu.masters() if self.cpu else None}
         return [[got[s][sg][i] for s, sg, i in row] for row in self.where]
 
+    def grad_rows(self, create: tuple | None = None) -> list:
+        made = self.where[create[0]][create[1]] if create is not None else None
+        got = {s: self._half(s).grad_rows(create=made[1:] if made and made[0] == s else None)
+               for s in ("dev", "cpu") if self._half(s)}
+        return [[got[s][sg][i] for s, sg, i in row] for row in self.where]
+
+    def grads_edited(self) -> None:
+        self._each("grads_edited")
+
     def load_masters(self, masters: list) -> None:
         parts = {"dev": [[None] * len(g) for g in self.dev.layout.params] if self.dev else None,
                  "cpu": [[None] * len(g) for g in self.cpu.layout.params] if self.cpu else None}

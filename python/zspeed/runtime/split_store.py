@@ -123,6 +123,9 @@ class DeviceShare(OptimizerPath):
     def grad_stats(self, scale: float) -> tuple[float, bool]:
         return torch_grad_stats(self._gflat, scale)
 
+    def grad_rows(self, create: tuple | None = None) -> list:
+        return [self.layout.views(g, i) for i, g in enumerate(self._gflat)]
+
     def gather(self) -> None:
         pass  # the store split's reducer put the gradients in place
 
@@ -371,6 +374,7 @@ class StoreSplitPath(TwoHalves):
                                                host_elems=int(host_elems)), auto)
         self.sm = sm
         self.comm = comm
+        self._edited = False  # the tensor-fragment API wrote gradients (the reducer's norms are stale)
         self.reducer = GradReducer(sm, None, stage=stage, overlap=reduce_overlap, comm=comm, comm_dtype=comm_dtype)
         self.reducer.dest_of = self._dest_of
         # plan.grads_in_shards (the plan allows it only for a CPU tier wholly in host memory): the
@@ -560,7 +564,7 @@ class StoreSplitPath(TwoHalves):
 
     def grad_stats(self, scale: float) -> tuple[float, bool]:
         """Over every half at once: the reducer's norms on the GPU, or each half's on the host."""
-        if self.reducer.device_norms:
+        if self.reducer.device_norms and not self._edited:
             return norms_stats(self.reducer.local_norms(), scale)
         total, bad = 0.0, False
         if self.dev is not None:
@@ -576,9 +580,18 @@ class StoreSplitPath(TwoHalves):
 
     def release(self) -> None:
         self._done = set()
+        self._edited = False
         self._each("release")
         self.reducer.reset()
         self.zero_grad()
+
+    def grad_rows(self, create: tuple | None = None) -> list:
+        got = [h.grad_rows() if h is not None else None for h in (self.dev, self.cpu, self.disk)]
+        return [[g for rows, i in zip(got, idx) if i is not None for g in rows[i]] for idx in self._gmap]
+
+    def grads_edited(self) -> None:
+        self._edited = True
+        self._each("grads_edited")
 
     def zero_grad(self) -> None:
         self.sm.drop_grads()

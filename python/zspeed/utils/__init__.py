@@ -15,13 +15,19 @@ import functools
 import logging
 
 from ..runtime.dataloader import RepeatingLoader
+from .tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,
+                              safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state,
+                              safe_set_full_fp32_param, safe_set_full_grad, safe_set_full_optimizer_state,
+                              safe_set_local_fp32_param, safe_set_local_grad, safe_set_local_optimizer_state,
+                              safe_update_full_grad_vectorized)
+from .tensor_fragment import __all__ as _FRAGMENT_NAMES
 from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules, set_z3_leaf_modules_by_name,
                              unset_z3_leaf_modules, z3_leaf_module, z3_leaf_parameter)
 
 __all__ = ["logger", "log_dist", "log_dist_once", "print_dist", "set_log_level_from_string",
            "get_log_level_from_string", "RepeatingLoader", "get_dist_msg", "required_torch_version",
            "set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "set_z3_leaf_modules_by_name",
-           "z3_leaf_module", "z3_leaf_parameter"]
+           "z3_leaf_module", "z3_leaf_parameter", *_FRAGMENT_NAMES]
 
 logger = logging.getLogger("zspeed")
 

@@ -1,0 +1,353 @@
+"""One parameter's fp32 master, gradient and optimizer state, wherever the engine keeps them
+(DeepSpeed's tensor-fragment API: ``zspeed.utils.safe_get_full_fp32_param`` and its siblings
+are thin calls into :class:`Fragments`).
+
+The optimizer path (paths.py) keeps each of the three per entry of its layout: whole
+parameters, or, when it steps a store's local space (several ranks at stages 1-2, ZeRO-3 on
+any number of ranks), this rank's pieces of them (store.py ``pieces``). A parameter's "full"
+value is assembled from its entries: with pieces over several ranks each rank fills the
+elements it holds into zeros and one all-reduce adds them up (a collective: every rank calls
+it, for the same parameters in the same order). Its "local" value (ZeRO-3) is this rank's
+pieces of it, one after another.
+
+What is read and written, and when it is valid:
+
+- the fp32 master: at any time after ``initialize`` (a step under way finishes first). A write
+  also refreshes the model's weights from the masters (the next forward sees it).
+- the gradient: after the backward of an accumulation boundary and before ``step()``. It is
+  the gradient as the step applies it before clipping: averaged over the ranks (with
+  ``gradient_allreduce_op`` "mean") and the micro-batches, the fp16 loss scale divided out,
+  in the dtype the step keeps it in (the model's, or fp32 where the path reduces into fp32;
+  fp32 for fp16 too, where the unscaled values of small gradients would leave fp16's range).
+  The first read or write collects the gradients where the step reads them (what
+  ``step()`` would do first); a write is what the step then uses, its global norm and
+  overflow check included.
+- the optimizer state (``"exp_avg"``, ``"exp_avg_sq"``, Adagrad's ``"sum"``...): once the
+  optimizer holds state for the parameter (after the first step; None before), as fp32
+  whatever ``state_dtype`` keeps (8-bit and bf16 states are written rounded to it).
+
+Writing a master or a state rebuilds the path's whole copy of it (``load_masters`` /
+``load_state_dict``: linear in the model's size, one call per parameter): these are debugging
+and surgery tools, not a training-loop API.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .errors import FragmentError, NotPartitionedError
+from .optimizers import adam_state_dtype, convert_adam_state
+from .store import full_numel, full_shape
+
+__all__ = ["Fragments", "attach", "fragments_of"]
+
+# id(parameter) -> (weak reference to the parameter, weak reference to its engine's Fragments).
+# Kept here, not as an attribute of the parameter, so that modules still deep-copy and pickle.
+_BY_PARAM: dict = {}
+
+
+def attach(engine, params) -> "Fragments":
+    """A Fragments for ``engine``, reachable from each of ``params`` (the trained ones)."""
+    f = Fragments(engine)
+    ref = weakref.ref(f)
+    for p in params:
+        key = id(p)
+        _BY_PARAM[key] = (weakref.ref(p, lambda _r, key=key: _BY_PARAM.pop(key, None)), ref)
+    engine._fragments = f  # the engine holds it; the registry only weak references
+    return f
+
+
+def fragments_of(p) -> "Fragments | None":
+    """The Fragments of the live engine that trains ``p``, or None (frozen, or no engine)."""
+    got = _BY_PARAM.get(id(p))
+    if got is None or got[0]() is not p:
+        return None
+    f = got[1]()
+    if f is None or f.engine is None or not p.requires_grad:
+        return None
+    return f
+
+
+class _WholeEntries:
+    """A path over whole parameters: one entry per parameter, the same on every rank."""
+
+    spread = False  # (a full value needs no sum over the ranks)
+
+    def __init__(self, engine):
+        layout = engine._layout
+        self._numels = layout.numels
+        starts, at = [], 0
+        for ps in layout.params:
+            starts.append(at)
+            at += len(ps)
+        self._start = starts  # running index of each group's first parameter (the state_dict's keys)
+
+    def entries(self, gi: int, pi: int) -> list:
+        return [(pi, 0, self._numels[gi][pi])]
+
+    def check_writable(self) -> None:
+        pass
+
+    def states(self, path) -> list:
+        st = path.optimizer.state_dict()["state"]
+        return [[st.get(self._start[gi] + pi) for pi in range(len(ps))] for gi, ps in enumerate(path.layout.params)]
+
+    def state_dict(self, path, rows: list) -> dict:
+        sd = path.optimizer.state_dict()
+        sd["state"] = {self._start[g] + i: st for g, row in enumerate(rows) for i, st in enumerate(row)
+                       if st is not None}
+        return sd
+
+
+class _PieceEntries:
+    """A path over a store's local space: a parameter's entries are this rank's pieces of it."""
+
+    def __init__(self, engine):
+        self.sm = engine.optimizer_path.sharded
+        self.spread = engine.world_size > 1  # (the ranks' pieces are summed into a full value)
+
+    def entries(self, gi: int, pi: int) -> list:
+        return [(ei, pc.offset, n) for ei, (pc, _at, n) in enumerate(self.sm.pieces[gi])
+                if pc is not None and pc.param == pi]
+
+    def check_writable(self) -> None:
+        self.sm.check_writable()
+
+    def states(self, path) -> list:
+        return path.param_states()
+
+    def state_dict(self, path, rows: list) -> dict:
+        return path.state_dict_from(rows, path.optimizer.state_dict()["param_groups"])
+
+
+_ENTRIES = {False: _WholeEntries, True: _PieceEntries}  # by whether the path steps a store's pieces
+
+
+class Fragments:
+    """The per-parameter views of one engine (see the module docstring)."""
+
+    def __init__(self, engine):
+        self._engine = weakref.ref(engine)
+        self._key = dict(engine._layout.index)    # id(parameter) -> (group, index)
+        self._of = _ENTRIES[engine.optimizer_path.sharded is not None](engine)
+        self._local_api = engine._stage3           # the safe_*_local_* calls serve ZeRO-3 only
+
+    @property
+    def engine(self):
+        return self._engine()
+
+    # -- where a parameter's entries are ---------------------------------------------------------
+    def _where(self, p) -> tuple:
+        e = self.engine
+        e._check_open()
+        key = self._key.get(id(p))
+        if key is None:
+            raise FragmentError("this parameter is not one the engine trains (was it added after "
+                                "zspeed.initialize?)")
+        return e, key
+
+    def _entries(self, e, gi: int, pi: int) -> list:
+        """(entry index in the path's row of group gi, first element in the parameter, length)."""
+        return self._of.entries(gi, pi)
+
+    def _across_ranks(self, e) -> bool:
+        """Whether the entries of a parameter are spread over the ranks (a full value is summed)."""
+        return self._of.spread
+
+    def _assemble(self, e, p, gi, pi, rows, dtype, factor: float = 1.0) -> torch.Tensor:
+        n = full_numel(p)
+        dev = e.collectives.device if self._across_ranks(e) else e.device
+        out = torch.zeros(n, dtype=torch.float32, device=dev)
+        for ei, off, k in self._entries(e, gi, pi):
+            src = rows[gi][ei]
+            if src is not None:
+                out[off:off + k].copy_(src.reshape(-1)[:k].to(torch.float32))
+        if self._across_ranks(e):
+            e.collectives.all_reduce(out)
+        if factor != 1.0:
+            out.mul_(factor)
+        return out.to(e.device, dtype).view(full_shape(p))
+
+    def _local(self, e, gi, pi, rows, dtype, factor: float = 1.0) -> torch.Tensor:
+        parts = [rows[gi][ei].reshape(-1)[:k].to(e.device, torch.float32) for ei, _off, k in self._entries(e, gi, pi)]
+        out = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32, device=e.device)
+        if factor != 1.0:
+            out = out * factor
+        return out.to(dtype)
+
+    def _local_numel(self, e, gi, pi) -> int:
+        return sum(k for _ei, _off, k in self._entries(e, gi, pi))
+
+    @staticmethod
+    def _value(value, shape_or_numel, what: str, p_shape) -> torch.Tensor:
+        """``value`` flattened, after checking it has the elements it must."""
+        if not torch.is_tensor(value):
+            raise FragmentError(f"{what}: the value must be a tensor, got {type(value).__name__}")
+        want = shape_or_numel if isinstance(shape_or_numel, int) else int(torch.Size(shape_or_numel).numel())
+        if value.numel() != want:
+            raise FragmentError(f"{what}: the value has {value.numel()} elements (shape {tuple(value.shape)}), the "
+                                f"{'local partition' if isinstance(shape_or_numel, int) else 'parameter'} "
+                                f"{want} (shape {tuple(p_shape)})")
+        return value.detach().reshape(-1)
+
+    def _require_stage3(self, e, what: str) -> None:
+        if not self._local_api:
+            raise NotPartitionedError(f"{what} is defined for ZeRO-3 partitioned parameters only (this engine "
+                                      f"runs ZeRO stage {e.zero_optimization_stage()}); use the safe_*_full_* "
+                                      f"functions")
+
+    # -- fp32 masters ------------------------------------------------------------------------------
+    def get_fp32(self, p, local: bool = False) -> torch.Tensor:
+        e, (gi, pi) = self._where(p)
+        if local:
+            self._require_stage3(e, "safe_get_local_fp32_param")
+        e._settle()
+        rows = e.optimizer_path.masters()
+        return self._local(e, gi, pi, rows, torch.float32) if local else \
+            self._assemble(e, p, gi, pi, rows, torch.float32)
+
+    def set_fp32(self, p, value, local: bool = False) -> None:
+        e, (gi, pi) = self._where(p)
+        what = "safe_set_local_fp32_param" if local else "safe_set_full_fp32_param"
+        if local:
+            self._require_stage3(e, what)
+        v = self._value(value, self._local_numel(e, gi, pi) if local else full_shape(p), what, full_shape(p))
+        e._settle()
+        path = e.optimizer_path
+        self._of.check_writable()
+        rows = [list(r) for r in path.masters()]
+        at = 0
+        for ei, off, k in self._entries(e, gi, pi):
+            src = v[at:at + k] if local else v[off:off + k]
+            at += k
+            m = rows[gi][ei]
+            rows[gi][ei] = src.to(m.device, torch.float32).reshape(m.shape).clone()
+        path.load_masters(rows)
+
+    # -- gradients ---------------------------------------------------------------------------------
+    def _grad_rows(self, e, what: str) -> list:
+        e._grads_for_fragments(what)
+        return e.optimizer_path.grad_rows()
+
+    def _grad_factor(self, e) -> float:
+        """Stored gradient * this = the gradient the docstring describes."""
+        return 1.0 / (e.loss_scaler.loss_scale * e.plan.grad_divisor)
+
+    def get_grad(self, p, local: bool = False) -> torch.Tensor:
+        e, (gi, pi) = self._where(p)
+        what = "safe_get_local_grad" if local else "safe_get_full_grad"
+        if local:
+            self._require_stage3(e, what)
+        rows = self._grad_rows(e, what)
+        dtype = next((rows[gi][ei].dtype for ei, _o, _k in self._entries(e, gi, pi) if rows[gi][ei] is not None),
+                     e.dtype)
+        if dtype == torch.float16:  # unscaled, small gradients would fall below fp16's range
+            dtype = torch.float32
+        f = self._grad_factor(e)
+        return self._local(e, gi, pi, rows, dtype, f) if local else self._assemble(e, p, gi, pi, rows, dtype, f)
+
+    def set_grad(self, p, value, local: bool = False) -> None:
+        e, (gi, pi) = self._where(p)
+        what = "safe_set_local_grad" if local else "safe_set_full_grad"
+        if local:
+            self._require_stage3(e, what)
+        v = self._value(value, self._local_numel(e, gi, pi) if local else full_shape(p), what, full_shape(p))
+        rows = self._grad_rows(e, what)
+        scale = 1.0 / self._grad_factor(e)
+        at = 0
+        with torch.no_grad():
+            for ei, off, k in self._entries(e, gi, pi):
+                src = v[at:at + k] if local else v[off:off + k]
+                at += k
+                dst = rows[gi][ei]
+                if dst is None:
+                    dst = e.optimizer_path.grad_rows(create=(gi, ei))[gi][ei]
+                src = src.to(dst.device, torch.float32)
+                if scale != 1.0:
+                    src = src * scale
+                if dst.numel() == k:  # a whole parameter's gradient (any strides)
+                    dst.copy_(src.view(dst.shape))
+                else:                 # a piece: a flat view of the path's buffer
+                    dst.view(-1)[:k].copy_(src)
+        e.optimizer_path.grads_edited()
+
+    # -- optimizer state ---------------------------------------------------------------------------
+    def _states(self, e) -> list:
+        """Per group, per entry of the path's layout: the optimizer's state dict, or None."""
+        return self._of.states(e.optimizer_path)
+
+    @staticmethod
+    def _fp32_state(st: dict, n: int) -> dict:
+        return convert_adam_state(st, "fp32", n, (n,)) if "exp_avg" in st and "exp_avg_sq" in st else st
+
+    def _state_rows(self, e, gi: int, pi: int, key: str, what: str) -> list | None:
+        """The path's state rows with the entries of parameter (gi, pi) replaced by their ``key``
+        as flat fp32 tensors (None: the optimizer holds no state for them yet)."""
+        rows = [list(r) for r in self._states(e)]
+        got = False
+        for ei, _off, k in self._entries(e, gi, pi):
+            st = rows[gi][ei]
+            rows[gi][ei] = None
+            if st:
+                rows[gi][ei] = self._per_element(st, key, k, what).reshape(-1)
+                got = True
+        return rows if got else None
+
+    def _per_element(self, st: dict, key: str, k: int, what: str) -> torch.Tensor:
+        fp = self._fp32_state(st, k)
+        t = fp.get(key)
+        if not torch.is_tensor(t) or t.numel() != k:
+            raise FragmentError(f"{what}: the optimizer keeps no per-element state {key!r} for this parameter "
+                                f"(its state holds: {', '.join(sorted(fp))})")
+        return t
+
+    def get_state(self, p, key: str, local: bool = False) -> torch.Tensor | None:
+        e, (gi, pi) = self._where(p)
+        what = "safe_get_local_optimizer_state" if local else "safe_get_full_optimizer_state"
+        if local:
+            self._require_stage3(e, what)
+        e._settle()
+        rows = self._state_rows(e, gi, pi, key, what)
+        if self._across_ranks(e) and not local:
+            # Every rank takes part in the sum, also one whose pieces have no state yet.
+            have = torch.tensor([0.0 if rows is None else 1.0], dtype=torch.float64, device=e.collectives.device)
+            e.collectives.all_reduce(have)
+            if float(have) == 0:
+                return None
+            if rows is None:
+                rows = [[None] * len(r) for r in e.optimizer_path.masters()]
+        elif rows is None:
+            return None
+        return self._local(e, gi, pi, rows, torch.float32) if local else \
+            self._assemble(e, p, gi, pi, rows, torch.float32)
+
+    def set_state(self, p, value, key: str, local: bool = False) -> None:
+        e, (gi, pi) = self._where(p)
+        what = "safe_set_local_optimizer_state" if local else "safe_set_full_optimizer_state"
+        if local:
+            self._require_stage3(e, what)
+        v = self._value(value, self._local_numel(e, gi, pi) if local else full_shape(p), what, full_shape(p))
+        e._settle()
+        path = e.optimizer_path
+        rows = self._states(e)
+        entries = self._entries(e, gi, pi)
+        if entries and any(not rows[gi][ei] for ei, _o, _k in entries):
+            raise FragmentError(f"{what}: the optimizer holds no state for this parameter yet (it is created by the "
+                                f"first optimizer step); set it after engine.step()")
+        if not entries:  # this rank holds nothing of it (ZeRO-3 on several ranks)
+            return
+        new = [list(r) for r in rows]
+        at = 0
+        for ei, off, k in entries:
+            st = rows[gi][ei]
+            have = adam_state_dtype(st) if "exp_avg" in st and "exp_avg_sq" in st else None
+            self._per_element(st, key, k, what)
+            fp = dict(self._fp32_state(st, k))
+            src = v[at:at + k] if local else v[off:off + k]
+            at += k
+            old = fp[key]
+            fp[key] = src.to(old.device, old.dtype).reshape(old.shape).clone()
+            new[gi][ei] = convert_adam_state(fp, have, k, tuple(st["exp_avg"].shape)) if have not in (None, "fp32") \
+                else fp
+        path.optimizer.load_state_dict(self._of.state_dict(path, new))
