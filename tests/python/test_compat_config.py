@@ -85,3 +85,20 @@ def test_hjson_config_file(tmp_path):
         parse_config(str(p), world_size=1)
     p.write_text(json.dumps(BASE))  # plain JSON still reads strictly as JSON
     assert parse_config(str(p), world_size=1).train_batch_size == 4
+
+
+def test_zero3_keys_by_their_deepspeed_field_names():
+    """DeepSpeed's DeepSpeedZeroConfig accepts each stage3_* key by its field name too
+    (param_persistence_threshold, ...); so does zspeed, and the two spellings at once are refused."""
+    names = {"param_persistence_threshold": 7, "prefetch_bucket_size": 11, "max_live_parameters": 13,
+             "max_reuse_distance": 17, "gather_16bit_weights_on_model_save": True}
+    c = ok({"zero_optimization": {"stage": 3, **names}})
+    for k, v in names.items():
+        assert c.zero["stage3_" + k] == v, k
+    refused({"zero_optimization": {"stage": 3, "param_persistence_threshold": 1,
+                                   "stage3_param_persistence_threshold": 2}},
+            "both 'stage3_param_persistence_threshold'", "keep one")
+    with pytest.raises(ConfigError, match="unknown config key 'persistence_threshold'"):
+        ok({"zero_optimization": {"stage": 3, "persistence_threshold": 1}})  # invented names stay refused
+    from zspeed.runtime.zero.config import DeepSpeedZeroConfig
+    assert DeepSpeedZeroConfig(stage=3, param_persistence_threshold=5).param_persistence_threshold == 5

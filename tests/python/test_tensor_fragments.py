@@ -10,7 +10,9 @@ Two kinds of check:
   rtol 1e-4 / atol 1e-6 on CUDA, whose GEMMs sum in other orders and blocks); the optimizer
   state after a step and the weights of the step after a write of the state follow AdamW
   computed in float64 from the gradients read (rtol/atol 1e-6: one fp32 rounding of terms of
-  size 1e-2..1);
+  size 1e-2..1; on CUDA rtol 1e-4 / atol 1e-5 for the weights, as torch's fused AdamW there
+  takes the bias correction 1 - 0.999^t in fp32, which cancellation leaves about 5e-5
+  relative);
 - bit for bit, engine against engine: gradients read from one engine and written into a
   second one (whose backward saw other data) make the second's step equal the first's
   exactly, clipping and norm included (a stale norm would change the clip factor). On CUDA the
@@ -43,6 +45,7 @@ from zspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad, safe_get
 
 LR, WD, B1, B2, EPS, CLIP = 1e-2, 0.01, 0.9, 0.999, 1e-8, 0.5
 GRAD_TOL = dict(rtol=1e-5, atol=1e-7) if z3.DEVICE == "cpu" else dict(rtol=1e-4, atol=1e-6)  # (see above)
+WEIGHT_TOL = dict(rtol=1e-6, atol=1e-6) if z3.DEVICE == "cpu" else dict(rtol=1e-4, atol=1e-5)
 
 # name -> (stage, optimizer offload, param offload, precision, ratio): one per optimizer path
 CASES = {
@@ -129,7 +132,7 @@ def test_reads_and_writes_follow_a_float64_reference(case, tmp_path):
     for n, p in _named(e):
         w, m, v = _adamw(w0[n], c * grads[n], 0.0, 0.0, 1)
         tol = dict(rtol=1e-6, atol=1e-6, msg=n)
-        torch.testing.assert_close(safe_get_full_fp32_param(p).double().cpu(), w, **tol)
+        torch.testing.assert_close(safe_get_full_fp32_param(p).double().cpu(), w, **WEIGHT_TOL, msg=n)
         torch.testing.assert_close(safe_get_full_optimizer_state(p, "exp_avg").double().cpu(), m, **tol)
         torch.testing.assert_close(safe_get_full_optimizer_state(p, "exp_avg_sq").double().cpu(), v, **tol)
         # New weights and moments, written whole, then read back exactly.
@@ -161,7 +164,7 @@ def test_reads_and_writes_follow_a_float64_reference(case, tmp_path):
     for n, p in _named(e):
         nw, nm, nv = state[n]
         w, _m, _v = _adamw(nw, c * grads[n], nm, nv, 2)
-        torch.testing.assert_close(safe_get_full_fp32_param(p).double().cpu(), w, rtol=1e-6, atol=1e-6, msg=n)
+        torch.testing.assert_close(safe_get_full_fp32_param(p).double().cpu(), w, **WEIGHT_TOL, msg=n)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -575,6 +575,28 @@ def _resolve_auto(path: str, spec: K, value: Any) -> tuple[Any, bool]:
         f"the config, or pass it through the HF Trainer integration.")
 
 
+# DeepSpeed's DeepSpeedZeroConfig field names of keys written with a "stage3_" prefix in JSON: its
+# pydantic model accepts both spellings (populate_by_name), so zspeed does too.
+_ZERO_FIELD_NAMES = {k: "stage3_" + k for k in (
+    "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance",
+    "gather_16bit_weights_on_model_save")}
+
+
+def _zero_spelled(given):
+    """zero_optimization with DeepSpeed's field names written as their "stage3_" keys; a key given
+    in both spellings is refused."""
+    if not isinstance(given, dict):
+        return given
+    out = {}
+    for k, v in given.items():
+        key = _ZERO_FIELD_NAMES.get(k, k)
+        if key in out:
+            raise ConfigError(f"zero_optimization has both '{key}' and its other name "
+                              f"'{key[len('stage3_'):]}': keep one.")
+        out[key] = v
+    return out
+
+
 def _parse_section(section: str, given: dict, keys: dict, autos: set, extra_known=()) -> dict:
     if not isinstance(given, dict):
         if isinstance(given, bool) and "enabled" in keys:  # "bf16": true, meaning {"enabled": true}
@@ -782,6 +804,7 @@ class ZSpeedConfig:
         self.data_types = sec("data_types")
         self.torch_autocast = sec("torch_autocast")
         self.amp = sec("amp")
+        sections["zero_optimization"] = _zero_spelled(sections.get("zero_optimization") or {})
         self.zero = sec("zero_optimization")
         zf = self.zero.pop("zenflow")
         self.zenflow = None if zf is None else _parse_section("zero_optimization.zenflow", zf,
@@ -1026,7 +1049,7 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
     if not isinstance(section, dict):
         raise ConfigError(f"zero_optimization must be an object, got {type(section).__name__}.")
     autos: set = set()
-    zero = _parse_section("zero_optimization", dict(section), SCHEMA["zero_optimization"].keys, autos)
+    zero = _parse_section("zero_optimization", _zero_spelled(section), SCHEMA["zero_optimization"].keys, autos)
     zero.pop("zenflow", None)
     off = _parse_section("zero_optimization.offload_optimizer", zero.pop("offload_optimizer") or {},
                          SCHEMA["zero_optimization.offload_optimizer"].keys, autos)

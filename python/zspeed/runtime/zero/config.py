@@ -47,7 +47,7 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
     """A validated ``zero_optimization`` section (see the module docstring)."""
 
     def __init__(self, **section):
-        from ..config import parse_zero_section
+        from ..config import _ZERO_FIELD_NAMES, parse_zero_section
         section = dict(section)
         pin = section.pop("cpu_offload_use_pin_memory", None)
         for old, new in _DEPRECATED.items():  # a deprecated boolean: its section on the cpu
@@ -59,6 +59,8 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
                     section[key] = {"pin_memory": bool(pin), **section[key]}
         zero, off, offp = parse_zero_section(section)  # the schema checks the stage (0-3) too
         values = dict(zero)
+        for field, key in _ZERO_FIELD_NAMES.items():  # DeepSpeed's attribute names of the stage3_* keys
+            values[field] = zero[key]
         values["stage"] = ZeroStageEnum(zero["stage"])
         values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, offp)
         values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig, off)
