@@ -191,6 +191,27 @@ class Fragments:
                                 f"{want} (shape {tuple(p_shape)})")
         return value.detach().reshape(-1)
 
+    def _begin(self, p, op: str, local: bool, value=None) -> tuple:
+        """(engine, group, index, the call's name, ``value`` checked and flat or None) for the
+        call ``safe_<op>`` with "full" or "local" in its "{}"."""
+        e, (gi, pi) = self._where(p)
+        what = "safe_" + op.format("local" if local else "full")
+        if local:
+            self._require_stage3(e, what)
+        if value is not None:
+            value = self._value(value, self._local_numel(e, gi, pi) if local else full_shape(p), what,
+                                full_shape(p))
+        return e, gi, pi, what, value
+
+    @staticmethod
+    def _slices(v, entries: list, local: bool):
+        """(entry, length, the part of flat ``v`` it takes) per entry: a local value holds the
+        entries one after another, a full one at their offsets in the parameter."""
+        at = 0
+        for ei, off, k in entries:
+            yield ei, k, (v[at:at + k] if local else v[off:off + k])
+            at += k
+
     def _require_stage3(self, e, what: str) -> None:
         if not self._local_api:
             raise NotPartitionedError(f"{what} is defined for ZeRO-3 partitioned parameters only (this engine "
@@ -199,28 +220,19 @@ class Fragments:
 
     # -- fp32 masters ------------------------------------------------------------------------------
     def get_fp32(self, p, local: bool = False) -> torch.Tensor:
-        e, (gi, pi) = self._where(p)
-        if local:
-            self._require_stage3(e, "safe_get_local_fp32_param")
+        e, gi, pi, _what, _ = self._begin(p, "get_{}_fp32_param", local)
         e._settle()
         rows = e.optimizer_path.masters()
         return self._local(e, gi, pi, rows, torch.float32) if local else \
             self._assemble(e, p, gi, pi, rows, torch.float32)
 
     def set_fp32(self, p, value, local: bool = False) -> None:
-        e, (gi, pi) = self._where(p)
-        what = "safe_set_local_fp32_param" if local else "safe_set_full_fp32_param"
-        if local:
-            self._require_stage3(e, what)
-        v = self._value(value, self._local_numel(e, gi, pi) if local else full_shape(p), what, full_shape(p))
+        e, gi, pi, _what, v = self._begin(p, "set_{}_fp32_param", local, value)
         e._settle()
         path = e.optimizer_path
         self._of.check_writable()
         rows = [list(r) for r in path.masters()]
-        at = 0
-        for ei, off, k in self._entries(e, gi, pi):
-            src = v[at:at + k] if local else v[off:off + k]
-            at += k
+        for ei, _k, src in self._slices(v, self._entries(e, gi, pi), local):
             m = rows[gi][ei]
             rows[gi][ei] = src.to(m.device, torch.float32).reshape(m.shape).clone()
         path.load_masters(rows)
@@ -235,10 +247,7 @@ class Fragments:
         return 1.0 / (e.loss_scaler.loss_scale * e.plan.grad_divisor)
 
     def get_grad(self, p, local: bool = False) -> torch.Tensor:
-        e, (gi, pi) = self._where(p)
-        what = "safe_get_local_grad" if local else "safe_get_full_grad"
-        if local:
-            self._require_stage3(e, what)
+        e, gi, pi, what, _ = self._begin(p, "get_{}_grad", local)
         rows = self._grad_rows(e, what)
         dtype = next((rows[gi][ei].dtype for ei, _o, _k in self._entries(e, gi, pi) if rows[gi][ei] is not None),
                      e.dtype)
@@ -248,18 +257,11 @@ class Fragments:
         return self._local(e, gi, pi, rows, dtype, f) if local else self._assemble(e, p, gi, pi, rows, dtype, f)
 
     def set_grad(self, p, value, local: bool = False) -> None:
-        e, (gi, pi) = self._where(p)
-        what = "safe_set_local_grad" if local else "safe_set_full_grad"
-        if local:
-            self._require_stage3(e, what)
-        v = self._value(value, self._local_numel(e, gi, pi) if local else full_shape(p), what, full_shape(p))
+        e, gi, pi, what, v = self._begin(p, "set_{}_grad", local, value)
         rows = self._grad_rows(e, what)
         scale = 1.0 / self._grad_factor(e)
-        at = 0
         with torch.no_grad():
-            for ei, off, k in self._entries(e, gi, pi):
-                src = v[at:at + k] if local else v[off:off + k]
-                at += k
+            for ei, k, src in self._slices(v, self._entries(e, gi, pi), local):
                 dst = rows[gi][ei]
                 if dst is None:
                     dst = e.optimizer_path.grad_rows(create=(gi, ei))[gi][ei]
@@ -303,10 +305,7 @@ class Fragments:
         return t
 
     def get_state(self, p, key: str, local: bool = False) -> torch.Tensor | None:
-        e, (gi, pi) = self._where(p)
-        what = "safe_get_local_optimizer_state" if local else "safe_get_full_optimizer_state"
-        if local:
-            self._require_stage3(e, what)
+        e, gi, pi, what, _ = self._begin(p, "get_{}_optimizer_state", local)
         e._settle()
         rows = self._state_rows(e, gi, pi, key, what)
         if self._across_ranks(e) and not local:
@@ -323,11 +322,7 @@ class Fragments:
             self._assemble(e, p, gi, pi, rows, torch.float32)
 
     def set_state(self, p, value, key: str, local: bool = False) -> None:
-        e, (gi, pi) = self._where(p)
-        what = "safe_set_local_optimizer_state" if local else "safe_set_full_optimizer_state"
-        if local:
-            self._require_stage3(e, what)
-        v = self._value(value, self._local_numel(e, gi, pi) if local else full_shape(p), what, full_shape(p))
+        e, gi, pi, what, v = self._begin(p, "set_{}_optimizer_state", local, value)
         e._settle()
         path = e.optimizer_path
         rows = self._states(e)
@@ -338,14 +333,11 @@ class Fragments:
         if not entries:  # this rank holds nothing of it (ZeRO-3 on several ranks)
             return
         new = [list(r) for r in rows]
-        at = 0
-        for ei, off, k in entries:
+        for ei, k, src in self._slices(v, entries, local):
             st = rows[gi][ei]
             have = adam_state_dtype(st) if "exp_avg" in st and "exp_avg_sq" in st else None
             self._per_element(st, key, k, what)
             fp = dict(self._fp32_state(st, k))
-            src = v[at:at + k] if local else v[off:off + k]
-            at += k
             old = fp[key]
             fp[key] = src.to(old.device, old.dtype).reshape(old.shape).clone()
             new[gi][ei] = convert_adam_state(fp, have, k, tuple(st["exp_avg"].shape)) if have not in (None, "fp32") \

@@ -30,91 +30,74 @@ def fragments_of(param):
     return of(param)
 
 
-def _local_of(param, what: str):
-    """The Fragments of ``param``'s engine (the local calls refuse an engine below ZeRO-3)."""
-    del what
-    return fragments_of(param)
+def _call(param, method: str, *args, **kwargs):
+    """``method`` of the Fragments of ``param``'s engine, or None without one (the local calls
+    refuse an engine below ZeRO-3 themselves)."""
+    f = fragments_of(param)
+    return None if f is None else getattr(f, method)(param, *args, **kwargs)
 
 
 def safe_get_full_fp32_param(param: torch.nn.Parameter) -> torch.Tensor | None:
     """The parameter's whole fp32 master weight (on the engine's device), or None."""
-    f = fragments_of(param)
-    return None if f is None else f.get_fp32(param)
+    return _call(param, "get_fp32")
 
 
 def safe_set_full_fp32_param(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     """Replaces the parameter's fp32 master weight with ``value`` (its whole shape); the model's
     weight follows."""
-    f = fragments_of(param)
-    if f is not None:
-        f.set_fp32(param, value)
+    _call(param, "set_fp32", value)
 
 
 def safe_get_full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
     """The parameter's whole gradient as the step will apply it (valid after a boundary's
     backward, before step()), or None."""
-    f = fragments_of(param)
-    return None if f is None else f.get_grad(param)
+    return _call(param, "get_grad")
 
 
 def safe_set_full_grad(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     """Replaces the parameter's gradient (its whole shape) for the coming step."""
-    f = fragments_of(param)
-    if f is not None:
-        f.set_grad(param, value)
+    _call(param, "set_grad", value)
 
 
 def safe_get_full_optimizer_state(param: torch.nn.Parameter, optim_state_key: str) -> torch.Tensor | None:
     """The parameter's whole optimizer state ``optim_state_key`` (e.g. "exp_avg") in fp32, or
     None (no engine, or no state before the first step)."""
-    f = fragments_of(param)
-    return None if f is None else f.get_state(param, optim_state_key)
+    return _call(param, "get_state", optim_state_key)
 
 
 def safe_set_full_optimizer_state(param: torch.nn.Parameter, value: torch.Tensor, optim_state_key: str) -> None:
     """Replaces the parameter's optimizer state ``optim_state_key`` (its whole shape)."""
-    f = fragments_of(param)
-    if f is not None:
-        f.set_state(param, value, optim_state_key)
+    _call(param, "set_state", value, optim_state_key)
 
 
 def safe_get_local_fp32_param(param: torch.nn.Parameter) -> torch.Tensor | None:
     """This rank's part of a ZeRO-3 parameter's fp32 master (1-D)."""
-    f = _local_of(param, "safe_get_local_fp32_param")
-    return None if f is None else f.get_fp32(param, local=True)
+    return _call(param, "get_fp32", local=True)
 
 
 def safe_set_local_fp32_param(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     """Replaces this rank's part of a ZeRO-3 parameter's fp32 master."""
-    f = _local_of(param, "safe_set_local_fp32_param")
-    if f is not None:
-        f.set_fp32(param, value, local=True)
+    _call(param, "set_fp32", value, local=True)
 
 
 def safe_get_local_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
     """This rank's part of a ZeRO-3 parameter's gradient (1-D)."""
-    f = _local_of(param, "safe_get_local_grad")
-    return None if f is None else f.get_grad(param, local=True)
+    return _call(param, "get_grad", local=True)
 
 
 def safe_set_local_grad(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     """Replaces this rank's part of a ZeRO-3 parameter's gradient."""
-    f = _local_of(param, "safe_set_local_grad")
-    if f is not None:
-        f.set_grad(param, value, local=True)
+    _call(param, "set_grad", value, local=True)
 
 
 def safe_get_local_optimizer_state(param: torch.nn.Parameter, optim_state_key: str) -> torch.Tensor | None:
     """This rank's part of a ZeRO-3 parameter's optimizer state (1-D fp32)."""
-    f = _local_of(param, "safe_get_local_optimizer_state")
-    return None if f is None else f.get_state(param, optim_state_key, local=True)
+    return _call(param, "get_state", optim_state_key, local=True)
 
 
 def safe_set_local_optimizer_state(param: torch.nn.Parameter, value: torch.Tensor, optim_state_key: str) -> None:
     """Replaces this rank's part of a ZeRO-3 parameter's optimizer state."""
-    f = _local_of(param, "safe_set_local_optimizer_state")
-    if f is not None:
-        f.set_state(param, value, optim_state_key, local=True)
+    _call(param, "set_state", value, optim_state_key, local=True)
 
 
 def safe_update_full_grad_vectorized(param_list: List[torch.nn.Parameter], update_func: Callable) -> None:
