@@ -283,9 +283,9 @@ class Fragments:
     def _fp32_state(st: dict, n: int) -> dict:
         return convert_adam_state(st, "fp32", n, (n,)) if "exp_avg" in st and "exp_avg_sq" in st else st
 
-    def _state_rows(self, e, gi: int, pi: int, key: str, what: str) -> list | None:
-        """The path's state rows with the entries of parameter (gi, pi) replaced by their ``key``
-        as flat fp32 tensors (None: the optimizer holds no state for them yet)."""
+    def _state_rows(self, e, gi: int, pi: int, key: str, what: str) -> tuple[list, bool]:
+        """(the path's state rows with the entries of parameter (gi, pi) replaced by their ``key``
+        as flat fp32 tensors, None where the optimizer holds no state yet; whether any has one)."""
         rows = [list(r) for r in self._states(e)]
         got = False
         for ei, _off, k in self._entries(e, gi, pi):
@@ -294,7 +294,7 @@ class Fragments:
             if st:
                 rows[gi][ei] = self._per_element(st, key, k, what).reshape(-1)
                 got = True
-        return rows if got else None
+        return rows, got
 
     def _per_element(self, st: dict, key: str, k: int, what: str) -> torch.Tensor:
         fp = self._fp32_state(st, k)
@@ -307,16 +307,13 @@ class Fragments:
     def get_state(self, p, key: str, local: bool = False) -> torch.Tensor | None:
         e, gi, pi, what, _ = self._begin(p, "get_{}_optimizer_state", local)
         e._settle()
-        rows = self._state_rows(e, gi, pi, key, what)
+        rows, got = self._state_rows(e, gi, pi, key, what)
         if self._across_ranks(e) and not local:
-            # Every rank takes part in the sum, also one whose pieces have no state yet.
-            have = torch.tensor([0.0 if rows is None else 1.0], dtype=torch.float64, device=e.collectives.device)
+            # Every rank takes part in the sum, also one whose pieces have no state yet (or none).
+            have = torch.tensor([1.0 if got else 0.0], dtype=torch.float64, device=e.collectives.device)
             e.collectives.all_reduce(have)
-            if float(have) == 0:
-                return None
-            if rows is None:
-                rows = [[None] * len(r) for r in e.optimizer_path.masters()]
-        elif rows is None:
+            got = float(have) > 0
+        if not got:
             return None
         return self._local(e, gi, pi, rows, torch.float32) if local else \
             self._assemble(e, p, gi, pi, rows, torch.float32)
