@@ -57,6 +57,27 @@
  * leaves its old state. The cost of this guarantee is twice the disk space
  * of the state.
  *
+ * Resumable steps (args.resumable = 1). Each partition commits on its own:
+ * its slot flips as soon as its write succeeded. A failure stops the step
+ * partway: partitions then are stepped (at step t + 1, their outs
+ * written), stepped with their new image still in a pinned buffer (their
+ * outs written, their write failed), or untouched (their gradients
+ * unread). zs_swap_incomplete_step() names the step; zs_swap_step again
+ * (resumable, the same gradients and outs) completes it, writing the
+ * buffered images and stepping only the untouched partitions, each
+ * partition stepped once; zs_swap_abandon_step() instead returns every
+ * partition to step t (the stepped ones' old images are still in their
+ * other slots). Meanwhile the state reads work (each partition as
+ * committed) and every call that writes state (zs_swap_set_state,
+ * zs_swap_write_*, zs_swap_init_partition, zs_swap_set_steps,
+ * zs_swap_io_pass), as well as a plain zs_swap_step, fails with
+ * ZS_ESTATE. This is what lets an out buffer alias its gradient (a
+ * caller that keeps the gradients in the weights' place): no partition's
+ * gradient is read twice, and none is lost by a failure. A kernel error
+ * (impossible once check_args passed, so not expected) cannot be resumed:
+ * the retry fails with ZS_ESTATE and only abandoning remains. Resumable
+ * steps cannot sync the file (sync_each_step: ZS_EINVAL).
+ *
  * Sizing. Pinned memory is buffer_count x the largest slot. Partitions of
  * 2^21 to 2^23 elements (24 to 96 MiB of fp32 Adam state) keep enough bytes
  * in flight for an NVMe drive with the default 4 buffers; much smaller ones
@@ -132,6 +153,8 @@ typedef struct zs_swap_step_args {
   /* Adam's step number for bias correction, in [0, 2^63 - 2]; 0 (default)
    * = zs_swap_steps() + 1. The committed step count becomes this number. */
   int64_t step;
+  /* 1: a resumable step (see "Resumable steps" above); default 0. */
+  int resumable;
 } zs_swap_step_args;
 
 /* Statistics, cumulative since creation or the last reset. The step's wall
@@ -176,6 +199,14 @@ ZS_EXTERN int zs_swap_init_partition(zs_swap *s, int part,
 /* Runs one optimizer step over every partition (see the top of this file
  * for the pipeline and the error guarantee). */
 ZS_EXTERN int zs_swap_step(zs_swap *s, const zs_swap_step_args *args);
+
+/* After a resumable step failed partway: its step number (until it is
+ * completed or abandoned), else 0. */
+ZS_EXTERN int64_t zs_swap_incomplete_step(const zs_swap *s);
+/* Returns every partition to the last completed step after a resumable
+ * step failed partway (its outs must be ignored); 0 when none is
+ * incomplete. */
+ZS_EXTERN int zs_swap_abandon_step(zs_swap *s);
 
 /* Changes hyperparameters for later steps; negative = keep the current
  * value. Validated before anything changes. */

@@ -171,6 +171,7 @@ static const zs__abi_row zs__abi[] = {
     ZS__FIELD(zs_swap_step_args, grad_scale),
     ZS__FIELD(zs_swap_step_args, lr),
     ZS__FIELD(zs_swap_step_args, step),
+    ZS__FIELD(zs_swap_step_args, resumable),
     ZS__STRUCT(zs_swap_stats),
     ZS__FIELD(zs_swap_stats, steps),
     ZS__FIELD(zs_swap_stats, failed_steps),

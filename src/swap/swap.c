@@ -278,6 +278,7 @@ int zs_swap_destroy(zs_swap *s) {
   if (s->bufs)
     for (i = 0; i < s->bufcount; i++)
       if (s->bufs[i]) zs_free_pinned(s->bufs[i], s->bufbytes);
+  if (s->spare) zs_free_pinned(s->spare, s->bufbytes);
   free(s->bufs);
   free(s->parts);
   free(s->path);
@@ -316,6 +317,8 @@ int64_t zs_swap_steps(const zs_swap *s) { return s ? s->steps : 0; }
 
 int zs_swap_set_steps(zs_swap *s, int64_t steps) {
   /* The next step is numbered steps + 1, which must be an int64_t too. */
+  int rc = zs__swap_check_complete(s, "zs_swap_set_steps");
+  if (rc < 0) return rc;
   if (!s || steps < 0 || steps == INT64_MAX)
     return zs__fail(ZS_EINVAL, "zs_swap_set_steps: steps = %lld must be in "
                     "[0, 2^63 - 2]", (long long)steps);

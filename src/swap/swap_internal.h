@@ -17,7 +17,16 @@ typedef struct zs__swap_part {
   int64_t param_off, m_off, v_off, ms_off, vs_off; /* -1 = absent */
   int active;      /* slot holding the committed state */
   int ready;       /* 1 once initialized / loaded */
+  int state;       /* in an incomplete resumable step: ZS__PART_* */
 } zs__swap_part;
+
+/* A partition's progress in a resumable step (swap.h, "Resumable steps"). */
+enum {
+  ZS__PART_TODO = 0,    /* not stepped yet: its gradient is unread */
+  ZS__PART_WRITING = 1, /* stepped; its new image waits in buffer
+                           part % bufcount until its write succeeds */
+  ZS__PART_DONE = 2     /* its new image is written and active */
+};
 
 struct zs_swap {
   int nparts;
@@ -38,6 +47,14 @@ struct zs_swap {
   size_t bufbytes;  /* bytes of each pinned buffer (largest slot) */
   void **bufs;
   int locked;
+  /* Resumable steps: the number of the step that failed partway (0: none
+   * is incomplete); lost = its failure may have consumed a gradient that
+   * was not stepped (only zs_swap_abandon_step is possible then); spare =
+   * a scratch buffer for the state reads allowed meanwhile, as buffers
+   * hold images still to be written. */
+  int64_t inc_step;
+  int lost;
+  void *spare;
   zs_swap_stats stats;
 };
 
@@ -50,6 +67,13 @@ int zs__swap_claim(const char *path, int overwrite, intptr_t *owner);
 int zs__swap_unlink_owned(const char *path, intptr_t *owner);
 /* Releases an owner handle (-1 is ignored). */
 void zs__swap_release(intptr_t owner);
+
+/* ZS_ESTATE naming fn if a resumable step is incomplete (calls that write
+ * state must wait for it to be completed or abandoned). */
+int zs__swap_check_complete(const zs_swap *s, const char *fn);
+/* The buffer the state calls use as scratch: buffer 0, or (while a
+ * resumable step is incomplete) the spare one, allocated on first use. */
+int zs__swap_scratch(zs_swap *s, void **buf);
 
 /* Size in bytes of one state element (1 for Q8). */
 size_t zs__swap_state_es(int state_dtype);

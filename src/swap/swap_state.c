@@ -3,7 +3,9 @@
  * raw images for bit-exact checkpoints. Every write goes to the partition's
  * inactive slot and flips it only after the write succeeded, so a failure
  * keeps the old state. These calls use buffer 0 as scratch (no step runs
- * at the same time: one call at a time per handle). */
+ * at the same time: one call at a time per handle); while a resumable step
+ * is incomplete the buffers hold images still to be written, so the reads
+ * use a spare buffer then and the writes are refused. */
 #include <string.h>
 
 #include "swap/swap_internal.h"
@@ -13,6 +15,33 @@ static int check_part(const zs_swap *s, int part, const char *fn) {
   if (part < 0 || part >= s->nparts)
     return zs__fail(ZS_EINVAL, "%s: partition %d out of range [0, %d)", fn,
                     part, s->nparts);
+  return 0;
+}
+
+int zs__swap_check_complete(const zs_swap *s, const char *fn) {
+  int i, done = 0;
+  if (!s || !s->inc_step) return 0;
+  for (i = 0; i < s->nparts; i++) done += s->parts[i].state == ZS__PART_DONE;
+  return zs__fail(ZS_ESTATE, "%s: resumable step %lld stopped partway (%d of "
+                  "%d partitions are stepped); call zs_swap_step again to "
+                  "complete it, or zs_swap_abandon_step to return every "
+                  "partition to step %lld, first", fn, (long long)s->inc_step,
+                  done, s->nparts, (long long)s->steps);
+}
+
+int zs__swap_scratch(zs_swap *s, void **buf) {
+  if (!s->inc_step) {
+    *buf = s->bufs[0];
+    return 0;
+  }
+  if (!s->spare) {
+    int locked = 0, rc = zs_alloc_pinned(&s->spare, s->bufbytes,
+                                         ZS_PIN_FALLBACK, &locked);
+    if (rc < 0)
+      return zs__fail_prefix(rc, "allocating a %zu-byte scratch buffer for "
+                             "a read during an incomplete step", s->bufbytes);
+  }
+  *buf = s->spare;
   return 0;
 }
 
@@ -100,6 +129,7 @@ int zs_swap_set_state(zs_swap *s, int part, const float *param,
   unsigned char *b;
   int rc;
   if ((rc = check_part(s, part, fn)) < 0) return rc;
+  if ((rc = zs__swap_check_complete(s, fn)) < 0) return rc;
   if (!param) return zs__fail(ZS_EINVAL, "%s: param is NULL", fn);
   if ((rc = check_state_ptrs(s, fn, m, v)) < 0) return rc;
   p = &s->parts[part];
@@ -145,13 +175,13 @@ static int check_ready(const zs_swap *s, int part, const char *fn) {
 int zs_swap_get_state(zs_swap *s, int part, float *param, float *m, float *v) {
   const char *fn = "zs_swap_get_state";
   zs__swap_part *p;
-  unsigned char *b;
+  unsigned char *b = NULL;
   int rc;
   if ((rc = check_part(s, part, fn)) < 0) return rc;
   if ((rc = check_state_ptrs(s, fn, m, v)) < 0) return rc;
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
   p = &s->parts[part];
-  b = s->bufs[0];
+  if ((rc = zs__swap_scratch(s, (void **)&b)) < 0) return rc;
   if ((rc = zs__swap_io(s, part, p->active, b, 0)) < 0) return rc;
   if (param) memcpy(param, b + p->param_off, p->n * 4);
   if (s->state_dtype == ZS_DTYPE_Q8) {
@@ -203,7 +233,7 @@ static void array_spans(const zs_swap *s, int part, int64_t off[5],
 int zs_swap_read_arrays(zs_swap *s, int part, float *param, void *m, void *v,
                         float *m_scale, float *v_scale) {
   const char *fn = "zs_swap_read_arrays";
-  void *dst[5];
+  void *dst[5], *b = NULL;
   int64_t off[5];
   size_t bytes[5];
   int i, rc;
@@ -211,12 +241,12 @@ int zs_swap_read_arrays(zs_swap *s, int part, float *param, void *m, void *v,
   if ((rc = check_arrays(s, fn, m, v, m_scale, v_scale)) < 0) return rc;
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
   dst[0] = param, dst[1] = m, dst[2] = v, dst[3] = m_scale, dst[4] = v_scale;
-  if ((rc = zs__swap_io(s, part, s->parts[part].active, s->bufs[0], 0)) < 0)
-    return rc;
+  if ((rc = zs__swap_scratch(s, &b)) < 0) return rc;
+  if ((rc = zs__swap_io(s, part, s->parts[part].active, b, 0)) < 0) return rc;
   array_spans(s, part, off, bytes);
   for (i = 0; i < 5; i++)
     if (dst[i] && off[i] >= 0)
-      memcpy(dst[i], (unsigned char *)s->bufs[0] + off[i], bytes[i]);
+      memcpy(dst[i], (unsigned char *)b + off[i], bytes[i]);
   return 0;
 }
 
@@ -231,6 +261,7 @@ int zs_swap_write_arrays(zs_swap *s, int part, const float *param,
   int i, rc;
   if ((rc = check_part(s, part, fn)) < 0) return rc;
   if ((rc = check_arrays(s, fn, m, v, m_scale, v_scale)) < 0) return rc;
+  if ((rc = zs__swap_check_complete(s, fn)) < 0) return rc;
   p = &s->parts[part];
   /* The arrays not named keep their bytes: start from the committed image
    * (or from zeros when the partition holds no state yet). */
@@ -270,6 +301,7 @@ int zs_swap_layout(const zs_swap *s, int part, int64_t *param_off,
 
 int zs_swap_read_image(zs_swap *s, int part, void *buf, int64_t len) {
   const char *fn = "zs_swap_read_image";
+  void *b = NULL;
   int rc;
   if ((rc = check_part(s, part, fn)) < 0) return rc;
   if (!buf || len != s->parts[part].image)
@@ -277,9 +309,9 @@ int zs_swap_read_image(zs_swap *s, int part, void *buf, int64_t len) {
                     "(zs_swap_image_bytes), got %lld", fn,
                     (long long)s->parts[part].image, (long long)len);
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
-  if ((rc = zs__swap_io(s, part, s->parts[part].active, s->bufs[0], 0)) < 0)
-    return rc;
-  memcpy(buf, s->bufs[0], (size_t)len);
+  if ((rc = zs__swap_scratch(s, &b)) < 0) return rc;
+  if ((rc = zs__swap_io(s, part, s->parts[part].active, b, 0)) < 0) return rc;
+  memcpy(buf, b, (size_t)len);
   return 0;
 }
 
@@ -288,6 +320,7 @@ int zs_swap_write_image(zs_swap *s, int part, const void *buf, int64_t len) {
   zs__swap_part *p;
   int rc;
   if ((rc = check_part(s, part, fn)) < 0) return rc;
+  if ((rc = zs__swap_check_complete(s, fn)) < 0) return rc;
   p = &s->parts[part];
   if (!buf || len != p->image)
     return zs__fail(ZS_EINVAL, "%s: buf must hold exactly %lld bytes "

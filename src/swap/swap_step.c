@@ -10,8 +10,11 @@
  * compute, so a write that completes while partition i is being stepped
  * frees its buffer for the next read at once. Writes go to each
  * partition's inactive slot; the slots flip only after every write
- * succeeded (see swap.h for the guarantee). zs_swap_io_pass, at the end,
- * moves the same bytes without the optimizer, to measure the disk. */
+ * succeeded (see swap.h for the guarantee), or, in a resumable step, each
+ * as soon as its own write succeeded, the partitions keeping their
+ * progress (ZS__PART_*) across a failure: a retry writes the images still
+ * in their buffers and steps the rest. zs_swap_io_pass, at the end, moves
+ * the same bytes without the optimizer, to measure the disk. */
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +28,7 @@ typedef struct swap_pipe {
   int64_t rid[64], wid[64]; /* pending request per buffer, 0 = none */
   int wpart[64];
   int next_read;
+  int resumable;
   int err;
   char msg[600];
 } swap_pipe;
@@ -32,6 +36,15 @@ typedef struct swap_pipe {
 static void record(swap_pipe *p, int rc, const char *what, int part) {
   if (p->err) return;
   p->err = rc;
+  if (p->resumable) {
+    snprintf(p->msg, sizeof p->msg, "zs_swap_step: %s partition %d failed "
+             "and resumable step %lld stopped partway: call zs_swap_step "
+             "again to complete it (every partition is stepped once) or "
+             "zs_swap_abandon_step to return every partition to step %lld: "
+             "%s", what, part, (long long)p->step, (long long)p->s->steps,
+             zs_last_error());
+    return;
+  }
   snprintf(p->msg, sizeof p->msg, "zs_swap_step: %s partition %d failed, "
            "the step was abandoned and every partition keeps the state of "
            "step %lld: %s", what, part, (long long)p->s->steps,
@@ -51,10 +64,16 @@ static int reap_write(swap_pipe *p, int b, int block) {
   if (block) s->stats.write_wait_ns += zs__now_ns() - t0;
   if (rc == 0) rc = zs__swap_fault(1, p->wpart[b]);
   p->wid[b] = 0;
-  if (rc < 0)
+  if (rc < 0) {
     record(p, rc, "writing", p->wpart[b]);
-  else
-    s->stats.bytes_written += (uint64_t)s->parts[p->wpart[b]].slot;
+  } else {
+    zs__swap_part *q = &s->parts[p->wpart[b]];
+    s->stats.bytes_written += (uint64_t)q->slot;
+    if (p->resumable) { /* this partition's step is done */
+      q->active = !q->active;
+      q->state = ZS__PART_DONE;
+    }
+  }
   return 1;
 }
 
@@ -67,6 +86,10 @@ static void issue_reads(swap_pipe *p, int must, int last) {
     int j = p->next_read, b = j % s->bufcount;
     zs__swap_part *q = &s->parts[j];
     int64_t id;
+    if (q->state != ZS__PART_TODO) { /* stepped before a resumed failure */
+      p->next_read++;
+      continue;
+    }
     if (!reap_write(p, b, j == must) || p->err) return;
     id = zs_aio_pread(s->aio, s->file, s->bufs[b], q->slot,
                       q->off + q->active * q->slot);
@@ -100,7 +123,9 @@ static int compute(swap_pipe *p, int i, int b) {
   size_t gs = dtype_bytes(a->grad_dtype), os = dtype_bytes(a->out_dtype);
   void *out = a->outs ? a->outs[i] : NULL;
   int rc = 0;
-  for (k = 0; k < q->n && rc == 0 && !p->err; k += slice) {
+  /* A failure elsewhere stops a plain step between slices; a resumable one
+   * finishes the partition (see zs_swap_step). */
+  for (k = 0; k < q->n && rc == 0 && (p->resumable || !p->err); k += slice) {
     zs_optim_tensors t;
     uint64_t t0;
     zs_optim_tensors_init(&t);
@@ -131,6 +156,47 @@ static int compute(swap_pipe *p, int i, int b) {
     issue_reads(p, -1, i + s->bufcount - 1);
   }
   return rc;
+}
+
+/* Starts the write of partition i's new image, held in buffer b. */
+static void start_write(swap_pipe *p, int i, int b) {
+  zs_swap *s = p->s;
+  zs__swap_part *q = &s->parts[i];
+  p->wid[b] = zs_aio_pwrite(s->aio, s->file, s->bufs[b], q->slot,
+                           q->off + (!q->active) * q->slot);
+  p->wpart[b] = i;
+  if (p->resumable) q->state = ZS__PART_WRITING;
+  if (p->wid[b] < 0) {
+    int rc = (int)p->wid[b];
+    p->wid[b] = 0;
+    record(p, rc, "submitting the write of", i);
+  }
+}
+
+/* Resumable steps: which step this call runs (a new one, or the one a
+ * failure left incomplete) and whether it may. */
+static int check_resume(swap_pipe *p) {
+  zs_swap *s = p->s;
+  const zs_swap_step_args *a = p->a;
+  if (!p->resumable) return zs__swap_check_complete(s, "zs_swap_step");
+  if (s->sync_each_step)
+    return zs__fail(ZS_EINVAL, "zs_swap_step: a resumable step commits each "
+                    "partition on its own and cannot sync the file before "
+                    "committing (sync_each_step); use one or the other");
+  if (!s->inc_step) return 0;
+  if (a->step > 0 && a->step != s->inc_step)
+    return zs__fail(ZS_EINVAL, "zs_swap_step: step %lld stopped partway; a "
+                    "call with step = %lld cannot complete it (pass 0 or "
+                    "%lld, or zs_swap_abandon_step first)",
+                    (long long)s->inc_step, (long long)a->step,
+                    (long long)s->inc_step);
+  if (s->lost)
+    return zs__fail(ZS_ESTATE, "zs_swap_step: step %lld stopped in a kernel "
+                    "call that may have consumed gradients it did not step; "
+                    "it cannot be completed: call zs_swap_abandon_step",
+                    (long long)s->inc_step);
+  p->step = s->inc_step;
+  return 0;
 }
 
 /* Checks everything a step needs before any I/O starts. */
@@ -181,10 +247,20 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
     p.lr = a->lr >= 0 ? a->lr : s->lr;
     /* zs_swap_set_steps keeps steps below INT64_MAX, so this cannot wrap. */
     p.step = a->step > 0 ? a->step : s->steps + 1;
+    p.resumable = a->resumable != 0;
+    if ((rc = check_resume(&p)) < 0) return rc;
   }
   if ((rc = check_args(&p)) < 0) return rc;
+  if (p.resumable) {
+    s->inc_step = p.step;
+    /* Images a failed write left in their buffers are written first. */
+    for (i = 0; i < s->nparts && !p.err; i++)
+      if (s->parts[i].state == ZS__PART_WRITING)
+        start_write(&p, i, i % s->bufcount);
+  }
   for (i = 0; i < s->nparts && !p.err; i++) {
     zs__swap_part *q = &s->parts[i];
+    if (q->state != ZS__PART_TODO) continue;
     b = i % s->bufcount;
     issue_reads(&p, i, i + s->bufcount - 1);
     if (p.err) break;
@@ -210,18 +286,19 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
     }
     s->stats.bytes_read += (uint64_t)q->slot;
     if ((rc = compute(&p, i, b)) < 0) {
+      s->lost = p.resumable; /* its gradient may be partly consumed */
       record(&p, rc, "stepping", i);
       break;
     }
-    if (p.err) break;
-    p.wid[b] = zs_aio_pwrite(s->aio, s->file, s->bufs[b], q->slot,
-                             q->off + (!q->active) * q->slot);
-    p.wpart[b] = i;
-    if (p.wid[b] < 0) {
-      rc = (int)p.wid[b];
-      p.wid[b] = 0;
-      record(&p, rc, "submitting the write of", i);
+    if (p.err) {
+      /* Another partition's write failed meanwhile. A resumable step
+       * stepped partition i whole (its outs may alias its gradient, so it
+       * cannot be stepped again): its image waits in buffer b for the
+       * retry to write it. */
+      if (p.resumable) q->state = ZS__PART_WRITING;
+      break;
     }
+    start_write(&p, i, b);
   }
   /* Drain: every request must be collected before the buffers are reused,
    * also after an error (then their results no longer matter). */
@@ -240,12 +317,41 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
   s->stats.step_ns += s->stats.last_step_ns;
   if (p.err) {
     s->stats.failed_steps++;
+    if (p.resumable) {
+      int moved = 0;
+      for (i = 0; i < s->nparts; i++) moved |= s->parts[i].state != ZS__PART_TODO;
+      if (!moved) s->inc_step = 0; /* nothing was stepped: as if not called */
+    }
     return zs__fail(p.err, "%s", p.msg);
   }
-  for (i = 0; i < s->nparts; i++) s->parts[i].active = !s->parts[i].active;
+  for (i = 0; i < s->nparts; i++) {
+    if (!p.resumable) s->parts[i].active = !s->parts[i].active;
+    s->parts[i].state = ZS__PART_TODO;
+  }
+  s->inc_step = 0;
   s->steps = p.step;
   s->stats.steps++;
   return 0;
+}
+
+int zs_swap_abandon_step(zs_swap *s) {
+  int i;
+  if (!s) return zs__fail(ZS_EINVAL, "zs_swap_abandon_step: s is NULL");
+  /* A committed partition's step t image is still in its other slot:
+   * nothing writes a slot of a partition between its commit and the end of
+   * the step (the state writes wait, zs_swap_io_pass too). */
+  for (i = 0; i < s->nparts; i++) {
+    zs__swap_part *q = &s->parts[i];
+    if (q->state == ZS__PART_DONE) q->active = !q->active;
+    q->state = ZS__PART_TODO;
+  }
+  s->inc_step = 0;
+  s->lost = 0;
+  return 0;
+}
+
+int64_t zs_swap_incomplete_step(const zs_swap *s) {
+  return s ? s->inc_step : 0;
 }
 
 /* ------------------------------------------------------- disk measurement */
@@ -262,6 +368,7 @@ int zs_swap_io_pass(zs_swap *s, void *rbuf, int rslots, const void *wbuf,
   if (!s || (reads && !rbuf) || (writes && !wbuf))
     return zs__fail(ZS_EINVAL, "zs_swap_io_pass: s, and rbuf for reads and "
                     "wbuf for writes, must not be NULL");
+  if ((rc = zs__swap_check_complete(s, "zs_swap_io_pass")) < 0) return rc;
   if (rslots < 1 || rslots > ZS__IO_PASS_MAX_READS || buflen < 1)
     return zs__fail(ZS_EINVAL, "zs_swap_io_pass: rslots = %d must be 1..%d "
                     "and buflen = %lld >= 1", rslots, ZS__IO_PASS_MAX_READS,

@@ -740,7 +740,125 @@ out:
   h_free(&h);
 }
 
+/* A resumable step whose outs are its gradients (bf16 in, bf16 out: the
+ * caller keeps the gradients in the weights' place). */
+static int h_step_resumable(harness *h, double lr) {
+  zs_swap_step_args a;
+  zs_swap_step_args_init(&a);
+  a.grads = (const void *const *)h->grads;
+  a.grad_dtype = ZS_DTYPE_BF16;
+  a.outs = h->grads;
+  a.out_dtype = ZS_DTYPE_BF16;
+  a.lr = lr;
+  a.resumable = 1;
+  return zs_swap_step(h->s, &a);
+}
+
+/* Resumable steps with the outs in the gradients' place: a fault anywhere
+ * leaves a step that the next call completes, every partition stepped
+ * once from its own gradient (the result is the reference's bit for bit,
+ * though the failed call overwrote some gradients with weights), or that
+ * zs_swap_abandon_step undoes; meanwhile reads work and writes are
+ * refused. */
+static void resumable_steps(void) {
+  static const struct {
+    const char *site;
+    int n, err;
+  } f[] = {{"swap.read", 1, ZS_EIO},    {"swap.read", 3, ZS_EIO},
+           {"swap.write", 1, ZS_ENOSPC}, {"swap.write", 2, ZS_EIO},
+           {"swap.write", 4, ZS_EIO},    {"aio.submit", 3, ZS_ENOSPC},
+           {"aio.io", 2, ZS_EIO},        {"aio.io", 5, ZS_ENOSPC},
+           {"aio.io", 7, ZS_EIO}};
+  setup su = {ZS_SWAP_ADAM, ZS_DTYPE_Q8, ZS_DTYPE_BF16, ZS_DTYPE_BF16, 3, 5,
+              {5000, 70001, 3, 16391, 4097}};
+  harness h;
+  void *keep[MAXP] = {0};
+  int64_t step = 0;
+  size_t k;
+  int i, abandon;
+  if (!h_open(&h, &su)) return;
+  for (i = 0; i < su.nparts; i++)
+    if (!(keep[i] = malloc((size_t)su.sizes[i] * 2))) goto out;
+  for (abandon = 0; abandon < 2; abandon++) {
+    for (k = 0; k < ZS_ARRAY_SIZE(f); k++) {
+      int rc, moved;
+      unsigned char *img;
+      /* Fresh gradients, kept aside: the swapper overwrites them. The
+       * reference reads the kept ones (t.grad) and writes routs. */
+      h_new_grads(&h);
+      for (i = 0; i < su.nparts; i++)
+        memcpy(keep[i], h.grads[i], (size_t)su.sizes[i] * 2);
+      ZT_OK(zs_fault_set(f[k].site, f[k].n, 1, f[k].err));
+      rc = h_step_resumable(&h, 1e-3);
+      zs_fault_clear();
+      ZT_CHECKF(rc == f[k].err, "fault %s #%d: step returned %s (%s)",
+                f[k].site, f[k].n, zs_err_name(rc), zs_last_error());
+      if (rc == 0) break;
+      ZT_CHECKF(strstr(zs_last_error(), "stopped partway") &&
+                    strstr(zs_last_error(), "zs_swap_abandon_step"),
+                "unclear message: %s", zs_last_error());
+      ZT_CHECK(zs_swap_steps(h.s) == step);
+      moved = zs_swap_incomplete_step(h.s) != 0;
+      ZT_CHECK(!moved || zs_swap_incomplete_step(h.s) == step + 1);
+      if (moved) {
+        /* Writes wait for the step, a plain step too; reads work. */
+        ZT_ERR(zs_swap_set_steps(h.s, 3), ZS_ESTATE);
+        ZT_CHECK(strstr(zs_last_error(), "stopped partway") != NULL);
+        ZT_ERR(zs_swap_init_partition(h.s, 0, (const float *)keep[0]),
+               ZS_ESTATE);
+        ZT_ERR(h_step(&h, 1e-3, 1.0), ZS_ESTATE);
+        img = malloc((size_t)h.img[1]);
+        ZT_OK(zs_swap_read_image(h.s, 1, img, h.img[1]));
+        free(img);
+        {
+          zs_swap_step_args a;
+          zs_swap_step_args_init(&a);
+          a.grads = (const void *const *)h.grads;
+          a.grad_dtype = ZS_DTYPE_BF16;
+          a.resumable = 1;
+          a.step = step + 5;
+          ZT_ERR(zs_swap_step(h.s, &a), ZS_EINVAL);
+        }
+      }
+      if (abandon) {
+        ZT_OK(zs_swap_abandon_step(h.s));
+        ZT_CHECK(zs_swap_incomplete_step(h.s) == 0);
+        if (!h_same(&h, 0, __LINE__)) goto out; /* step t, bit for bit */
+        for (i = 0; i < su.nparts; i++) /* the caller's gradients again */
+          memcpy(h.grads[i], keep[i], (size_t)su.sizes[i] * 2);
+      }
+      ZT_OK(h_step_resumable(&h, 1e-3));
+      ZT_CHECK(zs_swap_incomplete_step(h.s) == 0);
+      for (i = 0; i < su.nparts; i++) { /* the reference's gradients */
+        void *t = h.grads[i];
+        h.grads[i] = keep[i], keep[i] = t;
+      }
+      ZT_OK(h_ref_step(&h, 1e-3, 1.0, ++step));
+      for (i = 0; i < su.nparts; i++) { /* the swapper's outs */
+        void *t = h.grads[i];
+        h.grads[i] = keep[i], keep[i] = t;
+        memcpy(h.outs[i], h.grads[i], (size_t)su.sizes[i] * 2);
+      }
+      ZT_CHECK(zs_swap_steps(h.s) == step);
+      if (!h_same(&h, 1, __LINE__)) goto out;
+    }
+  }
+  /* Abandoning with nothing incomplete does nothing; resumable steps
+   * cannot sync. */
+  ZT_OK(zs_swap_abandon_step(h.s));
+  ZT_CHECK(zs_swap_steps(h.s) == step && h_same(&h, 0, __LINE__));
+  h.s->sync_each_step = 1;
+  ZT_ERR(h_step_resumable(&h, 1e-3), ZS_EINVAL);
+  h.s->sync_each_step = 0;
+  ZT_ERR(zs_swap_abandon_step(NULL), ZS_EINVAL);
+out:
+  for (i = 0; i < MAXP; i++) free(keep[i]);
+  zs_fault_clear();
+  h_free(&h);
+}
+
 ZT_MAIN(ZT_CASE(equal_in_ram), ZT_CASE(faults_keep_state),
+        ZT_CASE(resumable_steps),
         ZT_CASE(short_file), ZT_CASE(checkpoint_roundtrip),
         ZT_CASE(typed_arrays), ZT_CASE(bad_input), ZT_CASE(stats_and_cleanup),
         ZT_CASE(io_pass_keeps_state))

@@ -28,7 +28,8 @@ class SwapStepArgs(Structure):
     """struct zs_swap_step_args; fill with zs_swap_step_args_init first."""
     _fields_ = [("grads", POINTER(c_void_p)), ("grad_dtype", c_int),
                 ("outs", POINTER(c_void_p)), ("out_dtype", c_int),
-                ("grad_scale", c_double), ("lr", c_double), ("step", c_int64)]
+                ("grad_scale", c_double), ("lr", c_double), ("step", c_int64),
+                ("resumable", c_int)]
 
 
 class SwapStats(Structure):
@@ -60,6 +61,8 @@ SIGNATURES = {
                                     c_double, c_double]),
     "zs_swap_get_hparams": (None, [c_void_p, _D, _D, _D, _D, _D]),
     "zs_swap_steps": (c_int64, [c_void_p]),
+    "zs_swap_incomplete_step": (c_int64, [c_void_p]),
+    "zs_swap_abandon_step": (c_int, [c_void_p]),
     "zs_swap_set_steps": (c_int, [c_void_p, c_int64]),
     "zs_swap_get_state": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_void_p]),
     "zs_swap_set_state": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_void_p]),

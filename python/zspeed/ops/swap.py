@@ -218,7 +218,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
     def step(self, grads: Sequence[Any], grad_scale: float = 1.0,
              out: Sequence[Any] | None = None, *, lr: float | None = None,
              step: int | None = None, grad_dtype: str | None = None,
-             out_dtype: str | None = None) -> None:
+             out_dtype: str | None = None, resumable: bool = False) -> None:
         """One optimizer step over every partition.
 
         grads: one buffer per partition (all float32, all bfloat16 or all
@@ -232,6 +232,11 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         lr: this step's learning rate (None = the current one, see
           :meth:`set_hparams`). step: Adam's step number for bias correction
           (None = :attr:`steps` + 1).
+        resumable: each partition commits on its own, so that a step that
+          fails partway is completed by calling step again with the same
+          buffers (each partition stepped once; an out buffer may then be
+          its partition's gradient buffer) or undone by
+          :meth:`abandon_step`; see "Resumable steps" in swap.h.
         Raises NativeError on failure; see the module docstring for the
         guarantee."""
         n = len(self.sizes)
@@ -268,7 +273,18 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
             args.lr = float(lr)
         if step is not None:
             args.step = integer(step, "step", INT64)
+        args.resumable = 1 if resumable else 0
         check(lib.zs_swap_step(self._handle, ctypes.byref(args)), "zs_swap_step")
+
+    @property
+    def incomplete_step(self) -> int:
+        """The number of a resumable step that failed partway (0: none)."""
+        return int(lib.zs_swap_incomplete_step(self._handle))
+
+    def abandon_step(self) -> None:
+        """Returns every partition to the last completed step after a
+        resumable step failed partway (no-op when none did)."""
+        check(lib.zs_swap_abandon_step(self._handle), "zs_swap_abandon_step")
 
     # ------------------------------------------------------ hyperparameters
     def set_hparams(self, lr: float | None = None, betas: tuple[float, float] | None = None,
