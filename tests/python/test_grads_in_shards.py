@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_helpers as eh  # noqa: E402
 import test_zero3 as z3  # noqa: E402
 
 import zspeed  # noqa: E402
@@ -64,9 +65,18 @@ def test_an_overflow_skip_puts_the_weights_back_from_the_masters():
     buf = e.optimizer_path.buffers
     assert buf.grads_in.held == set()  # the skipped steps' gradients were replaced by the weights
     for gi, f in enumerate(buf.sm.flat):
-        assert torch.equal(f, buf.grads_in.masters[gi][0].to(f.dtype))
+        assert torch.equal(f, _all_masters(buf.grads_in, gi, f.numel()).to(f.dtype))
     assert le == lr
     _equal(z3._whole(e), z3._whole(ref))
+
+
+def _all_masters(grads_in, gi: int, n: int) -> torch.Tensor:
+    """Group gi's fp32 masters over its whole local space, read through the readers the paths gave."""
+    out = torch.full((n,), float("nan"))
+    for (lo, hi), read in grads_in.masters[gi].items():
+        out[lo:hi] = read(lo, hi - lo, {})
+    assert not out.isnan().any()
+    return out
 
 
 def _backward_only(engine, idx):
@@ -223,3 +233,134 @@ def test_a_split_that_moves_keeps_the_gradients_in_the_shards():
         if on:
             assert e.optimizer_path.grads_in is not None and e.optimizer_path.buffers.grads_in is not None
     _equal(out[True], out[False])
+
+
+# -- offload_optimizer nvme: the swappers step the shards in place, resumably -----------------------
+def _nvme(tmp, precision="bf16", on=True, state_dtype=None, **zero):
+    """The fp32 masters and Adam's state in swap files under ``tmp``; sub_group_size 300 cuts each
+    group into several swapper partitions, so that a fault can stop a step between them."""
+    c = _cfg(precision, on, state_dtype=state_dtype, sub_group_size=300, **zero)
+    c["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp), "pin_memory": True}
+    return c
+
+
+def _shards_are_the_outs(engine) -> bool:
+    path = engine.optimizer_path
+    return all(o.data_ptr() == f.data_ptr() for o, f in zip(path._out_flat, path.buffers.sm.flat))
+
+
+@pytest.mark.parametrize("precision,state_dtype", [("bf16", None), ("fp16", None), ("bf16", "int8")])
+def test_nvme_optimizer_steps_the_shards_as_host_offload_bit_for_bit(tmp_path, precision, state_dtype):
+    """With the optimizer on NVMe the gradients land in the shards and the swappers write the new
+    weights there too: host memory holds neither a gradient buffer nor a weight buffer, and the
+    run equals offload_optimizer cpu with a separate gradient buffer bit for bit (fp16: with the
+    overflow skips of a huge initial scale, whose weights come back from the masters on disk)."""
+    def cfg(c):
+        if precision == "fp16":
+            c["fp16"]["initial_scale_power"] = 30
+        return c
+    ref, lr = z3._train(cfg(_cfg(precision, False, state_dtype=state_dtype, sub_group_size=300)), steps=5)
+    runs = {on: z3._train(cfg(_nvme(tmp_path, precision, on, state_dtype)), steps=5) for on in (False, True)}
+    for on, (e, le) in runs.items():
+        assert le == lr and e.skipped_steps == ref.skipped_steps
+        assert e.skipped_steps >= (1 if precision == "fp16" else 0)
+        _equal(z3._whole(e), z3._whole(ref))
+        assert _shards_are_the_outs(e) and _in_shards(e) == on
+        host = e.memory_needs["host"]
+        assert "weights out" not in host and ("gradients" in host) != on
+    e = runs[True][0]
+    assert len(e.optimizer_path.swappers[0].sizes) > 2 and e.optimizer_path.buffers.grads_in.held == set()
+    for gi, f in enumerate(e.optimizer_path.buffers.sm.flat):  # the shards are the masters rounded
+        assert torch.equal(f, _all_masters(e.optimizer_path.buffers.grads_in, gi, f.numel()).to(f.dtype))
+
+
+@pytest.mark.parametrize("site,n", [("swap.write", 2), ("swap.read", 3)])
+def test_an_nvme_fault_mid_step_is_completed_or_abandoned_with_the_gradients_in_the_shards(tmp_path, site, n):
+    """A write or read of the step's n-th swap partition fails: the swapper has stepped (and
+    overwritten in the shards) the gradients of the partitions before it. step() again -- or the
+    next forward, which completes a step under way before it reads the weights -- completes the
+    step, stepping every partition once, and the run equals one that never failed; an abandoned
+    step (load_checkpoint) returns every partition to the last step and every shard to its
+    weights, and training on from the checkpoint equals the same run."""
+    if not eh.native_ops_available():
+        pytest.skip("fault injection is libzspeed's (zs_fault_set)")
+    from zspeed import NativeError
+    from zspeed._native import errcode, lib
+    ref, _ = z3._train(_cfg(on=False, sub_group_size=300), steps=2)
+    for idx in z3._data(4)[2:]:
+        _backward_only(ref, idx)
+        ref.step()
+    refw = z3._whole(ref)
+    for on in (False, True):
+        for how in ("retry", "forward", "abandon"):
+            swap = tmp_path / f"{on}{how}"
+            swap.mkdir()
+            e, _ = z3._train(_nvme(swap, on=on), steps=2)
+            e.save_checkpoint(tmp_path / f"ck{on}{how}", tag="s")
+            _backward_only(e, z3._data(4)[2])
+            lib.zs_fault_set(site.encode(), n, 1, errcode("ZS_EIO"))
+            try:
+                with pytest.raises(NativeError, match="stopped partway"):
+                    e.step()
+            finally:
+                lib.zs_fault_clear()
+            sw = e.optimizer_path.swappers[0]
+            assert e.global_steps == 2 and sw.incomplete_step == 3 and sw.steps == 2
+            if on:
+                assert e.optimizer_path.buffers.grads_in.held  # the partitions not stepped yet
+            if how == "retry":
+                e.step()
+            elif how == "forward":
+                with torch.no_grad():
+                    z3._loss(e, z3._data(4)[0])
+            else:
+                e.load_checkpoint(tmp_path / f"ck{on}{how}", tag="s")
+                assert sw.incomplete_step == 0 and sw.steps == 2
+                if on:
+                    assert e.optimizer_path.buffers.grads_in.held == set()
+                _backward_only(e, z3._data(4)[2])
+                e.step()
+            assert sw.incomplete_step == 0 and sw.steps == 3 and e.global_steps == 3, how
+            if on:
+                assert e.optimizer_path.buffers.grads_in.held == set()
+            _backward_only(e, z3._data(4)[3])
+            e.step()
+            _equal(z3._whole(e), refw)
+            e.close()
+
+
+def test_three_tiers_land_the_disk_share_in_the_shards_bit_for_bit(tmp_path):
+    """ratio and max_in_cpu with the optimizer on NVMe: the GPU's units (the CPU here), host
+    memory's and NVMe's; the gradients of the last two land in their shards."""
+    n = sum(p.numel() for p in z3.Model().parameters())
+    out = {}
+    for on in (False, True):
+        swap = tmp_path / str(on)
+        swap.mkdir()
+        c = _nvme(swap, on=on)
+        c["zero_optimization"]["offload_optimizer"].update(ratio=0.6, max_in_cpu=n // 4)
+        e, losses = z3._train(c, steps=4)
+        path = e.optimizer_path
+        assert path.dev is not None and path.cpu is not None and path.disk is not None
+        if on:
+            assert path.grads_in is not None and path.disk_buffers.grads_in is path.grads_in
+            assert path.grads_in.held == set()
+            f = path.sm.flat[0]
+            g = path.disk_buffers.flat_grads[0]
+            assert f.data_ptr() <= g.data_ptr() < f.data_ptr() + f.numel() * f.element_size()
+        out[on] = (losses, z3._whole(e))
+        e.close()
+    assert out[True][0] == out[False][0]
+    _equal(out[True][1], out[False][1])
+
+
+@pytest.mark.skipif(z3.DEVICE != "cpu", reason="the multi-rank cases run on the CPU (Gloo)")
+def test_two_ranks_with_the_optimizer_on_nvme_equal_a_separate_gradient_buffer(tmp_path):
+    outs = {}
+    for on in (False, True):
+        swap = tmp_path / f"s{on}"
+        swap.mkdir()
+        cfg = dict(_nvme(swap, on=on), train_micro_batch_size_per_gpu=3)
+        outs[on] = z3._ranks(2, cfg, tmp_path, f"n{on}")
+    for r in range(2):
+        _equal(outs[True][r]["state"], outs[False][r]["state"])

@@ -404,7 +404,7 @@ SCHEMA: dict[str, S] = {
         "max_in_cpu": K(1000000000, NUM, "nvme: elements of (frozen) parameter shards kept in host memory "
                         "instead, the first ones in parameter order", auto=AUTO_DEFAULT,
                         check=_between(0, 2 ** 62)),
-        "grads_in_shards": K(True, (bool,), "zspeed extension (device cpu or nvme, with offload_optimizer cpu, "
+        "grads_in_shards": K(True, (bool,), "zspeed extension (device cpu or nvme, with offload_optimizer cpu or nvme, "
                              "bf16/fp16, gradient_accumulation_steps 1, no delayed_update; with a ratio, the "
                              "CPU's share): the boundary's reduced gradients land in the rank's host parameter shards, whose "
                              "weights the step overwrites anyway (the fp32 masters keep them meanwhile), so "

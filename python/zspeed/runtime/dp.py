@@ -47,7 +47,7 @@ from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
-from .store import GradsInShards, ParamStore, flat_base, per_element
+from .store import GradsInShards, ParamStore, PartitionedStore, flat_base, per_element
 
 __all__ = ["GradReducer", "ShardGrads", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
 
@@ -317,6 +317,22 @@ class ShardGrads:
         if self.grads_in is not None:
             gis, bases, _ = zip(*self._shard_spans())
             self.grads_in.use_masters(list(gis), flats, list(bases))
+
+    def use_master_readers(self, readers: list) -> None:
+        """The path's fp32 masters are not in host buffers (the NVMe swap files): ``readers[i]``
+        (layout offset, n, cache) -> group i's masters there."""
+        if self.grads_in is not None:
+            gis, bases, sizes = zip(*self._shard_spans())
+            self.grads_in.use_readers(list(gis), [lambda start, n, cache, r=r, b=b: r(start - b, n, cache)
+                                                  for r, b in zip(readers, bases)], list(bases), list(sizes))
+
+    def shard_storage(self) -> list | None:
+        """Per group of the layout, the part of the store's shards it covers (one flat tensor
+        each), when the shards live in host memory and are the weights (a ZeRO-3 store): a path
+        may write its new weights there itself. None otherwise."""
+        if not isinstance(self.sm, PartitionedStore) or self.sm.flat[0].device.type != "cpu":
+            return None
+        return [self.sm.flat[gi][b:b + n] for gi, b, n in self._shard_spans()]
 
     def step_started(self) -> None:
         self._stepping = True

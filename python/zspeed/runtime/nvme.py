@@ -10,6 +10,13 @@ i || write partition i-1), reading its partitions' gradients from the flat
 gradient buffer and writing the updated weights into the flat weight buffer.
 Nothing else of the state stays in RAM: per group, those two buffers (2 or 4
 bytes per parameter each) plus the swapper's ``buffer_count`` pipeline buffers.
+At ZeRO-3 with the parameter shards in host memory there is no weight buffer:
+the swappers write the new weights into the shards themselves, and with the
+gradients in the shards (offload_param.grads_in_shards) read the gradients
+from there too, so host memory holds 2 bytes per parameter (the 16-bit
+shards). Their steps are then resumable (include/zspeed/swap.h): a partition
+whose gradient became its weight is never stepped again, and a failed step is
+completed by the next apply() or abandoned (abandon_step) as on the other paths.
 
 Partitions: each group's flat parameter space is cut into swapper partitions
 of about ``zero_optimization.sub_group_size`` elements, capped at 2^23
@@ -42,7 +49,9 @@ another user's file) is skipped, never opened or deleted.
 """
 from __future__ import annotations
 
+import bisect
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -139,9 +148,14 @@ class NVMePath(OffloadedPath):
         on_disk = n - kept
         host = [Need("host", "fp32 masters (max_in_cpu)", 4 * kept),
                 Need("host", f"optimizer state ({sd}, max_in_cpu)", int(per * kept))] if kept else []
-        return [Need("host", "gradients", s.esize * n), *host,
+        # The reduced gradients in host memory (none: in the shards' place, plan.grads_in_shards);
+        # the new weights go into the shards (ZeRO-3 with the shards in host memory) or a buffer.
+        shards_out = plan.store == "partitioned" and (plan.param_medium == "host" or plan.device.type == "cpu")
+        return [Need("host", "gradients", 0 if plan.grads_in_shards else s.esize * n),
+                Need("host", "weights out", 0 if shards_out else s.esize * n), *host,
                 Need("nvme", f"offload_optimizer ({on_disk:,} elements x {4 + per:.1f} bytes of fp32 masters and "
-                     f"{sd} optimizer state)", int((4 + per) * on_disk), where=config.offload["nvme_path"])]
+                     f"{sd} optimizer state, twice: two slots per swap partition, so a failed write loses "
+                     f"nothing)", int(2 * (4 + per) * on_disk), where=config.offload["nvme_path"])]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):
@@ -150,7 +164,17 @@ class NVMePath(OffloadedPath):
         from ..ops.swap import NVMeOptimizerSwapper
         from ..ops import grad_stats
         self._grad_stats = grad_stats
-        self._out_flat, self._out = buffers.alloc(buffers.model_dtype)
+        # The swappers write the new weights into the store's host shards when those are the
+        # weights (ZeRO-3 with offload_param): no weight buffer of the model's size. Their steps
+        # are then resumable (a step that fails partway is completed by the next call, each
+        # partition stepped once), as what they wrote is in the model's place -- and with the
+        # gradients in the shards (plan.grads_in_shards) it is where the gradients were.
+        own = buffers.shard_storage()
+        self._resumable = own is not None
+        if own is not None:
+            self._out_flat, self._out = own, [layout.views(f, gi) for gi, f in enumerate(own)]
+        else:
+            self._out_flat, self._out = buffers.alloc(buffers.model_dtype)
         self._stepped: set = set()  # groups whose swapper has stepped on the current gradients
         if name in ("Adam", "AdamW"):
             kind = "adamw" if params["adam_w_mode"] else "adam"
@@ -198,6 +222,8 @@ class NVMePath(OffloadedPath):
             iav = float(group.get("initial_accumulator_value", 0.0))
             if iav:  # init_partition zeroed the states; Adagrad's sum starts at this value
                 self._reset_states(gi)
+        self._starts = [[p.start for p in parts] for parts in self.parts]
+        buffers.use_master_readers([functools.partial(self._read_masters, gi) for gi in range(len(self.parts))])
 
     # -- the step ----------------------------------------------------------------------------------
     def _host_grad_stats(self, tensors: list, scale: float) -> tuple[float, bool]:
@@ -211,10 +237,13 @@ class NVMePath(OffloadedPath):
 
     def apply(self, factor: float) -> None:
         """One step of every swapper, each reading its partitions' gradients from the flat
-        gradient buffer and writing the updated weights into the flat weight buffer; then
-        the weights go into the model. A swapper that raises keeps its previous step, and
-        the groups stepped before it are not stepped again when apply is called again."""
+        gradient buffer and writing the updated weights into the flat weight buffer (or the
+        shards); then the weights go into the model. A swapper that raises keeps its previous
+        step (a resumable one: the partitions it stepped), and apply called again steps only
+        what was not stepped: not the groups stepped before it, nor (resumable) its stepped
+        partitions."""
         self.buffers.wait_host_buffers()
+        self.buffers.step_started()
         for gi, (group, sw) in enumerate(zip(self.optimizer.param_groups, self.swappers)):
             if gi in self._stepped:  # its new weights wait in its flat weight buffer
                 continue
@@ -222,17 +251,43 @@ class NVMePath(OffloadedPath):
             sw.set_hparams(betas=group.get("betas"), eps=group.get("eps"),
                            weight_decay=group["weight_decay"])
             sw.step([fg[p.start:p.start + p.n] for p in self.parts[gi]], float(factor),
-                    out=[fo[p.start:p.start + p.n] for p in self.parts[gi]], lr=float(group["lr"]))
+                    out=[fo[p.start:p.start + p.n] for p in self.parts[gi]], lr=float(group["lr"]),
+                    resumable=self._resumable)
             self._stepped.add(gi)
+            self.buffers.chunk_stepped([(gi, ei) for ei in range(len(self.layout.params[gi]))])
         self.buffers.write_back(self._out, self.layout.keys)
         self.buffers.end_write_back()
+
+    def _read_masters(self, gi: int, off: int, n: int, cache: dict) -> torch.Tensor:
+        """Group gi's fp32 masters at layout offsets [off, off + n), read from its swap file
+        (``cache``: partition -> its masters, filled here, so that a caller reading many ranges
+        reads each partition once)."""
+        out = torch.empty(n, dtype=torch.float32)
+        parts, starts = self.parts[gi], self._starts[gi]
+        i = max(0, bisect.bisect_right(starts, off) - 1)
+        while n and i < len(parts) and parts[i].start < off + n:
+            p = parts[i]
+            key = (gi, i)
+            if key not in cache:
+                cache[key] = torch.from_numpy(self.swappers[gi].read_arrays(i, ("param",))["param"])
+            lo, hi = max(off, p.start), min(off + n, p.start + p.n)
+            if lo < hi:
+                out[lo - off:hi - off].copy_(cache[key][lo - p.start:hi - p.start])
+            i += 1
+        return out
 
     def release(self) -> None:
         self._stepped.clear()
         super().release()
 
     def abandon_step(self) -> None:
+        """Forgets a step that stopped partway (before a checkpoint load replaces what it touched):
+        a resumable swapper's stepped partitions return to the last step, and gradients held in
+        the shards give way to the weights."""
+        for sw in self.swappers:
+            sw.abandon_step()
         self._stepped.clear()
+        self.buffers.abandoned()
 
     # -- masters and state (checkpoints) ----------------------------------------------------------
     def _state_keys(self) -> tuple:

@@ -85,6 +85,14 @@ class HostBuffers:
     def use_masters(self, flats: list) -> None:
         """The path's fp32 masters (a flat tensor per group of this layout)."""
 
+    def use_master_readers(self, readers: list) -> None:
+        """The path's fp32 masters, kept elsewhere: ``readers[i](offset, n, cache)`` reads group i's."""
+
+    def shard_storage(self) -> list | None:
+        """Per group, a flat host tensor that is the weights' own storage, which a path may write
+        its new weights into (the parameter shards of a ZeRO-3 store); None: none is."""
+        return None
+
     def step_started(self) -> None:
         """The optimizer step has started (it may run on after release(), in the background)."""
 

@@ -311,13 +311,13 @@ class RunPlan:
 
 def _grads_in_shards(config, store: str, medium: str, dtype: torch.dtype, off: dict) -> bool:
     """Whether the reduced gradients can land in the host parameter shards: a partitioned store in
-    host memory, stepped in place by the CPU path in host memory (also a GPU/CPU split's CPU
-    share; not delayed, whose step runs while the model trains on the shards), low-precision
-    weights (an fp32 model's shards are its masters), and one micro-batch per step (with
-    several, each forward would read the weights back from the masters). Correct in any case it
-    allows (docs/ZERO3.md)."""
+    host memory, stepped in place by the CPU optimizer (offload_optimizer cpu, or nvme, whose
+    swappers step resumably; also a GPU/CPU split's other tiers; not delayed, whose step runs
+    while the model trains on the shards), low-precision weights (an fp32 model's shards are its
+    masters), and one micro-batch per step (with several, each forward would read the weights
+    back from the masters). Correct in any case it allows (docs/ZERO3.md)."""
     return (bool(config.offload_param["grads_in_shards"]) and store == "partitioned" and medium == "host"
-            and dtype != torch.float32 and config.offload_device == "cpu" and not off["delayed_update"]
+            and dtype != torch.float32 and config.offload_device in ("cpu", "nvme") and not off["delayed_update"]
             and int(config.gradient_accumulation_steps or 1) == 1)
 
 

@@ -243,8 +243,8 @@ class HostShare(ShardGrads, HostBuffers):
     def __init__(self, sm: ParamStore, layout: FlatLayout, gis: list, spans: list, pin_memory: bool,
                  donor: "HostShare | None" = None, grads_in: GradsInShards | None = None):
         self.sm, self.gis, self.spans = sm, gis, spans
-        # The gradients in the store's shards (store.GradsInShards; the CPU tier in host memory
-        # only): the tier's gradient buffers are views of the shards.
+        # The gradients in the store's shards (store.GradsInShards): the tier's gradient buffers
+        # are views of the shards.
         self.grads_in = grads_in
         self._base = [_end(sm.plan.groups[gi], lo) for gi, (lo, _) in zip(gis, spans)]
         self._size = [_end(sm.plan.groups[gi], hi) - b for gi, (_, hi), b in zip(gis, spans, self._base)]
@@ -377,8 +377,8 @@ class StoreSplitPath(TwoHalves):
         self._edited = False  # the tensor-fragment API wrote gradients (the reducer's norms are stale)
         self.reducer = GradReducer(sm, None, stage=stage, overlap=reduce_overlap, comm=comm, comm_dtype=comm_dtype)
         self.reducer.dest_of = self._dest_of
-        # plan.grads_in_shards (the plan allows it only for a CPU tier wholly in host memory): the
-        # CPU's units' gradients land in their shards
+        # plan.grads_in_shards: the units off the GPU (host memory's and NVMe's) get their
+        # gradients in their shards
         self.grads_in = None
         if grads_in_shards:
             self.grads_in = sm.grads_in = GradsInShards(sm)
@@ -449,7 +449,7 @@ class StoreSplitPath(TwoHalves):
             cl = FlatLayout(groups)
             buf = HostShare(sm, cl, [gi for gi, _ in at], [span for _, span in at], a["pin_memory"],
                             donor=donor if side == "cpu" else None,
-                            grads_in=self.grads_in if side == "cpu" else None)
+                            grads_in=self.grads_in)
             setattr(self, {"cpu": "buffers", "disk": "disk_buffers"}[side], buf)
             setattr(self, side, kinds[side](cl, buf, a))
         self._finish_build()

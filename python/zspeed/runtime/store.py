@@ -362,20 +362,34 @@ class GradsInShards:
     def __init__(self, store: PartitionedStore):
         self.store = store
         self.held: set = set()
-        self.masters: dict = {}  # per group of the store: (a flat fp32 master buffer, the local index of its start)
+        # per group of the store, per (local start, end) of the space a path steps: a reader of
+        # its fp32 masters, reader(local start, n, cache) -> n values (a flat host buffer's slice,
+        # or a read from the NVMe swap files; ``cache`` lets one restore read each file partition once)
+        self.masters: dict = {}
 
     def land(self, gi: int, ui: int) -> None:
         self.held.add((gi, ui))
 
     def use_masters(self, gis: list, flats: list, bases: list) -> None:
         """Groups ``gis``' fp32 masters: ``flats[i]`` holds group gis[i]'s local space from ``bases[i]``."""
-        for gi, f, b in zip(gis, flats, bases):
-            self.masters[gi] = (f, b)
+        self.use_readers(gis, [lambda start, n, cache, f=f, b=b: f[start - b:start - b + n]
+                               for f, b in zip(flats, bases)], bases, [f.numel() for f in flats])
 
-    def _masters(self, gi: int, ui: int) -> torch.Tensor:
-        flat, base = self.masters[gi]
+    def use_readers(self, gis: list, readers: list, bases: list, sizes: list) -> None:
+        """Groups ``gis``' fp32 masters from ``readers[i]`` for the local range ``bases[i]`` +
+        ``sizes[i]`` (a path that keeps its masters elsewhere than in one host buffer)."""
+        for gi, r, b, n in zip(gis, readers, bases, sizes):
+            row = self.masters.setdefault(gi, {})
+            for lo, hi in [k for k in row if k[0] < b + n and b < k[1]]:  # a path this one replaces
+                del row[lo, hi]
+            row[b, b + n] = r
+
+    def _masters(self, gi: int, ui: int, cache: dict | None = None) -> torch.Tensor:
         start, n = self.store.local_range(gi, ui)
-        return flat[start - base:start - base + n]
+        for (lo, hi), read in self.masters[gi].items():
+            if lo <= start < hi:
+                return read(start, n, {} if cache is None else cache)
+        raise AssertionError(f"no path holds the masters of unit {ui} of group {gi}")
 
     def derived(self, gi: int, ui: int) -> torch.Tensor:
         """Unit ui's weights, rounded from its masters (the values its shard held before the
@@ -389,9 +403,10 @@ class GradsInShards:
 
     def restore(self) -> None:
         """The held units' weights back into their shards from the masters."""
+        cache: dict = {}
         with torch.no_grad():
             for gi, ui in sorted(self.held):
-                self.store.shard(gi, ui).copy_(self._masters(gi, ui))
+                self.store.shard(gi, ui).copy_(self._masters(gi, ui, cache))
         self.held.clear()
 
 
