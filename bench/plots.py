@@ -108,7 +108,7 @@ def plot_largest(rows: dict, plt) -> Path:
     """The largest model one GPU capped at 24 GiB with 125 GiB of host memory trains (ZeRO-3,
     parameters and optimizer in host memory), and the host bytes each parameter costs."""
     big = [rows[k] for k in ("largest-ds", "largest-zs") if k in rows]
-    bpp = [rows[k] for k in ("bpp-ds", "bpp-zs-fp32", "bpp-zs-int8") if k in rows]
+    bpp = [rows[k] for k in ("bpp-ds", "bpp-zs-fp32", "bpp-zs-int8", "bpp-zs-nvme") if k in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2))
     for ax, sel, xlabel, fmt in ((a, big, "largest model trained, billions of parameters", "{:.2f}B"),
                                  (b, bpp, "host bytes per parameter (peak RSS)", "{:.1f}")):
@@ -121,7 +121,8 @@ def plot_largest(rows: dict, plt) -> Path:
         ax.set_xlim(0, max(vals) * 1.25)
         for i, v in enumerate(vals):
             ax.text(v, i, " " + fmt.format(v), va="center", fontsize=8)
-    fig.suptitle("ZeRO-3, parameters and optimizer offloaded to CPU: one H200 capped at 24 GiB, 125 GiB host",
+    fig.suptitle("ZeRO-3, parameters and optimizer offloaded (CPU, or CPU + NVMe): one H200 capped at 24 GiB, "
+                 "125 GiB host",
                  fontsize=10)
     _footer(fig, big + bpp)
     fig.tight_layout(rect=(0, 0.06, 1, 0.93))
