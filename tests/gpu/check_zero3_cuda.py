@@ -1,7 +1,7 @@
 """GPU check of ZeRO-3 (run on a CUDA machine): the single-process cases of
 tests/python/test_zero3.py, test_inference.py, test_split.py and test_split_zero3.py (the
 optimizer split between GPU and CPU), test_overlap_forward.py, test_step_atomic.py,
-test_grads_in_shards.py and test_tensor_fragments.py on the GPU, then the multi-rank cases with CUDA models (ZeRO-3, the
+test_grads_in_shards.py, test_tensor_fragments.py and test_zero_init_config.py on the GPU, then the multi-rank cases with CUDA models (ZeRO-3, the
 split at stages 1-3 with and without overlap_forward, the gradients in the shards): 2 ranks sharing GPU 0 through Gloo (Windows' backend), and with two
 or more GPUs 2 ranks on NCCL, one GPU each.
 
@@ -34,7 +34,7 @@ def main() -> int:
                         str(TESTS / "test_split.py"), str(TESTS / "test_split_zero3.py"),
                         str(TESTS / "test_overlap_forward.py"),
                         str(TESTS / "test_step_atomic.py"), str(TESTS / "test_grads_in_shards.py"),
-                        str(TESTS / "test_tensor_fragments.py")], env=env,
+                        str(TESTS / "test_tensor_fragments.py"), str(TESTS / "test_zero_init_config.py")], env=env,
                        capture_output=True, text=True)
     print(("PASS" if r.returncode == 0 else "FAIL") + " single-process cases on cuda:0: " +
           r.stdout.strip().splitlines()[-1], flush=True)

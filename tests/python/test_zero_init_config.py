@@ -1,6 +1,7 @@
 """zero.Init's config and dtype arguments: read by the engine's own parser (same files, same
 messages), with only the fp16/bf16 sections required."""
 import json
+import os
 
 import pytest
 
@@ -73,3 +74,54 @@ def test_dtype_must_be_a_training_float(dtype):
 
 def test_a_config_of_another_type_is_refused():
     refused("got list", config_dict_or_path=[json.dumps({"bf16": {"enabled": True}})])
+
+
+# -- where zero.Init builds: the GPU when there is one (as DeepSpeed's Init), else the CPU ---------
+class _Built(torch.nn.Module):
+    def __init__(self, parent_init=True):
+        super().__init__()
+        self.a = torch.nn.Linear(37, 29)
+        self.b = torch.nn.Embedding(41, 29)
+        self.register_buffer("pos", torch.arange(29, dtype=torch.float32))
+        if parent_init:
+            self.apply(self._init)  # a parent's initialisation after its children are built
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.02)
+            torch.nn.init.zeros_(m.bias)
+
+
+def test_a_bad_init_device_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("ZSPEED_INIT_DEVICE", "tpu")
+    with pytest.raises(ConfigError, match="ZSPEED_INIT_DEVICE='tpu'.*cpu.*cuda"):
+        with zspeed.zero.Init(dtype=torch.bfloat16):
+            pass
+
+
+@pytest.mark.parametrize("where", ["default", "cpu"])
+def test_zero_init_builds_where_torch_would_on_that_device_and_keeps_the_weights_in_host_memory(
+        monkeypatch, where):
+    """One rank: every parameter ends in host memory in the training dtype, its values those of
+    building on the build device with the same seed and rounding (the GPU's generator when there
+    is one, ZSPEED_INIT_DEVICE=cpu: the CPU's); buffers stay where they were created (the build
+    device), as with DeepSpeed's Init."""
+    if where == "cpu":
+        monkeypatch.setenv("ZSPEED_INIT_DEVICE", "cpu")
+    else:
+        monkeypatch.delenv("ZSPEED_INIT_DEVICE", raising=False)
+    build = "cuda" if where == "default" and torch.cuda.is_available() and \
+        os.environ.get("ZSPEED_DEVICE", "cuda").startswith("cuda") else "cpu"
+    torch.manual_seed(0)
+    with zspeed.zero.Init(dtype=torch.bfloat16):
+        m = _Built()
+    torch.manual_seed(0)
+    with torch.device(build):  # the same on the build device: children in bf16 when built,
+        ref = _Built(parent_init=False).to(torch.bfloat16)  # then the parent's init over them
+        with torch.no_grad():
+            ref.apply(_Built._init)
+    for (name, p), (_, r) in zip(m.named_parameters(), ref.named_parameters()):
+        assert p.device.type == "cpu" and p.dtype == torch.bfloat16, name
+        assert torch.equal(p, r.detach().cpu()), name
+    assert m.pos.device.type == build and m.pos.dtype == torch.float32

@@ -128,10 +128,12 @@ class Init:
         self._patched: list = []
         self._module = module
         self._depth: dict = {}
+        self._build = self._build_ctx = None  # the build device and its context (__enter__)
 
     def __enter__(self):
         if not self.enabled:
             return self
+        self._build = _build_device()  # (first: an error must leave nothing patched)
         # As DeepSpeed's Init: the process group exists afterwards (a one-process group without
         # a launcher), so code inside may ask torch.distributed for its rank.
         from ... import comm
@@ -156,6 +158,13 @@ class Init:
             self._orig_apply = torch.nn.Module.apply
             torch.nn.Module.apply = self._wrap_apply(self._orig_apply)
         Init._active += 1
+        # As DeepSpeed's Init, tensors are created on the accelerator (there the default
+        # initialisations run many times faster than torch's one-threaded CPU generator) and
+        # each module's parameters go to host memory, in the training dtype, as its constructor
+        # returns. ZSPEED_INIT_DEVICE=cpu builds on the CPU.
+        self._build_ctx = torch.device(self._build) if self._build is not None else None
+        if self._build_ctx is not None:
+            self._build_ctx.__enter__()
         if self._module is not None:  # an existing model: convert it now
             for m in self._module.modules():
                 self._convert(m)
@@ -174,6 +183,9 @@ class Init:
         if self._orig_apply is not None:
             torch.nn.Module.apply = self._orig_apply
             self._orig_apply = None
+        if self._build_ctx is not None:
+            self._build_ctx.__exit__(None, None, None)
+            self._build_ctx = None
         Init._active -= 1
         return False
 
@@ -210,12 +222,17 @@ class Init:
                 with torch.no_grad():
                     for p in mine:
                         init_gather(p)
+                # fn runs where the module was built (the accelerator: see __enter__), on its
+                # parameters' whole values, which then go back to host memory
+                away = ctx._to_build_device(module)
                 try:
                     out = fn(module)
                 except BaseException:
+                    ctx._back_to_host(away)
                     for p in mine:  # the shards stay as they were
                         _shard_only(p)
                     raise
+                ctx._back_to_host(away)
                 bad = next((p for p in mine if tuple(p.shape) != tuple(p.ds_shape)), None)
                 if bad is not None:
                     for p in mine:
@@ -240,6 +257,23 @@ class Init:
         wrapped._zspeed_wrapped = True
         return wrapped
 
+    def _to_build_device(self, module) -> list:
+        """The module's own parameters in host memory, moved to the build device (none without
+        one); returns them."""
+        if self._build is None:
+            return []
+        moved = [p for p in module.parameters(recurse=False) if p.device.type == "cpu" and p.numel()]
+        with torch.no_grad():
+            for p in moved:
+                p.data = p.data.to(self._build)
+        return moved
+
+    @staticmethod
+    def _back_to_host(params: list) -> None:
+        with torch.no_grad():
+            for p in params:
+                p.data = p.data.to("cpu")
+
     def _convert(self, module) -> None:
         """The module's own parameters: to the dtype in host memory and, with several ranks,
         cut to this rank's shard (``p.ds_tensor``; ``p.data`` emptied)."""
@@ -249,7 +283,7 @@ class Init:
                     continue
                 dt = self.dtype if p.is_floating_point() else p.dtype
                 if self.ws == 1 or p.numel() == 0:
-                    p.data = p.data.to("cpu", dt)
+                    p.data = p.data.to(dt).to("cpu")  # (converted where it was built: half the bytes to copy)
                     continue
                 n, shape = p.numel(), p.shape
                 dev = _comm_device()
@@ -261,6 +295,23 @@ class Init:
                 p.ds_shape, p.ds_numel = shape, n
                 p.data = torch.empty(0, dtype=dt)
                 mark_partitioned(p)
+
+
+def _build_device() -> torch.device | None:
+    """Where zero.Init creates tensors: the GPU the engine will use, when there is one (as
+    DeepSpeed's Init, which creates them on the accelerator), unless ZSPEED_INIT_DEVICE=cpu;
+    None: where torch creates them anyway (the CPU)."""
+    import os
+    from ..config import ConfigError
+    choice = os.environ.get("ZSPEED_INIT_DEVICE", "").strip().lower()
+    if choice not in ("", "cpu", "cuda"):
+        raise ConfigError(f"ZSPEED_INIT_DEVICE={choice!r}: use cpu (zero.Init builds the model on the CPU) or "
+                          f"cuda (on the GPU the engine will use, the default when there is one).")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return None
+    from ..device import pick_device
+    dev = pick_device()
+    return dev if dev.type == "cuda" else None
 
 
 def init_gather(p) -> None:
