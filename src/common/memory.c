@@ -45,3 +45,13 @@ void zs_free_pinned(void *p, size_t size) {
   if (!p) return;
   zs__os_unpin(p, zs__pin_len(size, zs__os_page_size()));
 }
+
+int zs_advise_huge_pages(void *p, size_t size) {
+  size_t page = zs__os_page_size();
+  uintptr_t lo, hi;
+  if (!p) return zs__fail(ZS_EINVAL, "zs_advise_huge_pages: p is NULL");
+  lo = ((uintptr_t)p + page - 1) / page * page;   /* the whole pages inside */
+  hi = ((uintptr_t)p + size) / page * page;
+  if (size > UINTPTR_MAX - (uintptr_t)p || hi <= lo) return 0; /* none: nothing to advise */
+  return zs__os_advise_huge((void *)lo, (size_t)(hi - lo));
+}

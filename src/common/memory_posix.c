@@ -1,6 +1,8 @@
 /* memory_posix.c - the POSIX half of memory.c: posix_memalign, mmap +
  * mlock for pinned buffers, and RLIMIT_MEMLOCK as the page-lock limit. */
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -63,4 +65,18 @@ int zs__os_pin(void **out, size_t len, unsigned flags, int *locked) {
 void zs__os_unpin(void *p, size_t len) {
   munlock(p, len);
   munmap(p, len);
+}
+
+int zs__os_advise_huge(void *p, size_t len) {
+#ifdef MADV_HUGEPAGE
+  if (madvise(p, len, MADV_HUGEPAGE) != 0)
+    return zs__fail(ZS_ENOTSUP, "madvise(MADV_HUGEPAGE) of %zu bytes: %s "
+                    "(transparent huge pages off in this kernel?)", len,
+                    strerror(errno));
+  return 0;
+#else
+  (void)p;
+  (void)len;
+  return zs__fail(ZS_ENOTSUP, "this OS has no MADV_HUGEPAGE advice");
+#endif
 }

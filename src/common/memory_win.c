@@ -60,3 +60,12 @@ void zs__os_unpin(void *p, size_t len) {
   VirtualUnlock(p, len); /* fails harmlessly if it was never locked */
   VirtualFree(p, 0, MEM_RELEASE);
 }
+
+int zs__os_advise_huge(void *p, size_t len) {
+  (void)p;
+  (void)len;
+  /* Large pages on Windows need SeLockMemoryPrivilege and VirtualAlloc's
+   * MEM_LARGE_PAGES at allocation: there is no advice for existing memory. */
+  return zs__fail(ZS_ENOTSUP, "Windows has no huge page advice for existing "
+                  "memory");
+}

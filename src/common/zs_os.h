@@ -38,6 +38,9 @@ size_t zs__os_page_size(void);
  * memory unlocked; *locked (may be NULL) says which. */
 int zs__os_pin(void **out, size_t len, unsigned flags, int *locked);
 void zs__os_unpin(void *p, size_t len);
+/* madvise(MADV_HUGEPAGE) of [p, p + len), p and len page-aligned, len > 0;
+ * ZS_ENOTSUP where there is no such advice. */
+int zs__os_advise_huge(void *p, size_t len);
 
 /* --------------------------------------------------------------- threads */
 

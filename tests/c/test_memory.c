@@ -1,4 +1,5 @@
 /* Aligned and page-locked allocation, including the refused-lock path. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,6 +135,66 @@ static void real_memlock_limit(void) {
 }
 #endif
 
-ZT_MAIN(ZT_CASE(real_memlock_limit), ZT_CASE(aligned_alloc_alignments), ZT_CASE(aligned_alloc_errors),
+#if defined(__linux__)
+/* AnonHugePages of this process (kB), -1 if unreadable. */
+static long anon_huge_kb(void) {
+  char line[256];
+  long kb = -1;
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
+  fclose(f);
+  return kb;
+}
+
+/* 1 if the kernel's transparent huge page mode honours MADV_HUGEPAGE. */
+static int thp_advisable(void) {
+  char mode[128] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (!f) return 0;
+  if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+  fclose(f);
+  return strstr(mode, "[never]") == NULL && mode[0] != 0;
+}
+#endif
+
+/* Huge page advice: the contents are kept, the whole pages inside the range
+ * are advised (none for a range inside one page: nothing to do), and on a
+ * Linux kernel whose THP mode honours it, touching advised memory gives
+ * huge pages. */
+static void huge_page_advice(void) {
+  size_t len = (size_t)32 << 20;
+  unsigned char *p = NULL;
+  int rc;
+  size_t i;
+  ZT_ERR(zs_advise_huge_pages(NULL, 4096), ZS_EINVAL);
+  ZT_OK(zs_alloc_aligned((void **)&p, len, (size_t)2 << 20));
+  memset(p, 0x5A, 4096);
+  ZT_OK(zs_advise_huge_pages(p + 1, 100)); /* no whole page inside */
+  rc = zs_advise_huge_pages(p + 1, len - 1);
+#if defined(__linux__)
+  if (thp_advisable()) {
+    long before = anon_huge_kb();
+    ZT_CHECKF(rc == 0, "advice refused: %s", zs_last_error());
+    memset(p + 4096, 0x33, len - 4096);
+    if (before >= 0)
+      ZT_CHECKF(anon_huge_kb() >= before + 2048, "AnonHugePages %ld -> %ld kB "
+                "after touching 32 MiB of advised memory", before,
+                anon_huge_kb());
+  } else {
+    ZT_CHECK(rc == 0 || rc == ZS_ENOTSUP);
+    memset(p + 4096, 0x33, len - 4096);
+  }
+#else
+  ZT_CHECK(rc == 0 || rc == ZS_ENOTSUP);
+  memset(p + 4096, 0x33, len - 4096);
+#endif
+  for (i = 0; i < 4096; i++) ZT_CHECK(p[i] == 0x5A);
+  for (i = 4096; i < len; i += 4093) ZT_CHECK(p[i] == 0x33);
+  zs_free_aligned(p);
+}
+
+ZT_MAIN(ZT_CASE(real_memlock_limit), ZT_CASE(huge_page_advice), ZT_CASE(aligned_alloc_alignments), ZT_CASE(aligned_alloc_errors),
         ZT_CASE(pinned_alloc_locks_or_reports),
         ZT_CASE(pinned_alloc_refused_lock), ZT_CASE(memlock_limit_is_reported))

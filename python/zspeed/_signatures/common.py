@@ -78,6 +78,7 @@ SIGNATURES = {
     "zs_alloc_pinned": (c_int, [POINTER(c_void_p), c_size_t, c_uint, POINTER(c_int)]),
     "zs_free_pinned": (None, [c_void_p, c_size_t]),
     "zs_memlock_limit": (c_uint64, []),
+    "zs_advise_huge_pages": (c_int, [c_void_p, c_size_t]),
     "zs_pool_create": (c_int, [POINTER(c_void_p), c_int]),
     "zs_pool_destroy": (None, [c_void_p]),
     "zs_pool_size": (c_int, [c_void_p]),

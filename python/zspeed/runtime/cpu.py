@@ -67,13 +67,14 @@ class HostPath(OffloadedPath):
         if own is not None and not lowp:
             self.host_masters = own
         else:
-            flats, self.host_masters = buffers.alloc(torch.float32)
+            # (not zeroed: every element, padding included, is written below or held already)
+            flats, self.host_masters = buffers.alloc(torch.float32, zero=False)
             buffers.use_masters(flats)
             if not buffers.prefilled:  # (buffers taken over from an earlier path hold its masters)
                 with torch.no_grad():
                     for ps, ms in zip(layout.params, self.host_masters):
                         for p, m in zip(ps, ms):
-                            m.copy_(p.detach().reshape(-1).to("cpu", torch.float32))
+                            m.copy_(p.detach().reshape(-1))  # (converted by the copy: one pass)
         if not lowp:
             self._out = self.host_masters
         elif own is not None:

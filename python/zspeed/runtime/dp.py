@@ -384,10 +384,11 @@ class ShardedBuffers(ShardGrads, HostBuffers):
         self.reducer = GradReducer(self.sm, self.flat_grads, **self._reducer_args)
         return _ShardedSource(self.reducer, self.grads, device_norms=self.reducer.device_norms)
 
-    def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
-        """As HostBuffers.alloc, zeroed: the padding of the local space stays zero."""
+    def alloc(self, dtype: torch.dtype, zero: bool = True) -> tuple[list, list]:
+        """As HostBuffers.alloc, zeroed (the padding of the local space stays zero) unless the
+        caller writes every element itself (``zero`` false)."""
         flats, views = super().alloc(dtype)
-        for t in flats:
+        for t in flats if zero else ():
             t.zero_()
         return flats, views
 

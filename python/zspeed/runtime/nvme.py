@@ -217,8 +217,7 @@ class NVMePath(OffloadedPath):
             self.swappers.append(sw)
             params_g = group["params"]
             for i, part in enumerate(self.parts[gi]):
-                sw.init_partition(i, _assemble(
-                    part, lambda pi: params_g[pi].detach().reshape(-1).to("cpu", torch.float32)))
+                sw.init_partition(i, _assemble(part, lambda pi: params_g[pi].detach().reshape(-1)))
             iav = float(group.get("initial_accumulator_value", 0.0))
             if iav:  # init_partition zeroed the states; Adagrad's sum starts at this value
                 self._reset_states(gi)
@@ -540,7 +539,8 @@ def _q8_span(off: int, n: int, per_elem: bool) -> tuple[int, int]:
 
 
 def _assemble(part: _Part, fetch) -> torch.Tensor:
-    """A partition's fp32 values from per-parameter flat fp32 tensors (``fetch(pi)``)."""
+    """A partition's fp32 values from per-parameter flat tensors (``fetch(pi)``, of any float dtype
+    and device: only the partition's slice of each is converted)."""
     buf = torch.empty(part.n, dtype=torch.float32)
     for pi, off, at, n in part.pieces:
         buf[at:at + n].copy_(fetch(pi)[off:off + n])

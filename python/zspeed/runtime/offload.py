@@ -122,9 +122,11 @@ class HostBuffers:
         return self._pin and self._pinned_any
 
     # -- memory ----------------------------------------------------------------------------
-    def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
+    def alloc(self, dtype: torch.dtype, zero: bool = True) -> tuple[list, list]:
         """(one flat buffer per group, per group the per-parameter views), page-locked on CUDA
-        with pin_memory."""
+        with pin_memory. Their contents are undefined here (``zero`` matters to buffers over a
+        store's local space, whose padding must stay zero: false when the caller writes every
+        element itself)."""
         flats = [self._alloc_one(total, dtype) for total in self.layout.totals]
         self._flats.extend(flats)
         return flats, [self.layout.views(f, gi) for gi, f in enumerate(flats)]

@@ -264,12 +264,12 @@ class HostShare(ShardGrads, HostBuffers):
     def _shard_spans(self) -> list:
         return list(zip(self.gis, self._base, self._size))
 
-    def alloc(self, dtype: torch.dtype) -> tuple[list, list]:
+    def alloc(self, dtype: torch.dtype, zero: bool = True) -> tuple[list, list]:
         d = self._donor
         if d is None:
             flats, views = super().alloc(dtype)
-            for t in flats:
-                t.zero_()  # the padding of the local space stays zero
+            for t in flats if zero else ():
+                t.zero_()  # the padding of the local space stays zero (unless the caller writes it all)
             return flats, views
         call, self._calls = self._calls, self._calls + 1
         row = d._flats[call * len(d.gis):(call + 1) * len(d.gis)]
