@@ -119,6 +119,78 @@ def test_engine_optimizer_has_deepspeeds_wrapper_attributes():
     assert o.dynamic_loss_scale is False and o.loss_scale_config.use_grad_scaling is False
 
 
+@pytest.mark.parametrize("stage,precision,opt,cls", [
+    (0, "fp16", "config", "FP16_Optimizer"), (0, "bf16", "config", "FP16_Optimizer"),
+    (0, "bf16", "torch_adam", "FP16_UnfusedOptimizer"), (0, "fp16", "client", "FP16_UnfusedOptimizer"),
+    (1, "fp32", "config", "DeepSpeedZeroOptimizer"), (2, "bf16", "client", "DeepSpeedZeroOptimizer"),
+    (3, "bf16", "config", "DeepSpeedZeroOptimizer_Stage3")])
+def test_engine_optimizer_is_an_instance_of_deepspeeds_class_for_the_config(stage, precision, opt, cls):
+    """The class DeepSpeed 0.19 builds for the config (its engine's optimizer sanity check), by
+    DeepSpeed's module paths: isinstance checks in scripts hold; the behaviour is the wrapper's."""
+    import importlib
+    modules = {"FP16_Optimizer": "zspeed.runtime.fp16.fused_optimizer",
+               "FP16_UnfusedOptimizer": "zspeed.runtime.fp16.unfused_optimizer",
+               "DeepSpeedZeroOptimizer": "zspeed.runtime.zero.stage_1_and_2",
+               "DeepSpeedZeroOptimizer_Stage3": "zspeed.runtime.zero.stage3"}
+    want = getattr(importlib.import_module(modules[cls]), cls)
+    top = {"zero_optimization": {"stage": stage}}
+    if precision != "fp32":
+        top[precision] = {"enabled": True}
+    c = cfg(**top)
+    if opt == "torch_adam":
+        c["optimizer"]["params"]["torch_adam"] = True
+    model = mlp()
+    client = torch.optim.AdamW(model.parameters(), lr=1e-2) if opt == "client" else None
+    if client is not None:
+        del c["optimizer"]
+    e, o, _, _ = zspeed.initialize(model=model, optimizer=client, config=c)
+    assert type(o) is want and o is e.optimizer and repr(o).startswith(cls + "(")
+    others = [getattr(importlib.import_module(m), n) for n, m in modules.items() if n != cls]
+    assert not any(isinstance(o, k) for k in others)
+    assert o.optimizer is e.basic_optimizer
+    _run(e, batches(2))  # trains as before
+
+
+def test_deepspeeds_optimizer_module_paths_and_memory_estimators(capsys):
+    """The modules scripts import the classes and DeepSpeed's estimators from; the estimators
+    give DeepSpeed's formulas (worked by hand here) and print a table."""
+    from zspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from zspeed.runtime.engine_optimizer import EngineOptimizer
+    from zspeed.runtime.zero import stage3, stage_1_and_2
+    assert issubclass(BF16_Optimizer, EngineOptimizer)
+    # ZeRO-2, 1e9 parameters, 2 nodes x 4 GPUs: offload 2 B/param on the GPU, max(4 x 8, 16) x 1.5 on the CPU.
+    assert stage_1_and_2.estimate_zero2_model_states_mem_needs(10**9, 4, 2, True) == (48 * 10**9, 2 * 10**9)
+    assert stage_1_and_2.estimate_zero2_model_states_mem_needs(10**9, 4, 2, False, 1.0) == \
+        (16 * 10**9, 2 * 10**9 + 2250 * 10**6)
+    # ZeRO-3, 1e9 parameters, largest layer 1e7, 1 node x 2 GPUs.
+    f = stage3.estimate_zero3_model_states_mem_needs
+    assert f(10**9, 10**7, 2, 1, True, True, True, 1.0) == (18 * 10**9, 4 * 10**7, 4 * 10**7)
+    assert f(10**9, 10**7, 2, 1, True, False, False, 1.0) == (16 * 10**9, 4 * 10**7 + 10**9, 4 * 10**7)
+    assert f(10**9, 10**7, 2, 1, False, False, True, 1.0) == (8 * 10**7, 4 * 10**7 + 9 * 10**9, 4 * 10**7)
+    model = mlp()
+    n = sum(p.numel() for p in model.parameters())
+    assert stage_1_and_2.model_to_params(model) == n
+    assert stage3.model_to_params(model) == (n, 13 * 37 + 37)
+    stage3.estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=2)
+    stage_1_and_2.estimate_zero2_model_states_mem_needs_all_live(model)
+    out = capsys.readouterr().out
+    assert out.count("offload_optimizer=") == 6 + 2 and "zspeed plan" in out
+
+
+def test_unwrap_model_for_generation_gathers_a_zero3_model_once():
+    from zspeed.runtime.zero.stage3 import unwrap_model_for_generation
+    c = cfg(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    x = torch.randn(4, 13)
+    with torch.no_grad():
+        want = e.module(x)
+    with unwrap_model_for_generation(e) as m:
+        assert m is e and all(p.numel() == p.ds_numel for p in e.module.parameters())  # whole inside
+        with torch.no_grad():
+            assert torch.equal(m.module(x), want)
+    assert all(p.numel() == 0 for p in e.module.parameters())  # partitioned again after
+
+
 # -- the accumulation boundary -------------------------------------------------------------------
 def test_set_gradient_accumulation_boundary_as_accelerate_drives_it():
     data = batches(8, seed=2)

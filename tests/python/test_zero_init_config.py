@@ -82,6 +82,7 @@ class _Built(torch.nn.Module):
         super().__init__()
         self.a = torch.nn.Linear(37, 29)
         self.b = torch.nn.Embedding(41, 29)
+        self.big = torch.nn.Linear(300, 301, bias=False)  # large enough for a fill on the build device
         self.register_buffer("pos", torch.arange(29, dtype=torch.float32))
         if parent_init:
             self.apply(self._init)  # a parent's initialisation after its children are built
@@ -90,7 +91,8 @@ class _Built(torch.nn.Module):
     def _init(m):
         if isinstance(m, torch.nn.Linear):
             torch.nn.init.normal_(m.weight, std=0.02)
-            torch.nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
 
 
 def test_a_bad_init_device_is_refused_by_name(monkeypatch):
@@ -105,8 +107,9 @@ def test_zero_init_builds_where_torch_would_on_that_device_and_keeps_the_weights
         monkeypatch, where):
     """One rank: every parameter ends in host memory in the training dtype, its values those of
     building on the build device with the same seed and rounding (the GPU's generator when there
-    is one, ZSPEED_INIT_DEVICE=cpu: the CPU's); buffers stay where they were created (the build
-    device), as with DeepSpeed's Init."""
+    is one, ZSPEED_INIT_DEVICE=cpu: the CPU's), also for a random fill of a parameter already in
+    host memory (which runs on the build device); buffers stay where they were created (the
+    build device), as with DeepSpeed's Init."""
     if where == "cpu":
         monkeypatch.setenv("ZSPEED_INIT_DEVICE", "cpu")
     else:
@@ -116,11 +119,14 @@ def test_zero_init_builds_where_torch_would_on_that_device_and_keeps_the_weights
     torch.manual_seed(0)
     with zspeed.zero.Init(dtype=torch.bfloat16):
         m = _Built()
+        assert m.big.weight.device.type == "cpu"
+        torch.nn.init.normal_(m.big.weight, std=0.5)  # a scaled init after construction, in host memory
     torch.manual_seed(0)
     with torch.device(build):  # the same on the build device: children in bf16 when built,
         ref = _Built(parent_init=False).to(torch.bfloat16)  # then the parent's init over them
         with torch.no_grad():
             ref.apply(_Built._init)
+            torch.nn.init.normal_(ref.big.weight, std=0.5)
     for (name, p), (_, r) in zip(m.named_parameters(), ref.named_parameters()):
         assert p.device.type == "cpu" and p.dtype == torch.bfloat16, name
         assert torch.equal(p, r.detach().cpu()), name

@@ -48,7 +48,8 @@ from .trace import tracer_from
 from .store import full_numel, full_shape
 from .summary import log_summary
 from .layout import FlatLayout
-from .engine_optimizer import EngineOptimizer, needs_wrapper
+from .engine_optimizer import needs_wrapper
+from .optimizer_classes import wrapper_class
 from .loss_scaler import build_loss_scaler
 from .lr_schedules import build_scheduler
 from .hooks import ZERO3_COPY_MESSAGE, EngineHook, ZeRO3CopyError, guard_copies
@@ -189,7 +190,7 @@ class ZSpeedEngine(torch.nn.Module):
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
         self.basic_optimizer = self.optimizer_path.optimizer
-        self.optimizer = (EngineOptimizer(self, self.basic_optimizer) if needs_wrapper(config)
+        self.optimizer = (wrapper_class(config, optimizer)(self, self.basic_optimizer) if needs_wrapper(config)
                           else self.basic_optimizer)
         # DeepSpeed's names of the modules whose gradients it all-reduces sparse (Embedding with
         # sparse_gradients); zspeed reduces every gradient dense, so none.

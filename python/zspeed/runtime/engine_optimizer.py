@@ -203,4 +203,4 @@ class EngineOptimizer(torch.optim.Optimizer):
         return getattr(basic, name)
 
     def __repr__(self) -> str:
-        return f"EngineOptimizer({self.optimizer!r})"
+        return f"{type(self).__name__}({self.optimizer!r})"

@@ -128,7 +128,7 @@ class Init:
         self._patched: list = []
         self._module = module
         self._depth: dict = {}
-        self._build = self._build_ctx = None  # the build device and its context (__enter__)
+        self._build = self._build_ctx = self._rng_mode = None  # the build device and its contexts (__enter__)
 
     def __enter__(self):
         if not self.enabled:
@@ -163,8 +163,10 @@ class Init:
         # each module's parameters go to host memory, in the training dtype, as its constructor
         # returns. ZSPEED_INIT_DEVICE=cpu builds on the CPU.
         self._build_ctx = torch.device(self._build) if self._build is not None else None
+        self._rng_mode = _FillsOnDevice(self._build) if self._build is not None else None
         if self._build_ctx is not None:
             self._build_ctx.__enter__()
+            self._rng_mode.__enter__()
         if self._module is not None:  # an existing model: convert it now
             for m in self._module.modules():
                 self._convert(m)
@@ -184,8 +186,9 @@ class Init:
             torch.nn.Module.apply = self._orig_apply
             self._orig_apply = None
         if self._build_ctx is not None:
+            self._rng_mode.__exit__(None, None, None)
             self._build_ctx.__exit__(None, None, None)
-            self._build_ctx = None
+            self._build_ctx = self._rng_mode = None
         Init._active -= 1
         return False
 
@@ -272,7 +275,7 @@ class Init:
     def _back_to_host(params: list) -> None:
         with torch.no_grad():
             for p in params:
-                p.data = p.data.to("cpu")
+                p.data = _to_host(p.data, p.dtype)
 
     def _convert(self, module) -> None:
         """The module's own parameters: to the dtype in host memory and, with several ranks,
@@ -283,7 +286,7 @@ class Init:
                     continue
                 dt = self.dtype if p.is_floating_point() else p.dtype
                 if self.ws == 1 or p.numel() == 0:
-                    p.data = p.data.to(dt).to("cpu")  # (converted where it was built: half the bytes to copy)
+                    p.data = _to_host(p.data, dt)  # (converted where it was built: half the bytes to copy)
                     continue
                 n, shape = p.numel(), p.shape
                 dev = _comm_device()
@@ -297,6 +300,50 @@ class Init:
                 mark_partitioned(p)
 
 
+def _to_host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in host memory in ``dtype``, converted where it is; a large destination is advised to
+    use huge pages (its first-touch page faults set the pace of a device-to-host copy)."""
+    t = t.to(dtype)
+    if t.device.type == "cpu":
+        return t
+    from ..hostmem import advise_huge_pages
+    out = torch.empty(t.shape, dtype=dtype, device="cpu")
+    advise_huge_pages(out)
+    out.copy_(t)
+    return out
+
+
+# In-place random fills torch's nn.init uses; on the GPU they run many times faster than on
+# torch's one-threaded CPU generator.
+_RANDOM_FILLS = frozenset(getattr(torch.Tensor, n) for n in (
+    "normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_", "random_"))
+_FILL_ON_DEVICE_FROM = 1 << 16  # elements: smaller host tensors are filled where they are
+
+
+class _FillsOnDevice(torch.overrides.TorchFunctionMode):
+    """Inside zero.Init with a build device: a random fill of a large host tensor (``nn.init``
+    on a parameter that is in host memory already, e.g. a parent's scaled initialisation of its
+    children's weights after they were built, as GPT-2-style models do) runs on the build device
+    and is copied back, as the fills of tensors still on the device do. A fill with an explicit
+    CPU generator stays on the CPU."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = args[0] if args else None
+        if func in _RANDOM_FILLS and isinstance(t, torch.Tensor) and t.device.type == "cpu" and \
+                t.numel() >= _FILL_ON_DEVICE_FROM and kwargs.get("generator") is None:
+            with torch.no_grad():
+                on = t.to(self.device)
+                func(on, *args[1:], **kwargs)
+                t.copy_(on)
+            return t
+        return func(*args, **kwargs)
+
+
 def _build_device() -> torch.device | None:
     """Where zero.Init creates tensors: the GPU the engine will use, when there is one (as
     DeepSpeed's Init, which creates them on the accelerator), unless ZSPEED_INIT_DEVICE=cpu;
@@ -304,14 +351,22 @@ def _build_device() -> torch.device | None:
     import os
     from ..config import ConfigError
     choice = os.environ.get("ZSPEED_INIT_DEVICE", "").strip().lower()
-    if choice not in ("", "cpu", "cuda"):
+    pick = _INIT_DEVICES.get(choice)
+    if pick is None:
         raise ConfigError(f"ZSPEED_INIT_DEVICE={choice!r}: use cpu (zero.Init builds the model on the CPU) or "
                           f"cuda (on the GPU the engine will use, the default when there is one).")
-    if choice == "cpu" or not torch.cuda.is_available():
-        return None
+    return pick()
+
+
+def _engine_gpu() -> torch.device | None:
+    """The GPU the engine will use, or None (no GPU, or ZSPEED_DEVICE=cpu)."""
     from ..device import pick_device
     dev = pick_device()
-    return dev if dev.type == "cuda" else None
+    return {"cuda": dev}.get(dev.type)
+
+
+# ZSPEED_INIT_DEVICE -> where zero.Init builds
+_INIT_DEVICES = {"": _engine_gpu, "cuda": _engine_gpu, "cpu": lambda: None}
 
 
 def init_gather(p) -> None:
