@@ -131,3 +131,31 @@ def test_zero_init_builds_where_torch_would_on_that_device_and_keeps_the_weights
         assert p.device.type == "cpu" and p.dtype == torch.bfloat16, name
         assert torch.equal(p, r.detach().cpu()), name
     assert m.pos.device.type == build and m.pos.dtype == torch.float32
+
+
+def test_random_fills_of_large_host_tensors_are_moved_to_the_build_device():
+    """The mode zero.Init pushes with a build device (here the CPU stands in for the GPU, so the
+    values can be compared with fills where they are): torch.nn.init's functions (their tensor
+    passed as tensor=) and the tensors' in-place random methods on a large host tensor run on the
+    device and are copied back; small tensors and fills with their own generator stay."""
+    from zspeed.runtime.zero import _FillsOnDevice
+    big = torch.nn.Parameter(torch.zeros(300, 301, dtype=torch.bfloat16))
+    small = torch.zeros(7, 5)
+    mode = _FillsOnDevice(torch.device("cpu"))
+    torch.manual_seed(3)
+    with mode:
+        torch.nn.init.normal_(big, std=0.5)
+        a = big.detach().clone()
+        torch.nn.init.kaiming_uniform_(big)
+        b = big.detach().clone()
+        big.data.uniform_(-1, 1)
+        c = big.detach().clone()
+        torch.nn.init.normal_(small)
+        torch.nn.init.normal_(big, generator=torch.Generator().manual_seed(1))
+    assert mode.moved == 3
+    torch.manual_seed(3)
+    ref = torch.zeros(300, 301, dtype=torch.bfloat16)
+    for want, fill in ((a, lambda t: torch.nn.init.normal_(t, std=0.5)), (b, torch.nn.init.kaiming_uniform_),
+                       (c, lambda t: t.uniform_(-1, 1))):
+        fill(ref)
+        assert torch.equal(want, ref)

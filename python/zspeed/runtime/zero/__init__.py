@@ -321,25 +321,33 @@ _FILL_ON_DEVICE_FROM = 1 << 16  # elements: smaller host tensors are filled wher
 
 
 class _FillsOnDevice(torch.overrides.TorchFunctionMode):
-    """Inside zero.Init with a build device: a random fill of a large host tensor (``nn.init``
-    on a parameter that is in host memory already, e.g. a parent's scaled initialisation of its
-    children's weights after they were built, as GPT-2-style models do) runs on the build device
-    and is copied back, as the fills of tensors still on the device do. A fill with an explicit
-    CPU generator stays on the CPU."""
+    """Inside zero.Init with a build device: a random fill of a large host tensor (a ``torch.nn.init``
+    function or a tensor's in-place random method on a parameter that is in host memory already,
+    e.g. a parent's scaled initialisation of its children's weights after they were built, as
+    GPT-2-style models do) runs on the build device and is copied back, as the fills of tensors
+    still on the device do. A fill with an explicit CPU generator stays on the CPU."""
 
     def __init__(self, device: torch.device):
         super().__init__()
         self.device = device
+        self.moved = 0  # fills run on the device (for tests)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        t = args[0] if args else None
-        if func in _RANDOM_FILLS and isinstance(t, torch.Tensor) and t.device.type == "cpu" and \
+        # (torch.nn.init's functions reach a mode as themselves, their tensor as tensor=, before
+        # their tensor methods do)
+        t = args[0] if args else kwargs.get("tensor")
+        fill = func in _RANDOM_FILLS or getattr(func, "__module__", None) == "torch.nn.init"
+        if fill and isinstance(t, torch.Tensor) and t.device.type == "cpu" and \
                 t.numel() >= _FILL_ON_DEVICE_FROM and kwargs.get("generator") is None:
             with torch.no_grad():
                 on = t.to(self.device)
-                func(on, *args[1:], **kwargs)
+                if args:
+                    func(on, *args[1:], **kwargs)
+                else:
+                    func(**{**kwargs, "tensor": on})
                 t.copy_(on)
+            self.moved += 1
             return t
         return func(*args, **kwargs)
 
