@@ -29,6 +29,22 @@
  * scratch space: it is deleted by zs_swap_destroy, and it is not a
  * checkpoint (use zs_swap_get_state / zs_swap_read_image for that).
  *
+ * Compact layout (cfg.compact = 1): one slot per partition plus spare
+ * slots, about half the disk. The partitions whose slots have the same
+ * size share min(their number, buffer_count) spares; each write goes to a
+ * free slot of the partition's size and the slot of the image it replaces
+ * is free once the write succeeded. Partitions of one size (the front
+ * end's, but for the last) thus cost their state once plus buffer_count
+ * slots; partitions of all different sizes cost as much as two slots.
+ * Steps must be resumable (a plain step: ZS_EINVAL), since the step t
+ * image of a committed partition is overwritten later in the same step,
+ * and for the same reason zs_swap_abandon_step cannot return a stepped
+ * partition to step t: it drops its state (the partition then holds none:
+ * the step and the state reads fail with ZS_ESTATE naming it until
+ * zs_swap_set_state, zs_swap_write_image or zs_swap_init_partition gives it
+ * one, e.g. from a checkpoint). Everything else is as below, including
+ * the state writes' guarantee.
+ *
  * Ownership. A swapper holds its file for as long as it exists (POSIX: an
  * exclusive flock() on it; Windows: a handle that refuses deletion), and the
  * operating system drops that hold when the process dies, however it dies.
@@ -55,7 +71,8 @@
  * zs_swap_write_arrays / zs_swap_write_image also write the inactive slot
  * and flip that one partition only after the write succeeded, so a failure
  * leaves its old state. The cost of this guarantee is twice the disk space
- * of the state.
+ * of the state (the compact layout's resumable steps need the spares
+ * only).
  *
  * Resumable steps (args.resumable = 1). Each partition commits on its own:
  * its slot flips as soon as its write succeeded. A failure stops the step
@@ -67,7 +84,7 @@
  * buffered images and stepping only the untouched partitions, each
  * partition stepped once; zs_swap_abandon_step() instead returns every
  * partition to step t (the stepped ones' old images are still in their
- * other slots). Meanwhile the state reads work (each partition as
+ * other slots; a compact file drops the stepped ones' state instead). Meanwhile the state reads work (each partition as
  * committed) and every call that writes state (zs_swap_set_state,
  * zs_swap_write_*, zs_swap_init_partition, zs_swap_set_steps,
  * zs_swap_io_pass), as well as a plain zs_swap_step, fails with
@@ -135,6 +152,7 @@ typedef struct zs_swap_config {
   const void *aio;
   int direct;            /* enum zs_aio_direct: AUTO (default), ON, OFF */
   int sync_each_step;    /* 1: fsync the file before committing a step */
+  int compact;           /* 1: the compact layout (see above); default 0 */
 } zs_swap_config;
 
 /* Per-step arguments. Fill with zs_swap_step_args_init() first. */
@@ -204,7 +222,8 @@ ZS_EXTERN int zs_swap_step(zs_swap *s, const zs_swap_step_args *args);
  * completed or abandoned), else 0. */
 ZS_EXTERN int64_t zs_swap_incomplete_step(const zs_swap *s);
 /* Returns every partition to the last completed step after a resumable
- * step failed partway (its outs must be ignored); 0 when none is
+ * step failed partway (its outs must be ignored; a compact file drops the
+ * stepped partitions' state instead, see "Compact layout"); 0 when none is
  * incomplete. */
 ZS_EXTERN int zs_swap_abandon_step(zs_swap *s);
 
@@ -279,9 +298,15 @@ ZS_EXTERN int zs_swap_write_image(zs_swap *s, int part, const void *buf,
 
 ZS_EXTERN int zs_swap_partitions(const zs_swap *s);
 ZS_EXTERN uint64_t zs_swap_partition_size(const zs_swap *s, int part);
-/* The swap file's path and size (2 slots per partition). */
+/* The swap file's path and size (2 slots per partition, or compact: 1 and
+ * the spares). */
 ZS_EXTERN const char *zs_swap_file_path(const zs_swap *s);
 ZS_EXTERN int64_t zs_swap_file_bytes(const zs_swap *s);
+/* 1 if the file has the compact layout. */
+ZS_EXTERN int zs_swap_compact(const zs_swap *s);
+/* 1 if partition part holds state (it was initialized or written and no
+ * abandoned step of a compact file dropped it), 0 if not or out of range. */
+ZS_EXTERN int zs_swap_holds_state(const zs_swap *s, int part);
 /* 1 if the file does direct I/O, 0 if buffered, and why. */
 ZS_EXTERN int zs_swap_direct(const zs_swap *s);
 ZS_EXTERN const char *zs_swap_direct_why(const zs_swap *s);
@@ -299,9 +324,10 @@ ZS_EXTERN void zs_swap_stats_reset(zs_swap *s);
  * optimizer, on the swap file itself, so the result is the bound a step
  * can reach on these blocks of this device (`zspeed bench swap` divides
  * the bytes a step moves by it). With reads != 0 it reads every
- * partition's active slot; with writes != 0 it overwrites every
- * partition's inactive slot with wbuf's bytes (no step or state call
- * reads an inactive slot before writing it). Requests are at most buflen
+ * partition's committed image; with writes != 0 it writes as many bytes
+ * of wbuf into slots that hold no state (each partition's other slot, or
+ * a compact file's free slots, cyclically; no step or state call reads
+ * such a slot before writing it). Requests are at most buflen
  * bytes, issued in partition order (read i, write i, read i+1, ...), with
  * every write and up to rslots (1..64) reads in flight, each read into its
  * own buflen-byte part of rbuf (rslots * buflen bytes; wbuf holds buflen

@@ -163,6 +163,7 @@ static const zs__abi_row zs__abi[] = {
     ZS__FIELD(zs_swap_config, aio),
     ZS__FIELD(zs_swap_config, direct),
     ZS__FIELD(zs_swap_config, sync_each_step),
+    ZS__FIELD(zs_swap_config, compact),
     ZS__STRUCT(zs_swap_step_args),
     ZS__FIELD(zs_swap_step_args, grads),
     ZS__FIELD(zs_swap_step_args, grad_dtype),

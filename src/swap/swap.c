@@ -176,6 +176,80 @@ static int open_file(zs_swap *s, const zs_swap_config *c) {
   return 0;
 }
 
+/* Compact layout: groups the partitions by slot size and lays out each
+ * class's spare slots after the partitions' own, from *pos on. */
+static int make_classes(zs_swap *s, int64_t *pos) {
+  int i, k, last = 0;
+  s->classes = calloc((size_t)s->nparts, sizeof *s->classes);
+  if (!s->classes)
+    return zs__fail(ZS_ENOMEM, "zs_swap_create: out of memory");
+  for (i = 0; i < s->nparts; i++) {
+    zs__swap_part *p = &s->parts[i];
+    if (s->nclasses == 0 || s->classes[last].slot != p->slot) {
+      for (last = 0; last < s->nclasses; last++)
+        if (s->classes[last].slot == p->slot) break;
+      if (last == s->nclasses) s->classes[s->nclasses++].slot = p->slot;
+    }
+    p->cls = last;
+    s->classes[last].count++;
+  }
+  for (k = 0; k < s->nclasses; k++) {
+    zs__swap_class *c = &s->classes[k];
+    int spares = ZS_MIN(c->count, s->bufcount);
+    c->free = malloc((size_t)spares * sizeof *c->free);
+    if (!c->free)
+      return zs__fail(ZS_ENOMEM, "zs_swap_create: out of memory");
+    for (i = 0; i < spares; i++, *pos += c->slot) c->free[c->nfree++] = *pos;
+  }
+  return 0;
+}
+
+int64_t zs__swap_reserve(zs_swap *s, int part) {
+  zs__swap_part *p = &s->parts[part];
+  if (p->pend >= 0) return p->pend;
+  if (!s->compact) {
+    p->pend = p->loc == p->home ? p->home + p->slot : p->home;
+  } else {
+    zs__swap_class *c = &s->classes[p->cls];
+    /* Cannot happen: each class has a spare per buffer, and every pending
+     * write holds a buffer. */
+    if (c->nfree == 0)
+      return zs__fail(ZS_ESTATE, "swapper: no free slot for partition %d "
+                      "(internal error)", part);
+    p->pend = c->free[--c->nfree];
+  }
+  return p->pend;
+}
+
+void zs__swap_commit(zs_swap *s, int part) {
+  zs__swap_part *p = &s->parts[part];
+  if (p->pend < 0) return;
+  if (s->compact) {
+    zs__swap_class *c = &s->classes[p->cls];
+    c->free[c->nfree++] = p->loc;
+  }
+  p->loc = p->pend;
+  p->pend = -1;
+}
+
+void zs__swap_unreserve(zs_swap *s, int part) {
+  zs__swap_part *p = &s->parts[part];
+  if (p->pend < 0) return;
+  if (s->compact) {
+    zs__swap_class *c = &s->classes[p->cls];
+    c->free[c->nfree++] = p->pend;
+  }
+  p->pend = -1;
+}
+
+int64_t zs__swap_free_slot(const zs_swap *s, int part, int64_t k) {
+  const zs__swap_part *p = &s->parts[part];
+  const zs__swap_class *c;
+  if (!s->compact) return p->loc == p->home ? p->home + p->slot : p->home;
+  c = &s->classes[p->cls];
+  return c->nfree ? c->free[k % c->nfree] : -1;
+}
+
 int zs_swap_create(zs_swap **out, const zs_swap_config *c) {
   zs_swap *s;
   zs_aio_config ac;
@@ -225,20 +299,25 @@ int zs_swap_create(zs_swap **out, const zs_swap_config *c) {
   }
   if ((rc = open_file(s, c)) < 0) goto fail_nofile;
   align = ZS_MAX((int64_t)zs_aio_file_alignment(s->file), 4096);
+  s->compact = c->compact != 0;
   for (i = 0; i < s->nparts; i++) {
     zs__swap_part *p = &s->parts[i];
     p->n = c->sizes[i];
     layout(s, p, align);
-    p->off = pos;
-    pos += 2 * p->slot;
+    p->home = p->loc = pos;
+    p->pend = -1;
+    pos += (s->compact ? 1 : 2) * p->slot;
     if ((size_t)p->slot > s->bufbytes) s->bufbytes = (size_t)p->slot;
   }
+  if (s->compact && (rc = make_classes(s, &pos)) < 0) goto fail;
   s->file_bytes = pos;
   if ((rc = zs_aio_file_preallocate(s->file, pos)) < 0) {
-    zs__fail_prefix(rc, "zs_swap_create: reserving %lld bytes (%.3f GiB: two "
-                    "slots of every partition's state) for %s; free space or "
-                    "point nvme_path at a larger drive",
-                    (long long)pos, (double)pos / (1 << 30), s->path);
+    zs__fail_prefix(rc, "zs_swap_create: reserving %lld bytes (%.3f GiB: %s) "
+                    "for %s; free space or point nvme_path at a larger drive",
+                    (long long)pos, (double)pos / (1 << 30),
+                    s->compact ? "one slot of every partition's state and "
+                    "the spare slots" : "two slots of every partition's "
+                    "state", s->path);
     goto fail;
   }
   for (i = 0; i < s->bufcount; i++) {
@@ -279,6 +358,9 @@ int zs_swap_destroy(zs_swap *s) {
     for (i = 0; i < s->bufcount; i++)
       if (s->bufs[i]) zs_free_pinned(s->bufs[i], s->bufbytes);
   if (s->spare) zs_free_pinned(s->spare, s->bufbytes);
+  if (s->classes)
+    for (i = 0; i < s->nclasses; i++) free(s->classes[i].free);
+  free(s->classes);
   free(s->bufs);
   free(s->parts);
   free(s->path);
@@ -334,6 +416,10 @@ uint64_t zs_swap_partition_size(const zs_swap *s, int part) {
 }
 const char *zs_swap_file_path(const zs_swap *s) { return s ? s->path : ""; }
 int64_t zs_swap_file_bytes(const zs_swap *s) { return s ? s->file_bytes : 0; }
+int zs_swap_compact(const zs_swap *s) { return s ? s->compact : 0; }
+int zs_swap_holds_state(const zs_swap *s, int part) {
+  return s && part >= 0 && part < s->nparts && s->parts[part].ready;
+}
 int zs_swap_direct(const zs_swap *s) {
   return s ? zs_aio_file_direct(s->file) : 0;
 }

@@ -8,17 +8,29 @@
 #include "zspeed/optim.h"
 #include "zspeed/swap.h"
 
-/* One partition: its size, where its two slots live, which one is valid. */
+/* One partition: its size, where its state lives, whether it holds one. */
 typedef struct zs__swap_part {
   uint64_t n;
-  int64_t off;     /* file offset of slot 0; slot 1 follows at off + slot */
+  int64_t home;    /* two slots: file offset of slot 0 (slot 1 follows) */
   int64_t slot;    /* bytes of one slot (image rounded up to the alignment) */
   int64_t image;   /* bytes of the image proper */
   int64_t param_off, m_off, v_off, ms_off, vs_off; /* -1 = absent */
-  int active;      /* slot holding the committed state */
+  int64_t loc;     /* file offset of the committed image */
+  int64_t pend;    /* offset reserved for its new image (-1: none) */
+  int cls;         /* compact layout: its slot size's class */
   int ready;       /* 1 once initialized / loaded */
+  int dropped;     /* compact: an abandoned step dropped its state */
   int state;       /* in an incomplete resumable step: ZS__PART_* */
 } zs__swap_part;
+
+/* Compact layout: the partitions whose slots have one size share a class,
+ * whose spare slots (min(partitions of the class, buffer_count)) and the
+ * slots freed by commits are its free list. */
+typedef struct zs__swap_class {
+  int64_t slot;
+  int count, nfree;
+  int64_t *free;   /* count + spares entries of room */
+} zs__swap_class;
 
 /* A partition's progress in a resumable step (swap.h, "Resumable steps"). */
 enum {
@@ -43,6 +55,9 @@ struct zs_swap {
   intptr_t owner;   /* the handle that marks the file as in use (swap_lock.c) */
   char *path;
   int64_t file_bytes;
+  int compact;      /* one slot per partition plus spares (swap.h) */
+  int nclasses;
+  zs__swap_class *classes;
   int bufcount;
   size_t bufbytes;  /* bytes of each pinned buffer (largest slot) */
   void **bufs;
@@ -77,9 +92,24 @@ int zs__swap_scratch(zs_swap *s, void **buf);
 
 /* Size in bytes of one state element (1 for Q8). */
 size_t zs__swap_state_es(int state_dtype);
-/* Reads / writes one slot of one partition synchronously through the aio
- * handle, applying the "swap.read" / "swap.write" fault sites. */
-int zs__swap_io(zs_swap *s, int part, int slot, void *buf, int write);
+/* Reads / writes one image of one partition at file offset off
+ * synchronously through the aio handle, applying the "swap.read" /
+ * "swap.write" fault sites. */
+int zs__swap_io(zs_swap *s, int part, int64_t off, void *buf, int write);
+/* Where part's next image goes: its reserved offset if it has one, else a
+ * new reservation (two slots: the slot not committed; compact: a free slot
+ * of its class, of which there is always one while at most buffer_count
+ * writes are pending per class). */
+int64_t zs__swap_reserve(zs_swap *s, int part);
+/* The write to part's reservation succeeded: it becomes the committed
+ * image and (compact) the old image's slot is free. */
+void zs__swap_commit(zs_swap *s, int part);
+/* part's reservation will not be committed: its slot is free again. */
+void zs__swap_unreserve(zs_swap *s, int part);
+/* A slot that holds no state now, for zs_swap_io_pass to overwrite: two
+ * slots: part's uncommitted one; compact: the k-th free slot of its class
+ * (cyclically). */
+int64_t zs__swap_free_slot(const zs_swap *s, int part, int64_t k);
 /* Runs the configured optimizer on t (t->n == 0: only validates). */
 int zs__swap_kernel(const zs_swap *s, const zs_optim_tensors *t, double lr,
                     double beta1, double beta2, double eps, double wd,

@@ -1,8 +1,8 @@
 /* swap_state.c - reading and replacing one partition's state outside a
  * step: initialization from fp32 params, fp32 views for checkpoints, and
- * raw images for bit-exact checkpoints. Every write goes to the partition's
- * inactive slot and flips it only after the write succeeded, so a failure
- * keeps the old state. These calls use buffer 0 as scratch (no step runs
+ * raw images for bit-exact checkpoints. Every write goes to a slot that
+ * holds no state and becomes the partition's only after the write
+ * succeeded, so a failure keeps the old state. These calls use buffer 0 as scratch (no step runs
  * at the same time: one call at a time per handle); while a resumable step
  * is incomplete the buffers hold images still to be written, so the reads
  * use a spare buffer then and the writes are refused. */
@@ -45,17 +45,15 @@ int zs__swap_scratch(zs_swap *s, void **buf) {
   return 0;
 }
 
-int zs__swap_io(zs_swap *s, int part, int slot, void *buf, int write) {
+int zs__swap_io(zs_swap *s, int part, int64_t off, void *buf, int write) {
   zs__swap_part *p = &s->parts[part];
-  int64_t off = p->off + slot * p->slot;
   int rc = write ? zs_aio_write(s->aio, s->file, buf, p->slot, off)
                  : zs_aio_read(s->aio, s->file, buf, p->slot, off);
   if (rc == 0) rc = zs__swap_fault(write, part);
   if (rc < 0)
-    return zs__fail_prefix(rc, "%s partition %d (slot %d, %lld bytes at "
-                           "offset %lld of %s)", write ? "writing" : "reading",
-                           part, slot, (long long)p->slot, (long long)off,
-                           s->path);
+    return zs__fail_prefix(rc, "%s partition %d (%lld bytes at offset %lld "
+                           "of %s)", write ? "writing" : "reading", part,
+                           (long long)p->slot, (long long)off, s->path);
   if (write)
     s->stats.bytes_written += (uint64_t)p->slot;
   else
@@ -63,13 +61,18 @@ int zs__swap_io(zs_swap *s, int part, int slot, void *buf, int write) {
   return 0;
 }
 
-/* Writes buffer 0 to part's inactive slot and makes it the active one. */
+/* Writes buffer 0 to a slot that holds no state and commits it as part's
+ * image only once the write succeeded. */
 static int commit_buf0(zs_swap *s, int part) {
-  zs__swap_part *p = &s->parts[part];
-  int rc = zs__swap_io(s, part, !p->active, s->bufs[0], 1);
-  if (rc < 0) return rc;
-  p->active = !p->active;
-  p->ready = 1;
+  int64_t off = zs__swap_reserve(s, part);
+  int rc = off < 0 ? (int)off : zs__swap_io(s, part, off, s->bufs[0], 1);
+  if (rc < 0) {
+    zs__swap_unreserve(s, part);
+    return rc;
+  }
+  zs__swap_commit(s, part);
+  s->parts[part].ready = 1;
+  s->parts[part].dropped = 0;
   return 0;
 }
 
@@ -166,9 +169,12 @@ int zs_swap_init_partition(zs_swap *s, int part, const float *params) {
 
 static int check_ready(const zs_swap *s, int part, const char *fn) {
   if (!s->parts[part].ready)
-    return zs__fail(ZS_ESTATE, "%s: partition %d holds no state yet; call "
+    return zs__fail(ZS_ESTATE, "%s: partition %d holds no state %s; call "
                     "zs_swap_init_partition, zs_swap_set_state or "
-                    "zs_swap_write_image first", fn, part);
+                    "zs_swap_write_image first", fn, part,
+                    s->parts[part].dropped ? "(zs_swap_abandon_step dropped "
+                    "it: a compact file keeps one image per partition)"
+                    : "yet");
   return 0;
 }
 
@@ -182,7 +188,7 @@ int zs_swap_get_state(zs_swap *s, int part, float *param, float *m, float *v) {
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
   p = &s->parts[part];
   if ((rc = zs__swap_scratch(s, (void **)&b)) < 0) return rc;
-  if ((rc = zs__swap_io(s, part, p->active, b, 0)) < 0) return rc;
+  if ((rc = zs__swap_io(s, part, p->loc, b, 0)) < 0) return rc;
   if (param) memcpy(param, b + p->param_off, p->n * 4);
   if (s->state_dtype == ZS_DTYPE_Q8) {
     if (m || v)
@@ -242,7 +248,7 @@ int zs_swap_read_arrays(zs_swap *s, int part, float *param, void *m, void *v,
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
   dst[0] = param, dst[1] = m, dst[2] = v, dst[3] = m_scale, dst[4] = v_scale;
   if ((rc = zs__swap_scratch(s, &b)) < 0) return rc;
-  if ((rc = zs__swap_io(s, part, s->parts[part].active, b, 0)) < 0) return rc;
+  if ((rc = zs__swap_io(s, part, s->parts[part].loc, b, 0)) < 0) return rc;
   array_spans(s, part, off, bytes);
   for (i = 0; i < 5; i++)
     if (dst[i] && off[i] >= 0)
@@ -266,7 +272,7 @@ int zs_swap_write_arrays(zs_swap *s, int part, const float *param,
   /* The arrays not named keep their bytes: start from the committed image
    * (or from zeros when the partition holds no state yet). */
   if (p->ready) {
-    if ((rc = zs__swap_io(s, part, p->active, s->bufs[0], 0)) < 0) return rc;
+    if ((rc = zs__swap_io(s, part, p->loc, s->bufs[0], 0)) < 0) return rc;
   } else {
     memset(s->bufs[0], 0, (size_t)p->slot);
   }
@@ -310,7 +316,7 @@ int zs_swap_read_image(zs_swap *s, int part, void *buf, int64_t len) {
                     (long long)s->parts[part].image, (long long)len);
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
   if ((rc = zs__swap_scratch(s, &b)) < 0) return rc;
-  if ((rc = zs__swap_io(s, part, s->parts[part].active, b, 0)) < 0) return rc;
+  if ((rc = zs__swap_io(s, part, s->parts[part].loc, b, 0)) < 0) return rc;
   memcpy(buf, b, (size_t)len);
   return 0;
 }

@@ -8,10 +8,11 @@
  * only for what i strictly needs (its buffer free, its read done); all
  * look-ahead reads are issued without blocking, also between slices of the
  * compute, so a write that completes while partition i is being stepped
- * frees its buffer for the next read at once. Writes go to each
- * partition's inactive slot; the slots flip only after every write
- * succeeded (see swap.h for the guarantee), or, in a resumable step, each
- * as soon as its own write succeeded, the partitions keeping their
+ * frees its buffer for the next read at once. Writes go to a slot that
+ * holds no state (zs__swap_reserve: the partition's other slot, or a free
+ * one of a compact file), committed only after every write succeeded (see
+ * swap.h for the guarantee), or, in a resumable step, each as soon as its
+ * own write succeeded, the partitions keeping their
  * progress (ZS__PART_*) across a failure: a retry writes the images still
  * in their buffers and steps the rest. zs_swap_io_pass, at the end, moves
  * the same bytes without the optimizer, to measure the disk. */
@@ -70,7 +71,7 @@ static int reap_write(swap_pipe *p, int b, int block) {
     zs__swap_part *q = &s->parts[p->wpart[b]];
     s->stats.bytes_written += (uint64_t)q->slot;
     if (p->resumable) { /* this partition's step is done */
-      q->active = !q->active;
+      zs__swap_commit(s, p->wpart[b]);
       q->state = ZS__PART_DONE;
     }
   }
@@ -91,8 +92,7 @@ static void issue_reads(swap_pipe *p, int must, int last) {
       continue;
     }
     if (!reap_write(p, b, j == must) || p->err) return;
-    id = zs_aio_pread(s->aio, s->file, s->bufs[b], q->slot,
-                      q->off + q->active * q->slot);
+    id = zs_aio_pread(s->aio, s->file, s->bufs[b], q->slot, q->loc);
     if (id < 0) {
       record(p, (int)id, "submitting the read of", j);
       return;
@@ -162,8 +162,9 @@ static int compute(swap_pipe *p, int i, int b) {
 static void start_write(swap_pipe *p, int i, int b) {
   zs_swap *s = p->s;
   zs__swap_part *q = &s->parts[i];
-  p->wid[b] = zs_aio_pwrite(s->aio, s->file, s->bufs[b], q->slot,
-                           q->off + (!q->active) * q->slot);
+  int64_t off = zs__swap_reserve(s, i);
+  p->wid[b] = off < 0 ? off
+                      : zs_aio_pwrite(s->aio, s->file, s->bufs[b], q->slot, off);
   p->wpart[b] = i;
   if (p->resumable) q->state = ZS__PART_WRITING;
   if (p->wid[b] < 0) {
@@ -178,6 +179,11 @@ static void start_write(swap_pipe *p, int i, int b) {
 static int check_resume(swap_pipe *p) {
   zs_swap *s = p->s;
   const zs_swap_step_args *a = p->a;
+  if (!p->resumable && s->compact)
+    return zs__fail(ZS_EINVAL, "zs_swap_step: a compact swap file (one slot "
+                    "per partition) commits each partition as it is "
+                    "written, so its steps must be resumable: set "
+                    "args.resumable = 1");
   if (!p->resumable) return zs__swap_check_complete(s, "zs_swap_step");
   if (s->sync_each_step)
     return zs__fail(ZS_EINVAL, "zs_swap_step: a resumable step commits each "
@@ -225,8 +231,12 @@ static int check_args(swap_pipe *p) {
       return zs__fail(ZS_EINVAL, "zs_swap_step: grads[%d] is NULL", i);
     if (!s->parts[i].ready)
       return zs__fail(ZS_ESTATE, "zs_swap_step: partition %d holds no state "
-                      "yet; call zs_swap_init_partition for every partition "
-                      "first", i);
+                      "(%s); call zs_swap_init_partition or zs_swap_set_state "
+                      "for it first", i,
+                      s->parts[i].dropped
+                          ? "zs_swap_abandon_step dropped it, as a compact "
+                            "file keeps one image per partition"
+                          : "not initialized yet");
   }
   zs_optim_tensors_init(&t);
   t.grad_dtype = a->grad_dtype;
@@ -317,6 +327,8 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
   s->stats.step_ns += s->stats.last_step_ns;
   if (p.err) {
     s->stats.failed_steps++;
+    if (!p.resumable)
+      for (i = 0; i < s->nparts; i++) zs__swap_unreserve(s, i);
     if (p.resumable) {
       int moved = 0;
       for (i = 0; i < s->nparts; i++) moved |= s->parts[i].state != ZS__PART_TODO;
@@ -325,7 +337,7 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
     return zs__fail(p.err, "%s", p.msg);
   }
   for (i = 0; i < s->nparts; i++) {
-    if (!p.resumable) s->parts[i].active = !s->parts[i].active;
+    if (!p.resumable) zs__swap_commit(s, i);
     s->parts[i].state = ZS__PART_TODO;
   }
   s->inc_step = 0;
@@ -337,12 +349,17 @@ int zs_swap_step(zs_swap *s, const zs_swap_step_args *a) {
 int zs_swap_abandon_step(zs_swap *s) {
   int i;
   if (!s) return zs__fail(ZS_EINVAL, "zs_swap_abandon_step: s is NULL");
-  /* A committed partition's step t image is still in its other slot:
-   * nothing writes a slot of a partition between its commit and the end of
-   * the step (the state writes wait, zs_swap_io_pass too). */
+  /* Two slots: a committed partition's step t image is still in its other
+   * slot: nothing writes a slot of a partition between its commit and the
+   * end of the step (the state writes wait, zs_swap_io_pass too). Compact:
+   * that slot was freed by the commit and may hold another partition's new
+   * image, so the partition holds no state until it is given one. */
   for (i = 0; i < s->nparts; i++) {
     zs__swap_part *q = &s->parts[i];
-    if (q->state == ZS__PART_DONE) q->active = !q->active;
+    if (q->state == ZS__PART_DONE && s->compact) q->ready = 0, q->dropped = 1;
+    if (q->state == ZS__PART_DONE && !s->compact)
+      q->loc = q->loc == q->home ? q->home + q->slot : q->home;
+    zs__swap_unreserve(s, i);
     q->state = ZS__PART_TODO;
   }
   s->inc_step = 0;
@@ -387,7 +404,7 @@ int zs_swap_io_pass(zs_swap *s, void *rbuf, int rslots, const void *wbuf,
           break;
         }
         id = zs_aio_pread(s->aio, s->file, (char *)rbuf + (int64_t)r * buflen,
-                          len, p->off + p->active * p->slot + k);
+                          len, p->loc + k);
         if (id < 0) {
           rc = (int)id;
           break;
@@ -397,7 +414,7 @@ int zs_swap_io_pass(zs_swap *s, void *rbuf, int rslots, const void *wbuf,
       }
       if (writes) {
         id = zs_aio_pwrite(s->aio, s->file, wbuf, len,
-                           p->off + (!p->active) * p->slot + k);
+                           zs__swap_free_slot(s, i, i) + k);
         if (id < 0) rc = (int)id;
       }
     }

@@ -22,6 +22,7 @@
 typedef struct setup {
   int opt, sd, gd, od, bufs, nparts;
   uint64_t sizes[MAXP];
+  int compact; /* the compact layout (one slot per partition + spares) */
 } setup;
 
 typedef struct harness {
@@ -73,6 +74,7 @@ static void base_config(zs_swap_config *c, const harness *h) {
   c->state_dtype = h->su.sd;
   c->weight_decay = 0.01;
   c->num_threads = 1; /* smaller compute slices: more pipeline rounds */
+  c->compact = h->su.compact;
 }
 
 /* Creates a swapper for su with random initial weights and the matching
@@ -267,7 +269,7 @@ static void equal_in_ram(void) {
   static const int ods[3] = {ZS_DTYPE_BF16, ZS_DTYPE_NONE, ZS_DTYPE_F16};
   int c, t;
   for (c = 0; c < 7; c++) {
-    setup su = {0, 0, 0, 0, 0, 6, {140001, 1, 3, 16391, 70001, 1000}};
+    setup su = {0, 0, 0, 0, 0, 6, {140001, 1, 3, 16391, 70001, 1000}, 0};
     harness h;
     zs_swap_stats st;
     su.opt = combos[c][0], su.sd = combos[c][1];
@@ -308,7 +310,7 @@ static void faults_keep_state(void) {
            {"aio.io", 8, ZS_ENOSPC},     {"swap.sync", 1, ZS_EIO},
            {"file.write", 2, ZS_ENOSPC}};
   setup su = {ZS_SWAP_ADAM, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, 3, 4,
-              {5000, 70001, 3, 16391}};
+              {5000, 70001, 3, 16391}, 0};
   harness h;
   int64_t step = 0;
   size_t k;
@@ -362,7 +364,7 @@ static void faults_keep_state(void) {
  * ZS_EOF naming the partition, and the step counter does not move. */
 static void short_file(void) {
   setup su = {ZS_SWAP_ADAM, ZS_DTYPE_BF16, ZS_DTYPE_F32, ZS_DTYPE_NONE, 2, 3,
-              {9000, 20000, 7}};
+              {9000, 20000, 7}, 0};
   harness h;
   zs__file f = ZS__FILE_INIT;
   float *p = NULL;
@@ -392,7 +394,7 @@ static void checkpoint_roundtrip(void) {
   int d, i;
   for (d = 0; d < 3; d++) {
     setup su = {ZS_SWAP_ADAM, 0, ZS_DTYPE_BF16, ZS_DTYPE_BF16, 3, 3,
-                {33333, 5, 4097}};
+                {33333, 5, 4097}, 0};
     harness h, h2;
     zs_swap_config c;
     float *p = malloc(33333 * 4), *m = malloc(33333 * 4), *v = malloc(33333 * 4);
@@ -479,7 +481,7 @@ static void typed_arrays(void) {
   enum { NMAX = 33333 };
   int c, i;
   for (c = 0; c < 5; c++) {
-    setup su = {0, 0, ZS_DTYPE_F32, ZS_DTYPE_BF16, 3, 3, {NMAX, 5, 4097}};
+    setup su = {0, 0, ZS_DTYPE_F32, ZS_DTYPE_BF16, 3, 3, {NMAX, 5, 4097}, 0};
     harness h;
     zs_swap *s2 = NULL;
     int q8 = combos[c][1] == ZS_DTYPE_Q8;
@@ -576,7 +578,7 @@ static void typed_arrays(void) {
 /* Bad input is refused with a clear error and changes nothing. */
 static void bad_input(void) {
   setup su = {ZS_SWAP_ADAGRAD, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE, 2, 2,
-              {100, 200}};
+              {100, 200}, 0};
   harness h;
   zs_swap_config c;
   zs_swap_step_args a;
@@ -645,7 +647,7 @@ static void bad_input(void) {
   /* A partition never initialized: the step refuses, naming it. */
   {
     setup s1 = {ZS_SWAP_LION, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_NONE, 2, 2,
-                {10, 20}};
+                {10, 20}, 0};
     if (!h_open(&h, &s1)) return;
     base_config(&c, &h);
     c.name = "fresh";
@@ -666,7 +668,7 @@ static void stats_and_cleanup(void) {
   /* More buffers than partitions: the pipeline must not look past the
    * last partition. */
   setup su = {ZS_SWAP_ADAM, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, 8, 5,
-              {30000, 30001, 29999, 5, 12345}};
+              {30000, 30001, 29999, 5, 12345}, 0};
   harness h;
   zs_swap_stats st;
   char path[700];
@@ -704,7 +706,7 @@ out:
  * later steps are unchanged, whatever the request size. */
 static void io_pass_keeps_state(void) {
   setup su = {ZS_SWAP_ADAM, ZS_DTYPE_F32, ZS_DTYPE_F32, ZS_DTYPE_BF16, 3, 4,
-              {30000, 1, 70001, 4097}};
+              {30000, 1, 70001, 4097}, 0};
   static const int64_t lens[3] = {12345, 4096, (int64_t)1 << 20};
   harness h;
   unsigned char *rbuf = NULL, *wbuf = NULL;
@@ -754,13 +756,42 @@ static int h_step_resumable(harness *h, double lr) {
   return zs_swap_step(h->s, &a);
 }
 
+/* The compact layout's invariant: every partition's committed image and
+ * reservation and every free slot are distinct slots of its class inside
+ * the file. 1 if it holds, else records a failure. */
+static int compact_consistent(const zs_swap *s, int line) {
+  int i, j, k, n = 0;
+  int64_t *seen = malloc(sizeof *seen * (size_t)(3 * s->nparts + 64));
+  int64_t *cls = malloc(sizeof *cls * (size_t)(3 * s->nparts + 64));
+  int ok = seen && cls;
+  for (i = 0; ok && i < s->nparts; i++) {
+    const zs__swap_part *p = &s->parts[i];
+    seen[n] = p->loc, cls[n++] = p->cls;
+    if (p->pend >= 0) seen[n] = p->pend, cls[n++] = p->cls;
+  }
+  for (k = 0; ok && k < s->nclasses; k++)
+    for (j = 0; j < s->classes[k].nfree; j++)
+      seen[n] = s->classes[k].free[j], cls[n++] = k;
+  for (i = 0; ok && i < n; i++) {
+    int64_t slot = s->classes[cls[i]].slot;
+    if (seen[i] < 0 || seen[i] + slot > s->file_bytes) ok = 0;
+    for (j = 0; j < i; j++)
+      if (seen[j] == seen[i]) ok = 0;
+  }
+  free(seen);
+  free(cls);
+  if (!ok) zt__fail(__FILE__, line, "compact layout: slots overlap or leak");
+  return ok;
+}
+
 /* Resumable steps with the outs in the gradients' place: a fault anywhere
  * leaves a step that the next call completes, every partition stepped
  * once from its own gradient (the result is the reference's bit for bit,
  * though the failed call overwrote some gradients with weights), or that
- * zs_swap_abandon_step undoes; meanwhile reads work and writes are
- * refused. */
-static void resumable_steps(void) {
+ * zs_swap_abandon_step undoes (a compact file: drops the stepped
+ * partitions' state, which the caller then writes back, as a checkpoint
+ * load does); meanwhile reads work and writes are refused. */
+static void resumable_run(int compact) {
   static const struct {
     const char *site;
     int n, err;
@@ -769,14 +800,34 @@ static void resumable_steps(void) {
            {"swap.write", 4, ZS_EIO},    {"aio.submit", 3, ZS_ENOSPC},
            {"aio.io", 2, ZS_EIO},        {"aio.io", 5, ZS_ENOSPC},
            {"aio.io", 7, ZS_EIO}};
+  /* Compact: three partitions of one size share min(3, 2) spares, one of
+   * another size shares its one with nobody. */
   setup su = {ZS_SWAP_ADAM, ZS_DTYPE_Q8, ZS_DTYPE_BF16, ZS_DTYPE_BF16, 3, 5,
-              {5000, 70001, 3, 16391, 4097}};
+              {5000, 70001, 3, 16391, 4097}, 0};
   harness h;
   void *keep[MAXP] = {0};
   int64_t step = 0;
   size_t k;
   int i, abandon;
+  if (compact) {
+    setup cs = {ZS_SWAP_ADAM, ZS_DTYPE_Q8, ZS_DTYPE_BF16, ZS_DTYPE_BF16, 2, 5,
+                {70001, 5000, 70001, 70001, 3}, 1};
+    su = cs;
+  }
   if (!h_open(&h, &su)) return;
+  if (compact) {
+    /* One slot each plus the spares: 2 of the 70001 size, 1 of each other. */
+    int64_t want = 0;
+    for (i = 0; i < su.nparts; i++) want += h.s->parts[i].slot;
+    want += 2 * h.s->parts[0].slot + h.s->parts[1].slot + h.s->parts[4].slot;
+    ZT_CHECKF(zs_swap_file_bytes(h.s) == want, "file %lld bytes, want %lld",
+              (long long)zs_swap_file_bytes(h.s), (long long)want);
+    ZT_CHECK(zs_swap_compact(h.s) == 1 && h.s->nclasses == 3);
+    /* Its steps must be resumable. */
+    h_new_grads(&h);
+    ZT_ERR(h_step(&h, 1e-3, 1.0), ZS_EINVAL);
+    ZT_CHECK(strstr(zs_last_error(), "resumable") != NULL);
+  }
   for (i = 0; i < su.nparts; i++)
     if (!(keep[i] = malloc((size_t)su.sizes[i] * 2))) goto out;
   for (abandon = 0; abandon < 2; abandon++) {
@@ -798,6 +849,7 @@ static void resumable_steps(void) {
                     strstr(zs_last_error(), "zs_swap_abandon_step"),
                 "unclear message: %s", zs_last_error());
       ZT_CHECK(zs_swap_steps(h.s) == step);
+      if (compact && !compact_consistent(h.s, __LINE__)) goto out;
       moved = zs_swap_incomplete_step(h.s) != 0;
       ZT_CHECK(!moved || zs_swap_incomplete_step(h.s) == step + 1);
       if (moved) {
@@ -806,7 +858,7 @@ static void resumable_steps(void) {
         ZT_CHECK(strstr(zs_last_error(), "stopped partway") != NULL);
         ZT_ERR(zs_swap_init_partition(h.s, 0, (const float *)keep[0]),
                ZS_ESTATE);
-        ZT_ERR(h_step(&h, 1e-3, 1.0), ZS_ESTATE);
+        ZT_ERR(h_step(&h, 1e-3, 1.0), compact ? ZS_EINVAL : ZS_ESTATE);
         img = malloc((size_t)h.img[1]);
         ZT_OK(zs_swap_read_image(h.s, 1, img, h.img[1]));
         free(img);
@@ -821,8 +873,24 @@ static void resumable_steps(void) {
         }
       }
       if (abandon) {
+        int dropped = 0;
         ZT_OK(zs_swap_abandon_step(h.s));
         ZT_CHECK(zs_swap_incomplete_step(h.s) == 0);
+        for (i = 0; compact && i < su.nparts; i++) {
+          img = malloc((size_t)h.img[i]);
+          rc = zs_swap_read_image(h.s, i, img, h.img[i]);
+          free(img);
+          if (rc == 0) continue;
+          /* Dropped: named by the step too, until it is written again. */
+          ZT_CHECKF(rc == ZS_ESTATE && strstr(zs_last_error(), "dropped"),
+                    "partition %d: %s", i, zs_last_error());
+          ZT_ERR(h_step_resumable(&h, 1e-3), ZS_ESTATE);
+          ZT_CHECK(strstr(zs_last_error(), "dropped") != NULL);
+          ZT_OK(zs_swap_write_image(h.s, i, h.ref[i], h.img[i]));
+          dropped++;
+        }
+        ZT_CHECK(!compact || dropped == 0 || moved);
+        if (compact && !compact_consistent(h.s, __LINE__)) goto out;
         if (!h_same(&h, 0, __LINE__)) goto out; /* step t, bit for bit */
         for (i = 0; i < su.nparts; i++) /* the caller's gradients again */
           memcpy(h.grads[i], keep[i], (size_t)su.sizes[i] * 2);
@@ -840,6 +908,7 @@ static void resumable_steps(void) {
         memcpy(h.outs[i], h.grads[i], (size_t)su.sizes[i] * 2);
       }
       ZT_CHECK(zs_swap_steps(h.s) == step);
+      if (compact && !compact_consistent(h.s, __LINE__)) goto out;
       if (!h_same(&h, 1, __LINE__)) goto out;
     }
   }
@@ -857,8 +926,71 @@ out:
   h_free(&h);
 }
 
+static void resumable_steps(void) { resumable_run(0); }
+static void compact_resumable_steps(void) { resumable_run(1); }
+
+/* The compact layout over many clean steps, every optimizer and state
+ * dtype and buffer counts 1..4 (the slots rotate through the free lists):
+ * bit-exact against the in-RAM kernel; failed state writes keep the old
+ * state and leak no slot; the I/O pass writes only free slots. */
+static void compact_layout(void) {
+  static const int opts[3] = {ZS_SWAP_ADAM, ZS_SWAP_ADAGRAD, ZS_SWAP_LION};
+  static const int sds[3] = {ZS_DTYPE_F32, ZS_DTYPE_BF16, ZS_DTYPE_Q8};
+  int o, d, bufs;
+  for (o = 0; o < 3; o++)
+    for (d = 0; d < 3; d++)
+      for (bufs = 1; bufs <= 4; bufs++) {
+        setup su = {opts[o], sds[d], ZS_DTYPE_BF16, ZS_DTYPE_BF16, bufs, 6,
+                    {9001, 9001, 9001, 9001, 257, 9001}, 1};
+        harness h;
+        int t, i;
+        if (opts[o] != ZS_SWAP_ADAM && sds[d] == ZS_DTYPE_Q8) continue;
+        if (!h_open(&h, &su)) return;
+        for (t = 1; t <= 7; t++) {
+          zs_swap_step_args a;
+          h_new_grads(&h);
+          zs_swap_step_args_init(&a);
+          a.grads = (const void *const *)h.grads;
+          a.grad_dtype = ZS_DTYPE_BF16;
+          a.outs = h.outs;
+          a.out_dtype = ZS_DTYPE_BF16;
+          a.lr = 1e-3;
+          a.resumable = 1;
+          ZT_OK(zs_swap_step(h.s, &a));
+          ZT_OK(h_ref_step(&h, 1e-3, 1.0, t));
+          if (!compact_consistent(h.s, __LINE__) || !h_same(&h, 1, __LINE__))
+            break;
+        }
+        /* A failed state write keeps the old image, and its slot is free
+         * again (more failures than there are spares). */
+        for (i = 0; i < 3 * bufs + 2; i++) {
+          ZT_OK(zs_fault_set("swap.write", 1, 1, ZS_EIO));
+          ZT_ERR(zs_swap_write_image(h.s, i % 6, h.ref[(i + 1) % 6],
+                                     h.img[i % 6]),
+                 ZS_EIO);
+          zs_fault_clear();
+        }
+        if (!compact_consistent(h.s, __LINE__) || !h_same(&h, 0, __LINE__)) {
+          h_free(&h);
+          return;
+        }
+        {
+          unsigned char *rb = malloc((size_t)2 << 16), *wb = malloc(1 << 16);
+          if (rb && wb) {
+            memset(wb, 0x5A, 1 << 16);
+            ZT_OK(zs_swap_io_pass(h.s, rb, 2, wb, 1 << 16, 1, 1, NULL));
+            ZT_CHECK(h_same(&h, 0, __LINE__));
+          }
+          free(rb);
+          free(wb);
+        }
+        h_free(&h);
+      }
+}
+
 ZT_MAIN(ZT_CASE(equal_in_ram), ZT_CASE(faults_keep_state),
-        ZT_CASE(resumable_steps),
+        ZT_CASE(resumable_steps), ZT_CASE(compact_resumable_steps),
+        ZT_CASE(compact_layout),
         ZT_CASE(short_file), ZT_CASE(checkpoint_roundtrip),
         ZT_CASE(typed_arrays), ZT_CASE(bad_input), ZT_CASE(stats_and_cleanup),
         ZT_CASE(io_pass_keeps_state))

@@ -21,7 +21,7 @@ class SwapConfig(Structure):
                 ("weight_decay", c_double), ("adamw_mode", c_int),
                 ("bias_correction", c_int), ("num_threads", c_int),
                 ("pool", c_void_p), ("aio", c_void_p), ("direct", c_int),
-                ("sync_each_step", c_int)]
+                ("sync_each_step", c_int), ("compact", c_int)]
 
 
 class SwapStepArgs(Structure):
@@ -78,6 +78,8 @@ SIGNATURES = {
     "zs_swap_partition_size": (c_uint64, [c_void_p, c_int]),
     "zs_swap_file_path": (c_char_p, [c_void_p]),
     "zs_swap_file_bytes": (c_int64, [c_void_p]),
+    "zs_swap_compact": (c_int, [c_void_p]),
+    "zs_swap_holds_state": (c_int, [c_void_p, c_int]),
     "zs_swap_direct": (c_int, [c_void_p]),
     "zs_swap_direct_why": (c_char_p, [c_void_p]),
     "zs_swap_buffers_locked": (c_int, [c_void_p]),

@@ -122,6 +122,10 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         io_uring | threads | iocp), single_submit, overlap_events (None:
         the aio engine's default). direct: auto | on | off.
       sync_each_step: fsync the file before committing each step.
+      compact: one slot per partition plus a few spares (about half the
+        disk; "Compact layout" in swap.h): every step must then be
+        resumable, and :meth:`abandon_step` drops the stepped partitions'
+        state (each must be written again, e.g. from a checkpoint).
     """
 
     def __init__(self, sizes: Sequence[int], nvme_path: str | os.PathLike, *,
@@ -134,7 +138,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
                  queue_depth: int = 32, intra_op_parallelism: int = 1,
                  backend: str = "auto", direct: str = "auto",
                  sync_each_step: bool = False, single_submit: bool = False,
-                 overlap_events: bool | None = None):
+                 overlap_events: bool | None = None, compact: bool = False):
         self._h = None
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
@@ -174,6 +178,7 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
         cfg.num_threads = integer(num_threads, "num_threads", INT32)
         cfg.direct = DIRECT[direct]
         cfg.sync_each_step = int(bool(sync_each_step))
+        cfg.compact = int(bool(compact))
         self._aio = AioConfig()
         lib.zs_aio_config_init(ctypes.byref(self._aio))
         self._aio.block_size = integer(block_size, "block_size", INT64)
@@ -283,7 +288,9 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
 
     def abandon_step(self) -> None:
         """Returns every partition to the last completed step after a
-        resumable step failed partway (no-op when none did)."""
+        resumable step failed partway (no-op when none did); with the
+        compact layout the partitions it had stepped hold no state
+        afterwards (until set_state / write_image / init_partition)."""
         check(lib.zs_swap_abandon_step(self._handle), "zs_swap_abandon_step")
 
     # ------------------------------------------------------ hyperparameters
@@ -481,6 +488,17 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
     @property
     def file_bytes(self) -> int:
         return int(lib.zs_swap_file_bytes(self._handle))
+
+    def holds_state(self, i: int) -> bool:
+        """Whether partition i holds state: initialized or written, and not
+        dropped by an abandoned step of a compact file."""
+        return bool(lib.zs_swap_holds_state(self._handle, self._part(i)))
+
+    @property
+    def compact(self) -> bool:
+        """Whether the swap file has the compact layout (one slot per
+        partition plus spares)."""
+        return bool(lib.zs_swap_compact(self._handle))
 
     @property
     def direct(self) -> tuple[bool, str]:

@@ -17,6 +17,12 @@ from there too, so host memory holds 2 bytes per parameter (the 16-bit
 shards). Their steps are then resumable (include/zspeed/swap.h): a partition
 whose gradient became its weight is never stepped again, and a failed step is
 completed by the next apply() or abandoned (abandon_step) as on the other paths.
+Those swap files are compact (swap.h, "Compact layout"): the state once plus a
+few spare slots on disk instead of twice, as each partition's new image goes to
+a free slot and the old one is freed when the write succeeded. An abandoned
+step then drops the stepped partitions' state, which is why the engine abandons
+only for a checkpoint load that writes every partition again (or when it
+closes).
 
 Partitions: each group's flat parameter space is cut into swapper partitions
 of about ``zero_optimization.sub_group_size`` elements, capped at 2^23
@@ -150,12 +156,24 @@ class NVMePath(OffloadedPath):
                 Need("host", f"optimizer state ({sd}, max_in_cpu)", int(per * kept))] if kept else []
         # The reduced gradients in host memory (none: in the shards' place, plan.grads_in_shards);
         # the new weights go into the shards (ZeRO-3 with the shards in host memory) or a buffer.
+        # Writing into the shards makes the steps resumable, and those use compact swap files:
+        # one slot per partition plus up to buffer_count spares per partition size (a GPT's
+        # layout has a handful of sizes: counted as four of the largest); otherwise two slots
+        # per partition.
         shards_out = plan.store == "partitioned" and (plan.param_medium == "host" or plan.device.type == "cpu")
+        if shards_out:
+            cap = max(1, min(int(config.zero["sub_group_size"]), PARTITION_CAP))
+            spare = min(on_disk, 4 * max(2, int(config.offload["buffer_count"])) * cap)
+            disk = int((4 + per) * (on_disk + spare))
+            what = (f"once, plus spare slots for {spare:,} elements: a failed write loses nothing, as each "
+                    f"partition's new image goes to a free slot")
+        else:
+            disk = int(2 * (4 + per) * on_disk)
+            what = "twice: two slots per swap partition, so a failed write loses nothing"
         return [Need("host", "gradients", 0 if plan.grads_in_shards else s.esize * n),
                 Need("host", "weights out", 0 if shards_out else s.esize * n), *host,
                 Need("nvme", f"offload_optimizer ({on_disk:,} elements x {4 + per:.1f} bytes of fp32 masters and "
-                     f"{sd} optimizer state, twice: two slots per swap partition, so a failed write loses "
-                     f"nothing)", int(2 * (4 + per) * on_disk), where=config.offload["nvme_path"])]
+                     f"{sd} optimizer state, {what})", disk if on_disk else 0, where=config.offload["nvme_path"])]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):
@@ -213,7 +231,8 @@ class NVMePath(OffloadedPath):
                 state_dtype=state_dtype, buffer_count=max(2, int(offload_cfg["buffer_count"])),
                 block_size=int(aio["block_size"]), queue_depth=int(aio["queue_depth"]),
                 intra_op_parallelism=int(aio["intra_op_parallelism"]),
-                single_submit=bool(aio["single_submit"]), overlap_events=bool(aio["overlap_events"]))
+                single_submit=bool(aio["single_submit"]), overlap_events=bool(aio["overlap_events"]),
+                compact=self._resumable)
             self.swappers.append(sw)
             params_g = group["params"]
             for i, part in enumerate(self.parts[gi]):
@@ -281,12 +300,17 @@ class NVMePath(OffloadedPath):
 
     def abandon_step(self) -> None:
         """Forgets a step that stopped partway (before a checkpoint load replaces what it touched):
-        a resumable swapper's stepped partitions return to the last step, and gradients held in
-        the shards give way to the weights."""
+        a resumable swapper's stepped partitions return to the last step (compact files: their
+        state is dropped, the load writes it again), and gradients held in the shards give way
+        to the weights (compact: each partition's committed ones, stepped or not)."""
+        compact = any(sw.compact for sw in self.swappers)
+        if compact:  # the shards get their partitions' masters while the stepped ones are readable
+            self.buffers.abandoned()
         for sw in self.swappers:
             sw.abandon_step()
         self._stepped.clear()
-        self.buffers.abandoned()
+        if not compact:
+            self.buffers.abandoned()
 
     # -- masters and state (checkpoints) ----------------------------------------------------------
     def _state_keys(self) -> tuple:
@@ -298,6 +322,8 @@ class NVMePath(OffloadedPath):
         iav = float(self.optimizer.param_groups[gi].get("initial_accumulator_value", 0.0))
         sw = self.swappers[gi]
         for i in range(len(self.parts[gi])):
+            if not sw.holds_state(i):  # dropped by an abandoned step: a load writes its masters next
+                sw.init_partition(i, np.zeros(self.parts[gi][i].n, np.float32))
             fresh = {k: np.zeros_like(a) for k, a in sw.read_arrays(i).items() if k != "param"}
             if "sum" in fresh:
                 fresh["sum"][:] = iav
@@ -436,10 +462,12 @@ class NVMePath(OffloadedPath):
                 self._q8_import(gi, rows)
             else:
                 for i, part in enumerate(self.parts[gi]):
-                    st = sw.get_state(i)
+                    # The masters stay; one an abandoned step dropped is written by the load next.
+                    param = (sw.read_arrays(i, ("param",))["param"] if sw.holds_state(i)
+                             else np.zeros(part.n, np.float32))
                     new = {k: _assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float())
                            for k in keys}
-                    sw.set_state(i, st["param"], **new)
+                    sw.set_state(i, param, **new)
             steps = {int(r["step"]) for r in rows if "step" in r}
             sw.steps = steps.pop() if steps else 0
 
