@@ -270,6 +270,10 @@ def test_nvme_optimizer_steps_the_shards_as_host_offload_bit_for_bit(tmp_path, p
         assert "weights out" not in host and ("gradients" in host) != on
     e = runs[True][0]
     assert len(e.optimizer_path.swappers[0].sizes) > 2 and e.optimizer_path.buffers.grads_in.held == set()
+    for sw in e.optimizer_path.swappers:  # compact swap files: each slot once, plus per slot size
+        slots = [-(-len(sw.read_image(i)) // 4096) * 4096 for i in range(len(sw.sizes))]  # min(count, 4) spares
+        spares = sum(min(slots.count(b), 4) * b for b in set(slots))
+        assert sw.compact and os.path.getsize(sw.file_path) == sw.file_bytes == sum(slots) + spares
     for gi, f in enumerate(e.optimizer_path.buffers.sm.flat):  # the shards are the masters rounded
         assert torch.equal(f, _all_masters(e.optimizer_path.buffers.grads_in, gi, f.numel()).to(f.dtype))
 
