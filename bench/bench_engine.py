@@ -354,6 +354,8 @@ def main():
             y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev, generator=g)
             if i == a.warmup:
                 torch.cuda.reset_peak_memory_stats()
+                for sw in _swappers(engine if a.impl == "zspeed" else None):
+                    sw.stats(reset=True)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             loss = fwd_bwd(x, y)
@@ -385,8 +387,20 @@ def main():
               f"idle {100 * (1 - busy['kernels']):.1f}%; with copies {100 * busy['with_copies']:.1f}%)", flush=True)
     if a.impl == "zspeed" and a.trace:
         engine.close()  # writes the trace (and finishes a step still running in the background)
-    mine = {"peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+    bound, peak_rss = None, _peak_rss()  # (before the bound's timings allocate)
+    if a.impl == "zspeed" and a.offload == "nvme" and world == 1:
+        peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+        torch.cuda.set_per_process_memory_fraction(1.0, dev)  # the timings below are not the run's
+        try:
+            bound = step_bound(a, engine, nparams, med, statistics.median(fb), len(times))
+        except Exception as e:  # noqa: BLE001 - the bound informs; the run's result stands
+            import traceback
+            traceback.print_exc()
+            bound = {"error": f"{type(e).__name__}: {e}"}
+    else:
+        peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+    mine = {"peak_alloc_gib": round(peak[0] / 2**30, 2),
+            "peak_reserved_gib": round(peak[1] / 2**30, 2),
             "host_rss_gib": round(_rss() / 2**30, 2), "step_s": round(med, 4)}
     per_rank = [mine]
     if world > 1:
@@ -399,12 +413,12 @@ def main():
         "impl": a.impl, "offload": a.offload, "stage": a.stage, "offload_param": a.offload_param,
         "gpu_cap_gib": a.gpu_cap, "ckpt": a.ckpt, "grads_in_shards": getattr(a, "grads_in_shards", "on"), "delayed_update": getattr(a, "delayed_update", False), "ratio": getattr(a, "ratio", None), "ckpt_impl": a.ckpt_impl if a.ckpt else None,
         "cpu_ckpt": a.cpu_ckpt, "init": a.init, "model": a.model,
-        "host_peak_rss_gib": round(_peak_rss() / 2**30, 2),
+        "host_peak_rss_gib": round(peak_rss / 2**30, 2),
         "params": nparams, "layers": a.layers, "d_model": a.d_model,
         "batch": a.batch, "seq": a.seq, "dtype": a.dtype, "torch_adam": a.torch_adam,
         "state_dtype": a.state_dtype, "pin": not a.no_pin, "world_size": world,
         "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
-        "gpu_busy": busy, "max_in_cpu": a.max_in_cpu,
+        "gpu_busy": busy, "max_in_cpu": a.max_in_cpu, "bound": bound,
         "opt_step_s": round(statistics.median(st), 4),
         "step_mean_s": round(statistics.fmean(times), 4), "final_loss": round(float(loss.item()), 4),
         "zenflow": getattr(a, "zenflow", False), "overlap_forward": getattr(a, "overlap_forward", False),
@@ -421,6 +435,57 @@ def main():
           f"allocated per rank, seq {a.seq}"
           + (f", checkpointing {a.ckpt_impl}{' with cpu_checkpointing' if a.cpu_ckpt else ''}" if a.ckpt else ""))
     print("RESULT " + json.dumps(res))
+
+
+def _swappers(engine) -> list:
+    """The NVMe swappers of a zspeed engine's optimizer path (and of its tiers)."""
+    if engine is None:
+        return []
+    path = engine.optimizer_path
+    parts = [path] + [getattr(path, k, None) for k in ("dev", "cpu", "disk")]
+    return [sw for p in parts if p is not None for sw in getattr(p, "swappers", [])]
+
+
+def step_bound(a, engine, nparams: int, step_s: float, fwd_bwd_s: float, steps: int) -> dict:
+    """The step's bound from what each tier moves per step, each timed in this process: NVMe
+    (the swap files' own I/O pass: every image read and as many bytes written), PCIe (the 16-bit
+    parameters fetched for the forward and again for the backward, and the gradients sent back,
+    at the pinned host-to-GPU rate), the GPU (a forward and backward of the same GPT without
+    offload, from one block, as zspeed plan times it), the host's CPU Adam share (its measured
+    rate x the elements max_in_cpu keeps), and the GPU's share of the optimizer. ``serial``:
+    their sum as this engine's step orders them (the forward and backward bound by max(GPU,
+    PCIe), then the optimizer's tiers one after the other); ``overlapped``: the largest alone."""
+    from zspeed import planner
+    sws = _swappers(engine)
+    moved = sum(sw.stats()["bytes_read"] + sw.stats()["bytes_written"] for sw in sws) / max(1, steps)
+    disk_s = sum(sw.io_pass() for sw in sws)
+    disk_bytes = 2 * sum(sw.file_bytes for sw in sws)  # read and written; spares included (an upper bound)
+    shape = planner.Shape(layers=a.layers, hidden=a.d_model, heads=a.heads, vocab=a.vocab)
+    gpu_s = planner.measure_fwd_bwd(shape, a.batch, a.seq, a.ckpt)
+    h2d = planner.measure_h2d_gbs()
+    pcie_bytes = 2 * nparams * (3 if a.offload_param == "cpu" else 1)
+    pcie_s = pcie_bytes / (h2d * 1e9)
+    cpu_rate, gpu_rate = planner._adam_rates("cuda", a.state_dtype)
+    host = engine.memory_needs.get("host", {})
+    kept = host.get("fp32 masters (max_in_cpu)", 0) // 4
+    share = getattr(engine.optimizer_path, "cpu_share", 1.0)
+    cpu_s = (cpu_rate or 0.0) * kept
+    gpu_opt_s = (gpu_rate or 0.0) * nparams * (1 - share)
+    serial = max(gpu_s, pcie_s) + gpu_opt_s + cpu_s + disk_s
+    over = max(gpu_s, pcie_s, gpu_opt_s, cpu_s, disk_s)
+    out = {"nvme_s": round(disk_s, 2), "nvme_gb_per_step": round(moved / 1e9, 2),
+           "nvme_gbs": round(disk_bytes / 1e9 / disk_s, 2) if disk_s else None,
+           "pcie_s": round(pcie_s, 2), "pcie_gbs": round(h2d, 1), "gpu_fwd_bwd_s": round(gpu_s, 2),
+           "cpu_adam_s": round(cpu_s, 2), "cpu_elems": int(kept), "gpu_opt_s": round(gpu_opt_s, 2),
+           "serial_s": round(serial, 2), "overlapped_s": round(over, 2),
+           "step_over_serial": round(step_s / serial, 2), "step_over_overlapped": round(step_s / over, 2),
+           "fwd_bwd_over_bound": round(fwd_bwd_s / max(gpu_s, pcie_s), 2)}
+    print(f"bound: NVMe {disk_s:.1f}s ({moved / 1e9:.1f} GB moved per step, the files' I/O pass at "
+          f"{out['nvme_gbs']} GB/s), PCIe {pcie_s:.1f}s ({pcie_bytes / 1e9:.1f} GB at {h2d:.1f} GB/s), GPU fwd+bwd "
+          f"{gpu_s:.1f}s, CPU Adam {cpu_s:.1f}s ({kept / 1e9:.2f}B elements), GPU Adam {gpu_opt_s:.1f}s -> serial "
+          f"{serial:.1f}s, overlapped {over:.1f}s; measured step {step_s:.1f}s = {step_s / serial:.2f}x serial, "
+          f"{step_s / over:.2f}x overlapped", flush=True)
+    return out
 
 
 def build_model(a):

@@ -294,3 +294,57 @@ def test_uint16_is_bf16_without_naming_it(tmp_path):
     with NVMeOptimizerSwapper([7], tmp_path) as sw:
         sw.init_partition(0, grads[1])
         assert sw.get_state(0)["param"].tobytes() == _bf16_to_f32(grads[1]).tobytes()
+
+
+def test_compact_files_hold_the_state_once_and_step_resumably(tmp_path, backend):
+    """compact=True: one slot per partition plus min(count, buffer_count) spares per slot size;
+    resumable steps equal a two-slot swapper's bit for bit, a plain step is refused by name, an
+    abandoned step drops the stepped partitions (holds_state) until they are written again, and
+    the I/O pass leaves the state as it was."""
+    rng = np.random.default_rng(7)
+    sizes = [5000, 5000, 5000, 77]
+    init = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    kw = dict(buffer_count=2, backend=backend)
+    two = NVMeOptimizerSwapper(sizes, tmp_path, name="two", **kw)
+    one = NVMeOptimizerSwapper(sizes, tmp_path, name="one", compact=True, **kw)
+    try:
+        for sw in (two, one):
+            for i, p in enumerate(init):
+                sw.init_partition(i, p)
+        slot = [-(-len(one.read_image(i)) // 4096) * 4096 for i in range(4)]
+        assert one.compact and not two.compact
+        assert one.file_bytes == sum(slot) + 2 * slot[0] + slot[3] == os.path.getsize(one.file_path)
+        assert two.file_bytes == 2 * sum(slot)
+        grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+        with pytest.raises(NativeError, match="resumable"):
+            one.step(grads)
+        for _ in range(3):
+            grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+            two.step(grads, resumable=True)
+            one.step(grads, resumable=True)
+        assert all(np.array_equal(one.read_image(i), two.read_image(i)) for i in range(4))
+        seconds = one.io_pass()
+        assert seconds > 0 and all(np.array_equal(one.read_image(i), two.read_image(i)) for i in range(4))
+        lib.zs_fault_set(b"swap.write", 3, 1, errcode("ZS_EIO"))
+        try:
+            with pytest.raises(NativeError, match="stopped partway"):
+                one.step(grads, resumable=True)
+        finally:
+            lib.zs_fault_clear()
+        assert one.incomplete_step == 4
+        one.abandon_step()
+        held = [one.holds_state(i) for i in range(4)]
+        # 0 and 1 were stepped and written (3 may have been too); 2's write failed: it keeps step 3
+        assert held[:3] == [False, False, True]
+        with pytest.raises(NativeError, match="dropped"):
+            one.read_image(0)
+        for i in range(4):
+            if not held[i]:
+                one.write_image(i, two.read_image(i))
+        assert all(np.array_equal(one.read_image(i), two.read_image(i)) for i in range(4))
+        one.step(grads, resumable=True)
+        two.step(grads, resumable=True)
+        assert all(np.array_equal(one.read_image(i), two.read_image(i)) for i in range(4))
+    finally:
+        one.close()
+        two.close()

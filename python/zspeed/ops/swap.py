@@ -514,6 +514,27 @@ class NVMeOptimizerSwapper(NativeHandleOwner):
     def buffers_locked(self) -> bool:
         return bool(lib.zs_swap_buffers_locked(self._handle))
 
+    def io_pass(self, reads: bool = True, writes: bool = True, chunk: int = 16 << 20,
+                slots: int = 16) -> float:
+        """Seconds of one step's I/O without the optimizer, on this swap file
+        (zs_swap_io_pass): every committed image read and as many bytes
+        written to slots that hold no state, in requests of ``chunk`` bytes
+        with ``slots`` reads in flight. The state does not change; the disk
+        speed it gives (:attr:`file_bytes` moved) bounds a step."""
+        chunk = integer(chunk, "chunk", INT64)
+        slots = integer(slots, "slots", INT32)
+        if chunk < 1 or not 1 <= slots <= 64:
+            raise ValueError(f"chunk = {chunk} must be >= 1 and slots = {slots} in [1, 64]")
+        align = 4096  # direct I/O's alignment for the buffers
+        rbuf = np.empty(chunk * slots + align, np.uint8)
+        wbuf = np.zeros(chunk + align, np.uint8)
+        rp = rbuf.ctypes.data + (-rbuf.ctypes.data) % align
+        wp = wbuf.ctypes.data + (-wbuf.ctypes.data) % align
+        ns = ctypes.c_uint64()
+        check(lib.zs_swap_io_pass(self._handle, ctypes.c_void_p(rp), slots, ctypes.c_void_p(wp), chunk,
+                                  int(bool(reads)), int(bool(writes)), ctypes.byref(ns)), "zs_swap_io_pass")
+        return ns.value / 1e9
+
     def stats(self, reset: bool = False) -> dict[str, int]:
         """Cumulative statistics (see zs_swap_stats): bytes moved and where
         the step's time went (compute_ns vs read_wait_ns + write_wait_ns)."""
