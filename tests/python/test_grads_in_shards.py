@@ -278,8 +278,10 @@ def test_nvme_optimizer_steps_the_shards_as_host_offload_bit_for_bit(tmp_path, p
         assert torch.equal(f, _all_masters(e.optimizer_path.buffers.grads_in, gi, f.numel()).to(f.dtype))
 
 
-@pytest.mark.parametrize("site,n", [("swap.write", 2), ("swap.read", 3)])
-def test_an_nvme_fault_mid_step_is_completed_or_abandoned_with_the_gradients_in_the_shards(tmp_path, site, n):
+@pytest.mark.parametrize("site,n,err", [("swap.write", 2, "ZS_EIO"), ("swap.read", 3, "ZS_EIO"),
+                                        ("swap.write", 3, "ZS_ENOSPC")])
+def test_an_nvme_fault_mid_step_is_completed_or_abandoned_with_the_gradients_in_the_shards(tmp_path, site, n,
+                                                                                          err):
     """A write or read of the step's n-th swap partition fails: the swapper has stepped (and
     overwritten in the shards) the gradients of the partitions before it. step() again -- or the
     next forward, which completes a step under way before it reads the weights -- completes the
@@ -302,7 +304,7 @@ def test_an_nvme_fault_mid_step_is_completed_or_abandoned_with_the_gradients_in_
             e, _ = z3._train(_nvme(swap, on=on), steps=2)
             e.save_checkpoint(tmp_path / f"ck{on}{how}", tag="s")
             _backward_only(e, z3._data(4)[2])
-            lib.zs_fault_set(site.encode(), n, 1, errcode("ZS_EIO"))
+            lib.zs_fault_set(site.encode(), n, 1, errcode(err))
             try:
                 with pytest.raises(NativeError, match="stopped partway"):
                     e.step()
@@ -331,6 +333,70 @@ def test_an_nvme_fault_mid_step_is_completed_or_abandoned_with_the_gradients_in_
             e.step()
             _equal(z3._whole(e), refw)
             e.close()
+
+
+_KILLED = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+os.environ["ZSPEED_DEVICE"] = "cpu"
+import torch
+import test_grads_in_shards as t
+from zspeed._native import errcode, lib
+from zspeed.ops.swap import NVMeOptimizerSwapper
+e, _ = t.z3._train(t._nvme({swap!r}), steps=2)
+e.save_checkpoint({ck!r}, tag="s")
+t._backward_only(e, t.z3._data(4)[2])
+real = NVMeOptimizerSwapper.step
+
+def step(self, *a, **kw):  # the write of the 3rd partition fails; then the process is killed
+    lib.zs_fault_set(b"swap.write", 3, 1, errcode("ZS_EIO"))
+    try:
+        real(self, *a, **kw)
+    finally:
+        print("STEPPED", self.incomplete_step, sum(self.holds_state(i) for i in range(len(self.sizes))),
+              flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+NVMeOptimizerSwapper.step = step
+e.step()
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+def test_a_run_killed_mid_step_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
+    """kill -9 in the middle of an NVMe step whose swapper writes the new weights into the shards
+    (some partitions committed to the compact swap file, one write failed, the rest unstepped):
+    the next run in the same nvme_path reclaims the dead run's swap file, resumes from the
+    checkpoint, and trains on bit for bit as a run that never died."""
+    import signal
+    import subprocess
+    if not eh.native_ops_available():
+        pytest.skip("fault injection is libzspeed's (zs_fault_set)")
+    swap, ck = tmp_path / "swap", tmp_path / "ck"
+    swap.mkdir()
+    code = _KILLED.format(tests=os.path.dirname(os.path.abspath(__file__)), swap=str(swap), ck=str(ck))
+    root = os.path.dirname(os.path.dirname(zspeed.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
+    line = [x for x in r.stdout.splitlines() if x.startswith("STEPPED")]
+    assert line and line[0].split()[1] == "3", r.stdout  # it died with step 3 incomplete
+    left = [f for f in os.listdir(swap) if f.endswith(".swap")]
+    assert left  # the dead run's swap file, which nobody holds any more
+    ref, _ = z3._train(_cfg(on=False, sub_group_size=300), steps=2)
+    for idx in z3._data(4)[2:]:
+        _backward_only(ref, idx)
+        ref.step()
+    torch.manual_seed(0)
+    e, *_ = zspeed.initialize(model=z3.Model(), config=_nvme(swap))
+    assert not set(left) & set(os.listdir(swap))  # reclaimed when the new engine started
+    e.load_checkpoint(ck, tag="s")
+    assert e.global_steps == 2
+    for idx in z3._data(4)[2:]:
+        _backward_only(e, idx)
+        e.step()
+    _equal(z3._whole(e), z3._whole(ref))
+    e.close()
 
 
 def test_three_tiers_land_the_disk_share_in_the_shards_bit_for_bit(tmp_path):
