@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import re
+import textwrap
 import sys
 from pathlib import Path
 
@@ -107,15 +108,15 @@ def plot_step(rows: dict, plt) -> Path:
 def plot_largest(rows: dict, plt) -> Path:
     """The largest model one GPU capped at 24 GiB with 125 GiB of host memory trains (ZeRO-3,
     parameters and optimizer in host memory), and the host bytes each parameter costs."""
-    big = [rows[k] for k in ("largest-ds", "largest-zs") if k in rows]
-    bpp = [rows[k] for k in ("bpp-ds", "bpp-zs-fp32", "bpp-zs-int8", "bpp-zs-nvme") if k in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2))
+    big = [rows[k] for k in ("largest-ds", "largest-zs", "largest-zs-nvme") if k in rows]
+    bpp = [rows[k] for k in ("bpp-ds", "bpp-zs-fp32", "bpp-zs-int8", "bpp-zs-nvme", "bpp-zs-nvme-20b") if k in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
     for ax, sel, xlabel, fmt in ((a, big, "largest model trained, billions of parameters", "{:.2f}B"),
                                  (b, bpp, "host bytes per parameter (peak RSS)", "{:.1f}")):
         vals = [_first(r["value"]) for r in sel]
         y = range(len(sel))
         ax.barh(y, vals, color=["#d95f02" if "-ds" in r["id"] else "#1b9e77" for r in sel])
-        ax.set_yticks(list(y), [r["what"].split(";")[0] for r in sel], fontsize=8)
+        ax.set_yticks(list(y), [textwrap.fill(r["what"].split(";")[0], 26) for r in sel], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(xlabel, fontsize=9)
         ax.set_xlim(0, max(vals) * 1.25)
