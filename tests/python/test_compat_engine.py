@@ -177,6 +177,35 @@ def test_deepspeeds_optimizer_module_paths_and_memory_estimators(capsys):
     assert out.count("offload_optimizer=") == 6 + 2 and "zspeed plan" in out
 
 
+@pytest.mark.parametrize("serialization", [None, False])
+def test_engine_checkpoint_engine_saves_and_loads_the_scripts_own_files(tmp_path, serialization):
+    """engine.checkpoint_engine (DeepSpeed's TorchCheckpointEngine, by DeepSpeed's module path):
+    torch.save in torch's zipfile format unless checkpoint.checkpoint_serialization is false,
+    torch.load back; DeepSpeed's other writers are refused by name."""
+    import zipfile
+    from zspeed.runtime.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine, create_checkpoint_engine
+    from zspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+    c = cfg()
+    if serialization is not None:
+        c["checkpoint"] = {"checkpoint_serialization": serialization}
+    engine, *_ = zspeed.initialize(model=mlp(), config=c)
+    ce = engine.checkpoint_engine
+    assert isinstance(ce, TorchCheckpointEngine) and isinstance(ce, CheckpointEngine) and ce is engine.checkpoint_engine
+    info = CheckpointCommitInfo(tag="t", save_dir=str(tmp_path), save_latest=True)
+    ce.create(info)
+    ce.makedirs(tmp_path / "t", exist_ok=True)
+    obj = {"w": torch.arange(5.0), "step": 3}
+    ce.save(obj, str(tmp_path / "t" / "extra.pt"))
+    assert ce.commit(info) is True and ce.is_data_parallel_writer(0) and not ce.is_data_parallel_writer(1)
+    assert zipfile.is_zipfile(tmp_path / "t" / "extra.pt") == (serialization is None)
+    back = ce.load(str(tmp_path / "t" / "extra.pt"), map_location="cpu")
+    assert torch.equal(back["w"], obj["w"]) and back["step"] == 3
+    assert TorchCheckpointEngine().zipfile_serialization is False  # no config: the legacy format, as DeepSpeed
+    assert isinstance(create_checkpoint_engine(c), TorchCheckpointEngine)
+    with pytest.raises(ImportError, match="TorchCheckpointEngine"):
+        from zspeed.runtime.checkpoint_engine import FastCheckpointEngine  # noqa: F401
+
+
 def test_unwrap_model_for_generation_gathers_a_zero3_model_once():
     from zspeed.runtime.zero.stage3 import unwrap_model_for_generation
     c = cfg(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})

@@ -440,6 +440,9 @@ SCHEMA: dict[str, S] = {
         "load_universal": K(False, (bool,), "universal checkpoint format (not supported)"),
         "use_node_local_storage": K(False, (bool,), "accepted (one node)"),
         "parallel_write": K(None, (dict, type(None)), "accepted (one rank)"),
+        "checkpoint_serialization": K(True, (bool,), "engine.checkpoint_engine.save writes torch's zipfile "
+                                      "format (false: the legacy one), as DeepSpeed; zspeed's own checkpoints "
+                                      "are safetensors either way"),
     }, "checkpoint"),
 }
 

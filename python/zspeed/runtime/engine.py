@@ -26,6 +26,7 @@ One optimizer step (the boundary):
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -765,6 +766,14 @@ class ZSpeedEngine(torch.nn.Module):
         """The counterpart of offload_states (not in zspeed either)."""
         raise NotImplementedError("engine.reload_states() goes with engine.offload_states(), which zspeed does not "
                                   "have (see its message): nothing was offloaded, so there is nothing to reload.")
+
+    @functools.cached_property
+    def checkpoint_engine(self):
+        """DeepSpeed's ``engine.checkpoint_engine``: torch.save / torch.load of the script's own
+        files (runtime.checkpoint_engine.TorchCheckpointEngine, the config's
+        checkpoint.checkpoint_serialization); the engine's checkpoints do not use it."""
+        from .checkpoint_engine import TorchCheckpointEngine
+        return TorchCheckpointEngine(self._config)
 
     def empty_partition_cache(self) -> None:
         """DeepSpeed's: gives back the device memory of gathered ZeRO-3 parameters (every one but
