@@ -434,3 +434,31 @@ def test_two_ranks_with_the_optimizer_on_nvme_equal_a_separate_gradient_buffer(t
         outs[on] = z3._ranks(2, cfg, tmp_path, f"n{on}")
     for r in range(2):
         _equal(outs[True][r]["state"], outs[False][r]["state"])
+
+
+def test_a_save_that_cannot_fit_in_host_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """ZeRO-3 with the optimizer on NVMe: a save gathers the whole weights and reads the NVMe
+    tier's masters and states into host memory; where the host has less available, the save is
+    refused with the numbers before it gathers or writes anything, and training goes on."""
+    from zspeed.runtime import checkpoint, memory
+    from zspeed.runtime.checkpoint_files import CheckpointError
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    e, _ = z3._train(_nvme(swap), steps=1)
+    need = checkpoint.save_host_bytes(e._checkpoint_parts())
+    n = sum(p.numel() for p in z3.Model().parameters())
+    assert need["the model's weights, gathered whole"] == 2 * n  # bf16
+    on_disk = sum(sum(sw.sizes) for sw in e.optimizer_path.swappers)  # the partitions' elements
+    assert on_disk >= n
+    assert need["the NVMe tier's masters and optimizer states, read from the swap files"] == 12 * on_disk  # fp32
+    total = sum(need.values())
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: total - 1)
+    with pytest.raises(CheckpointError, match=r"would hold .* GiB in host memory at once .* available: nothing"):
+        e.save_checkpoint(tmp_path / "ck", tag="s")
+    assert not (tmp_path / "ck" / "s").exists()
+    _backward_only(e, z3._data(4)[1])
+    e.step()  # training goes on
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: total)
+    e.save_checkpoint(tmp_path / "ck", tag="s")
+    assert (tmp_path / "ck" / "s").is_dir()
+    e.close()

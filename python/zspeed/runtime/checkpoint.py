@@ -336,6 +336,46 @@ def _write_partition(ck, w: StagingWriter, file_meta: dict, rank: int) -> dict:
             optim_file(rank): w.write_tensors(optim_file(rank), tensors, {**meta, "scalars": scalar_text})}
 
 
+def _nvme_tiers(path) -> list:
+    """The optimizer path's parts that keep their masters and state in swap files."""
+    parts = [path] + [getattr(path, k, None) for k in ("dev", "cpu", "disk")]
+    return [p for p in parts if p is not None and getattr(p, "swappers", None)]
+
+
+def save_host_bytes(ck) -> dict:
+    """What a save holds in host memory at once beside the training state: {what: bytes}. The
+    model's partitioned (ZeRO-3) parameters are gathered whole, and the NVMe tier's fp32 masters
+    and optimizer states are read from the swap files into tensors (as fp32 before they are
+    converted; int8 states as their codes and scales)."""
+    part = ck.model.partitioned()
+    whole = 0
+    for p in {id(p): p for p in ck.model.module.parameters()}.values():
+        if id(p) in part:  # (the placeholder has the training dtype)
+            whole += full_numel(p) * p.element_size()
+    out = {"the model's weights, gathered whole": whole} if whole else {}
+    per = {"int8": 4 + 2 + 8 / 256, "bf16": 4 + 8, "fp32": 4 + 8}
+    swapped = sum(sum(sw.sizes) * per.get(sw.state_dtype, 12) for t in _nvme_tiers(ck.optim.path) for sw in t.swappers)
+    if swapped:
+        out["the NVMe tier's masters and optimizer states, read from the swap files"] = int(swapped)
+    return out
+
+
+def _check_save_memory(ck) -> None:
+    """CheckpointError, before anything is gathered or written, when a save would need more
+    host memory than this host has available (it would be killed midway otherwise)."""
+    from .memory import GiB, _skipped, available_host_bytes
+    need = save_host_bytes(ck)
+    avail = available_host_bytes()
+    if _skipped() or avail is None or sum(need.values()) <= avail:
+        return
+    raise CheckpointError(
+        f"save_checkpoint would hold {sum(need.values()) / GiB:.1f} GiB in host memory at once ("
+        + "; ".join(f"{w} {b / GiB:.2f} GiB" for w, b in need.items())
+        + f"), but {avail / GiB:.1f} GiB are available: nothing was gathered or written, and training can go on. "
+        f"zspeed's saves do not stream these yet: free host memory (other processes) or train where the host "
+        f"has this much more than the training state. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
+
+
 def save_checkpoint(ck, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
     """Writes ``save_dir/<tag>`` (default tag: ``global_step<N>``) as one transaction; returns
     True like DeepSpeed. On any failure (CheckpointError: a bad tag or client_state, a full
@@ -353,6 +393,7 @@ def save_checkpoint(ck, save_dir, tag=None, client_state: dict | None = None, sa
         sv = staging = owner = err = own = None
         tx = None
         try:
+            _check_save_memory(ck)
             sv = _prepare(ck, tag, client_state, shared=rank == 0)
             if rank == 0:
                 tx = stack.enter_context(SaveTransaction(save_dir, sv.tag))
