@@ -206,6 +206,37 @@ def test_engine_checkpoint_engine_saves_and_loads_the_scripts_own_files(tmp_path
         from zspeed.runtime.checkpoint_engine import FastCheckpointEngine  # noqa: F401
 
 
+class _WithBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(13, 5)
+        self.register_buffer("inv_freq", torch.arange(7, dtype=torch.float32) / 7)
+        self.register_buffer("count", torch.zeros(2, dtype=torch.int64))
+
+    def forward(self, x):
+        return self.lin(x) * self.inv_freq.float().sum()
+
+
+@pytest.mark.parametrize("buffer_dtype,want", [(None, torch.bfloat16), ("fp32", torch.float32),
+                                               ("BF16", torch.bfloat16)])
+def test_data_types_buffer_dtype_casts_the_floating_buffers(buffer_dtype, want):
+    """data_types.buffer_dtype (DeepSpeed's): the module's floating-point buffers in that dtype at
+    initialize (integer buffers untouched); unset, they follow the training dtype as Module.to
+    does; a name that is no dtype is refused."""
+    c = cfg(bf16={"enabled": True})
+    if buffer_dtype is not None:
+        c["data_types"] = {"buffer_dtype": buffer_dtype}
+    engine, *_ = zspeed.initialize(model=_WithBuffer(), config=c)
+    assert engine.module.inv_freq.dtype == want and engine.module.count.dtype == torch.int64
+    assert engine.module.lin.weight.dtype == torch.bfloat16
+    assert torch.equal(engine.module.inv_freq.float(), (torch.arange(7.0) / 7).to(want).float())
+    loss = engine(torch.randn(6, 13, dtype=torch.bfloat16)).float().square().mean()
+    engine.backward(loss)
+    engine.step()
+    with pytest.raises(ConfigError, match="buffer_dtype"):
+        zspeed.initialize(model=_WithBuffer(), config=dict(c, data_types={"buffer_dtype": "int8"}))
+
+
 def test_unwrap_model_for_generation_gathers_a_zero3_model_once():
     from zspeed.runtime.zero.stage3 import unwrap_model_for_generation
     c = cfg(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})

@@ -342,7 +342,9 @@ SCHEMA: dict[str, S] = {
                               "must be fp32, fp16 or bf16"),
         "param_dtype": K(None, (str, type(None)), "dtype of the parameters (must match fp16/bf16)",
                          check=lambda v: None if v.lower() in _DTYPE_NAMES else "must be fp32, fp16 or bf16"),
-        "buffer_dtype": K(None, (type(None),), "dtype of buffers (only null: zspeed keeps the model's)"),
+        "buffer_dtype": K(None, (str, type(None)), "dtype the module's floating-point buffers are cast to at "
+                          "initialize (null: they follow the training dtype, as Module.to does)",
+                          check=lambda v: None if v.lower() in _DTYPE_NAMES else "must be fp32, fp16 or bf16"),
     }, "data_types"),
     "torch_autocast": S({
         "enabled": K(False, (bool,), "torch.autocast around forward (only false: use bf16 or fp16 instead)"),

@@ -37,7 +37,7 @@ import torch
 
 from .. import comm
 from .._native import ZSpeedError
-from .config import ConfigError, ZSpeedConfig, parse_config
+from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, parse_config
 from .errors import FragmentError, UnusedParametersError
 from .fragments import attach as attach_fragments
 from .assemble import client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
@@ -66,6 +66,30 @@ __all__ = ["ZSpeedEngine", "DeepSpeedEngine", "initialize", "StepIncompleteError
 class StepIncompleteError(ZSpeedError, RuntimeError):
     """An optimizer step stopped partway (an error, or a second Ctrl-C) and was not yet
     completed: call engine.step() again, or load a checkpoint."""
+
+
+_BUFFER_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _float_buffers(module: torch.nn.Module, name: str | None) -> dict:
+    """With data_types.buffer_dtype set: (module, buffer name) -> the floating-point buffer as the
+    model was loaded, before placement casts it to the training dtype."""
+    if name is None:
+        return {}
+    return {(id(m), k): b for m in module.modules() for k, b in m._buffers.items()
+            if b is not None and b.is_floating_point()}
+
+
+def _cast_buffers(module: torch.nn.Module, loaded: dict, name: str | None) -> None:
+    """data_types.buffer_dtype (DeepSpeed's): the module's floating-point buffers cast from their
+    loaded values to that dtype, on the device placement put them on (None: as placed)."""
+    dt = _BUFFER_DTYPES[_DTYPE_NAMES[name.lower()]] if name is not None else None
+    with torch.no_grad():
+        for m in module.modules():
+            for k, b in m._buffers.items():
+                src = loaded.get((id(m), k))
+                if dt is not None and src is not None and b is not None:
+                    m._buffers[k] = src.to(b.device, dt)
 
 
 class EngineClosedError(ZSpeedError, RuntimeError):
@@ -165,7 +189,9 @@ class ZSpeedEngine(torch.nn.Module):
         self._model_params = self._layout.params
         self._placement = placement(self.plan)
         self._stage3 = self.plan.store == "partitioned"  # DeepSpeed's "partitioned weights"
+        loaded = _float_buffers(model, config.data_types["buffer_dtype"])
         self.module = self._placement.place(model, self._layout)
+        _cast_buffers(self.module, loaded, config.data_types["buffer_dtype"])
         hook = _ParamGradHook(self)
         for ps in self._model_params:
             for p in ps:
