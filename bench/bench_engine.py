@@ -441,9 +441,8 @@ def _swappers(engine) -> list:
     """The NVMe swappers of a zspeed engine's optimizer path (and of its tiers)."""
     if engine is None:
         return []
-    path = engine.optimizer_path
-    parts = [path] + [getattr(path, k, None) for k in ("dev", "cpu", "disk")]
-    return [sw for p in parts if p is not None for sw in getattr(p, "swappers", [])]
+    from zspeed.runtime.nvme import nvme_tiers
+    return [sw for t in nvme_tiers(engine.optimizer_path) for sw in t.swappers]
 
 
 def step_bound(a, engine, nparams: int, step_s: float, fwd_bwd_s: float, steps: int) -> dict:

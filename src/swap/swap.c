@@ -221,13 +221,18 @@ int64_t zs__swap_reserve(zs_swap *s, int part) {
   return p->pend;
 }
 
+/* Compact layout: the slot at off (of part's class) holds no state now. */
+static void free_slot(zs_swap *s, int part, int64_t off) {
+  if (s->compact) {
+    zs__swap_class *c = &s->classes[s->parts[part].cls];
+    c->free[c->nfree++] = off;
+  }
+}
+
 void zs__swap_commit(zs_swap *s, int part) {
   zs__swap_part *p = &s->parts[part];
   if (p->pend < 0) return;
-  if (s->compact) {
-    zs__swap_class *c = &s->classes[p->cls];
-    c->free[c->nfree++] = p->loc;
-  }
+  free_slot(s, part, p->loc);
   p->loc = p->pend;
   p->pend = -1;
 }
@@ -235,10 +240,7 @@ void zs__swap_commit(zs_swap *s, int part) {
 void zs__swap_unreserve(zs_swap *s, int part) {
   zs__swap_part *p = &s->parts[part];
   if (p->pend < 0) return;
-  if (s->compact) {
-    zs__swap_class *c = &s->classes[p->cls];
-    c->free[c->nfree++] = p->pend;
-  }
+  free_slot(s, part, p->pend);
   p->pend = -1;
 }
 

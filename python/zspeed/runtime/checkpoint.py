@@ -69,6 +69,7 @@ from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, Checkpoin
 from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
                                 piece_key, raise_failed, saved_world_size)
 from .loss_scaler import check_state_dict as _check_scaler_state
+from .nvme import nvme_tiers
 from .optimizers import adam_state_dtype, convert_adam_state
 
 log = logging.getLogger("zspeed.checkpoint")
@@ -336,12 +337,6 @@ def _write_partition(ck, w: StagingWriter, file_meta: dict, rank: int) -> dict:
             optim_file(rank): w.write_tensors(optim_file(rank), tensors, {**meta, "scalars": scalar_text})}
 
 
-def _nvme_tiers(path) -> list:
-    """The optimizer path's parts that keep their masters and state in swap files."""
-    parts = [path] + [getattr(path, k, None) for k in ("dev", "cpu", "disk")]
-    return [p for p in parts if p is not None and getattr(p, "swappers", None)]
-
-
 def save_host_bytes(ck) -> dict:
     """What a save holds in host memory at once beside the training state: {what: bytes}. The
     model's partitioned (ZeRO-3) parameters are gathered whole, and the NVMe tier's fp32 masters
@@ -354,7 +349,7 @@ def save_host_bytes(ck) -> dict:
             whole += full_numel(p) * p.element_size()
     out = {"the model's weights, gathered whole": whole} if whole else {}
     per = {"int8": 4 + 2 + 8 / 256, "bf16": 4 + 8, "fp32": 4 + 8}
-    swapped = sum(sum(sw.sizes) * per.get(sw.state_dtype, 12) for t in _nvme_tiers(ck.optim.path) for sw in t.swappers)
+    swapped = sum(sum(sw.sizes) * per.get(sw.state_dtype, 12) for t in nvme_tiers(ck.optim.path) for sw in t.swappers)
     if swapped:
         out["the NVMe tier's masters and optimizer states, read from the swap files"] = int(swapped)
     return out

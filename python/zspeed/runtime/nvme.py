@@ -74,7 +74,7 @@ from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers, OffloadedPath
 from .paths import indexed_groups
 
-__all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP", "reclaim_stale_swap_files"]
+__all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP", "nvme_tiers", "reclaim_stale_swap_files"]
 
 log = logging.getLogger("zspeed.nvme")
 
@@ -110,6 +110,13 @@ class NVMeOptimizer(torch.optim.Optimizer):
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._path_ref().import_states(state_dict["state"])
+
+
+def nvme_tiers(path) -> list:
+    """The parts of an optimizer path (itself, or a split's GPU / host / disk tiers) that keep
+    their masters and state in swap files (they have ``swappers``)."""
+    parts = [path] + [getattr(path, k, None) for k in ("dev", "cpu", "disk")]
+    return [p for p in parts if p is not None and getattr(p, "swappers", None)]
 
 
 class _Part:
@@ -303,14 +310,13 @@ class NVMePath(OffloadedPath):
         a resumable swapper's stepped partitions return to the last step (compact files: their
         state is dropped, the load writes it again), and gradients held in the shards give way
         to the weights (compact: each partition's committed ones, stepped or not)."""
-        compact = any(sw.compact for sw in self.swappers)
-        if compact:  # the shards get their partitions' masters while the stepped ones are readable
-            self.buffers.abandoned()
+        # First the shards get their partitions' committed masters, while the stepped ones are
+        # still readable (a compact file drops them next; gradients sit in the shards only with
+        # compact files, so for two-slot ones this does nothing).
+        self.buffers.abandoned()
         for sw in self.swappers:
             sw.abandon_step()
         self._stepped.clear()
-        if not compact:
-            self.buffers.abandoned()
 
     # -- masters and state (checkpoints) ----------------------------------------------------------
     def _state_keys(self) -> tuple:
