@@ -369,12 +369,28 @@ for i, idx in enumerate(T._data(a["steps"] * a["cfg"]["gradient_accumulation_ste
     loss = T._loss(e, mine)
     e.backward(loss)
     e.step()
+full_disk_error = None
+if a.get("full_disk") is not None:  # rank 0's disk fills up after that many bytes of the save
+    from zspeed.runtime import checkpoint_files as cf
+    real, left = cf._write, [a["full_disk"] if rank == 0 else float("inf")]
+    def write(fd, data):
+        if left[0] <= 0:
+            raise OSError(28, "No space left on device")
+        n = int(min(len(data), left[0]))
+        left[0] -= n
+        return real(fd, data[:n])
+    cf._write = write
+    try:
+        e.save_checkpoint(a["save"], tag="t")
+    except cf.CheckpointError as ex:
+        full_disk_error = str(ex)
+    cf._write = real
 if a.get("save"):
     e.save_checkpoint(a["save"], tag="t")
 if a.get("load"):
     e.load_checkpoint(a["load"], tag="t")
-torch.save({"state": T._whole(e), "norm": e.get_global_grad_norm(), "released": T._released(e)},
-           a["out"] + f".{rank}.pt")
+torch.save({"state": T._whole(e), "norm": e.get_global_grad_norm(), "released": T._released(e),
+            "full_disk_error": full_disk_error}, a["out"] + f".{rank}.pt")
 '''.replace("HERE", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -449,6 +465,25 @@ def test_checkpoint_across_world_sizes(tmp_path):
     e, _ = _train(_cfg(3, opt="cpu", param="cpu"), steps=1)  # and into one process
     e.load_checkpoint(tmp_path / "ck", tag="t")
     _close(_whole(e), saved[0]["state"], "fp32")
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the multi-rank cases run on the CPU (Gloo)")
+def test_a_full_disk_while_rank_0_writes_the_gathered_weights_fails_the_save_on_every_rank(tmp_path):
+    """A ZeRO-3 save gathers each weight as rank 0 writes it (the other ranks make the same
+    gathers in the same order). When rank 0's disk fills up midway through model.safetensors,
+    it still makes the remaining gathers, so no rank waits forever: every rank gets the
+    CheckpointError, nothing is left behind, and the next save (with space) works."""
+    cfg = _cfg(3, opt="cpu", param="cpu")
+    cfg["train_micro_batch_size_per_gpu"] = 3
+    ck = tmp_path / "ck"
+    outs = _ranks(2, cfg, tmp_path, "full", save=str(ck), full_disk=6000)
+    for o in outs:
+        assert o["full_disk_error"] is not None and "disk is full" in o["full_disk_error"], o["full_disk_error"]
+    assert sorted(n for n in os.listdir(ck) if not n.startswith(".")) == ["latest", "t"]  # the second save
+    e, _ = _train(_cfg(3, opt="cpu", param="cpu"), steps=1)
+    e.load_checkpoint(ck, tag="t")
+    for k, v in _whole(e).items():
+        assert torch.equal(v, outs[0]["state"][k]), k
 
 
 def test_a_configuration_whose_gpu_tensors_cannot_fit_is_refused_with_the_numbers(monkeypatch):

@@ -70,6 +70,7 @@ from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, 
                                 piece_key, raise_failed, saved_world_size)
 from .loss_scaler import check_state_dict as _check_scaler_state
 from .nvme import nvme_tiers
+from .parts import Lockstep
 from .optimizers import adam_state_dtype, convert_adam_state
 
 log = logging.getLogger("zspeed.checkpoint")
@@ -157,7 +158,10 @@ def _dedupe(tensors: dict) -> tuple[dict, dict]:
     seen: dict = {}
     out, aliases = {}, {}
     for k, t in tensors.items():
-        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride())) if t.numel() else None
+        if isinstance(t, Deferred):  # a ZeRO-3 weight gathered when written: tied ones share the object
+            key = ("deferred", id(t))
+        else:
+            key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride())) if t.numel() else None
         if key is not None and key in seen:
             aliases[k] = seen[key]
             continue
@@ -168,21 +172,23 @@ def _dedupe(tensors: dict) -> tuple[dict, dict]:
 
 
 def _optimizer_payload(ck) -> tuple[dict, dict]:
-    """(tensors "<name>/<key>", JSON part) of the optimizer's state_dict."""
-    sd = ck.optim.optimizer.state_dict()
+    """(tensors "<name>/<key>", JSON part) of the optimizer's state_dict (its state as the path
+    saves it: Deferred tensors where it lives in swap files)."""
     names = [n for row in ck.optim.names for n in row]
     tensors, scalars = {}, {}
-    for idx, st in sd["state"].items():
+    for idx, st in ck.optim.path.saved_state().items():
         name = names[int(idx)]
         for k, v in st.items():
-            if torch.is_tensor(v):
+            if _is_tensor(v):
                 tensors[f"{name}/{k}"] = v
             else:
                 scalars.setdefault(name, {})[k] = v
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-              for g in sd["param_groups"]]
-    return tensors, {"class": ck.optim.checkpoint_class, "param_groups": groups,
+    return tensors, {"class": ck.optim.checkpoint_class, "param_groups": _groups_json(ck),
                      "scalars": scalars}
+
+
+def _is_tensor(v) -> bool:
+    return torch.is_tensor(v) or isinstance(v, Deferred)
 
 
 def _json_default(o):
@@ -198,6 +204,7 @@ class _Save:
     tag: str
     save_id: str | None
     meta: bytes | None         # meta.json (the rank that writes the shared files)
+    gathers: Lockstep          # the ZeRO-3 weights' gathers, made as model.safetensors is written
     model: dict | None         # model.safetensors
     client: dict | None        # client.safetensors (None: no tensors in client_state)
     optim: dict | None         # optim.safetensors (one process's layout)
@@ -224,7 +231,8 @@ class _WholeFiles:
     def write(self, ck, w: StagingWriter, sv: "_Save", file_meta: dict, rank: int) -> dict:
         if sv.optim is None:  # not the rank that writes the shared files
             return {}
-        return {"master.safetensors": w.write_tensors("master.safetensors", ck.optim.master_named(), file_meta),
+        return {"master.safetensors": w.write_tensors("master.safetensors", ck.optim.master_named(saved=True),
+                                                      file_meta),
                 "optim.safetensors": w.write_tensors("optim.safetensors", sv.optim, file_meta)}
 
 
@@ -258,8 +266,10 @@ def _prepare(ck, tag, client_state, *, shared: bool) -> _Save:
     sv = _Save()
     sv.tag = validate_tag(f"global_step{ck.counters.global_steps}" if tag is None else tag)
     sv.save_id = sv.meta = sv.model = sv.client = sv.optim = None
-    # ZeRO-3: every rank takes part in gathering the whole weights; one writes them.
-    model_sd = ck.model.state_for_save()
+    # ZeRO-3: every rank takes part in gathering the whole weights, one at a time as rank 0
+    # writes them (the others drain sv.gathers in the same order).
+    sv.gathers = Lockstep()
+    model_sd = ck.model.state_for_save(sv.gathers)
     if not shared:
         return sv
     files = _files_of(ck)
@@ -317,14 +327,14 @@ def _write_partition(ck, w: StagingWriter, file_meta: dict, rank: int) -> dict:
     path = ck.optim.path
     sm = ck.optim.store
     masters, tensors, scalars = {}, {}, {}
-    for gi, (entries, ms, sts) in enumerate(zip(sm.pieces, path.masters(), path.param_states())):
+    for gi, (entries, ms, sts) in enumerate(zip(sm.pieces, path.saved_masters(), path.param_states(saved=True))):
         for (pc, _at, _n), m, st in zip(entries, ms, sts):
             if pc is None:
                 continue
             key = piece_key(ck.optim.names[gi][pc.param], pc.offset)
             masters[key] = m
             for k, v in (st or {}).items():
-                if torch.is_tensor(v):
+                if _is_tensor(v):
                     tensors[f"{key}/{k}"] = v
                 else:
                     scalars.setdefault(key, {})[k] = v
@@ -338,20 +348,21 @@ def _write_partition(ck, w: StagingWriter, file_meta: dict, rank: int) -> dict:
 
 
 def save_host_bytes(ck) -> dict:
-    """What a save holds in host memory at once beside the training state: {what: bytes}. The
-    model's partitioned (ZeRO-3) parameters are gathered whole, and the NVMe tier's fp32 masters
-    and optimizer states are read from the swap files into tensors (as fp32 before they are
-    converted; int8 states as their codes and scales)."""
-    part = ck.model.partitioned()
+    """What a save holds in host memory at once beside the training state: {what: bytes}. A save
+    streams: the model's partitioned (ZeRO-3) parameters are gathered one at a time (its unit
+    whole, at ZeRO-3 the parameter itself, then the parameter cut from it), and the NVMe tier's masters and optimizer states
+    are read one swap partition at a time (as fp32 and converted per piece)."""
     whole = 0
-    for p in {id(p): p for p in ck.model.module.parameters()}.values():
-        if id(p) in part:  # (the placeholder has the training dtype)
-            whole += full_numel(p) * p.element_size()
-    out = {"the model's weights, gathered whole": whole} if whole else {}
-    per = {"int8": 4 + 2 + 8 / 256, "bf16": 4 + 8, "fp32": 4 + 8}
-    swapped = sum(sum(sw.sizes) * per.get(sw.state_dtype, 12) for t in nvme_tiers(ck.optim.path) for sw in t.swappers)
-    if swapped:
-        out["the NVMe tier's masters and optimizer states, read from the swap files"] = int(swapped)
+    for sm, gi, pi in ck.model.partitioned().values():
+        gp = sm.plan.groups[gi]
+        whole = max(whole, (gp.units[gp.unit_of[pi]].padded + gp.numels[pi]) * sm.dtype.itemsize)
+    out = {"the model's largest parameter, gathered with its unit": whole} if whole else {}
+    part = piece = 0
+    for t in nvme_tiers(ck.optim.path):
+        part = max([part, *(max(sw.sizes) for sw in t.swappers if sw.sizes)])
+        piece = max([piece, *(n for ns in t.layout.numels for n in ns)])
+    if part:  # a partition's master and states as fp32, and one piece's tensor and its conversion
+        out["one NVMe swap partition and one piece of its master or state"] = int(12 * part + 8 * piece)
     return out
 
 
@@ -364,11 +375,10 @@ def _check_save_memory(ck) -> None:
     if _skipped() or avail is None or sum(need.values()) <= avail:
         return
     raise CheckpointError(
-        f"save_checkpoint would hold {sum(need.values()) / GiB:.1f} GiB in host memory at once ("
+        f"save_checkpoint would hold {sum(need.values()) / GiB:.2f} GiB in host memory at once ("
         + "; ".join(f"{w} {b / GiB:.2f} GiB" for w, b in need.items())
-        + f"), but {avail / GiB:.1f} GiB are available: nothing was gathered or written, and training can go on. "
-        f"zspeed's saves do not stream these yet: free host memory (other processes) or train where the host "
-        f"has this much more than the training state. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
+        + f"), but {avail / GiB:.2f} GiB are available: nothing was gathered or written, and training can go on. "
+        f"Free host memory (other processes) and save again. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
 
 
 def save_checkpoint(ck, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
@@ -408,14 +418,21 @@ def save_checkpoint(ck, save_dir, tag=None, client_state: dict | None = None, sa
         try:
             if rank == 0:
                 entries = _write_files(ck, tx.writer, sv, save_id, rank)
-            elif files.every_rank_writes:
-                w = StagingWriter.open_existing(save_dir, staging, owner)
-                try:
-                    entries = _write_files(ck, w, sv, save_id, rank)
-                finally:
-                    w.close()
+            else:
+                sv.gathers.drain()  # rank 0 gathers the weights as it writes them
+                if files.every_rank_writes:
+                    w = StagingWriter.open_existing(save_dir, staging, owner)
+                    try:
+                        entries = _write_files(ck, w, sv, save_id, rank)
+                    finally:
+                        w.close()
         except Exception as e:
             err, own = describe(e), e
+        if err is not None:  # stopped partway: the gathers not made yet are made, so no rank waits
+            try:
+                sv.gathers.drain()
+            except Exception as e:  # noqa: BLE001 - the first failure is the one reported
+                log.debug("zspeed: a gather after a failed save write failed too: %s", e)
         written = all_gather((err, entries), doing)
         raise_failed(written, doing, own)  # rank 0 leaves the transaction uncommitted: staging removed
 

@@ -582,7 +582,11 @@ class StagingWriter:
                 if t.numel() == 0:
                     continue
                 if isinstance(t, Deferred):
-                    t = t.load()
+                    d, t = t, t.load()
+                    if t.dtype != d.dtype or t.numel() != d.numel():
+                        raise CheckpointError(f"zspeed internal error: a tensor of {name} was announced as "
+                                              f"{d.dtype} {tuple(d.shape)} and read as {t.dtype} "
+                                              f"{tuple(t.shape)}; nothing was saved.")
                 t = t.detach()
                 if t.device.type != "cpu":
                     t = t.to("cpu")

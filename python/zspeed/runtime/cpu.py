@@ -131,9 +131,9 @@ class HostPath(OffloadedPath):
         self.runner.before_backward()
         super().before_backward(boundary)
 
-    def param_states(self) -> list:
+    def param_states(self, saved: bool = False) -> list:
         self.flush()
-        return super().param_states()
+        return super().param_states(saved)
 
     def close(self) -> None:
         self.runner.close()

@@ -537,10 +537,10 @@ class ShardedDevicePath(OptimizerPath):
     def sharded(self) -> ParamStore:
         return self.sm
 
-    def param_states(self) -> list:
+    def param_states(self, saved: bool = False) -> list:
         """The flat state of each group cut into the local space's entries (views; a value
         that is not per element, the step, is shared by every entry)."""
-        state = self.optimizer.state_dict()["state"]
+        state = self.saved_state() if saved else self.optimizer.state_dict()["state"]
         out = []
         for gi, entries in enumerate(self.sm.pieces):
             st, total = state.get(gi), self._flat[gi].numel()

@@ -39,9 +39,11 @@ and optim.safetensors by parameter name, or with several ranks each rank's
 pieces in its partition files; the optimizer's class recorded as
 CPUAdam / CPUAdagrad / CPULion), so a checkpoint moves between cpu and nvme
 offload; 8-bit states move as their codes and block scales, bit for bit, and
-loading masters keeps the states' stored bytes. Saving and loading
-materialize the masters and states in RAM for the duration of the call
-(safetensors writes whole files).
+loading masters keeps the states' stored bytes. A save streams them: each
+piece's master and states are read from the swap file when the writer reaches
+them (:meth:`NVMePath.saved_masters` / :meth:`NVMePath.saved_state`, one
+partition in memory at a time), so a save needs no host memory of the tier's
+size.
 
 Swap files: ``<nvme_path>/zspeed_swap_<random>_<group>.swap``, a fresh random
 name per engine, so a restarted job never meets its predecessor's file (in a
@@ -68,6 +70,7 @@ import numpy as np
 import torch
 
 from .._signatures.optim import OPTIM_QBLOCK
+from .checkpoint_files import Deferred
 from .config import ConfigError
 from .layout import FlatLayout
 from .memory import Need, Sizes, state_bytes
@@ -351,6 +354,88 @@ class NVMePath(OffloadedPath):
     def masters(self) -> list:
         """Per group, per parameter fp32 masters (fresh tensors read from disk)."""
         return [self._gather(gi, ("param",))["param"] for gi in range(len(self.swappers))]
+
+    # -- what a save writes: read from the swap files when the writer reaches each tensor --------
+    def _spans(self, gi: int) -> list:
+        """Per entry of group gi, where its elements lie: [(partition, offset in the entry,
+        offset in the partition, count)] in order."""
+        out = [[] for _ in self.layout.numels[gi]]
+        for i, part in enumerate(self.parts[gi]):
+            for pi, off, at, n in part.pieces:
+                out[pi].append((i, off, at, n))
+        return out
+
+    def _reads(self):
+        """A reader of partitions that keeps the last one read (its arrays for one set of keys):
+        the entries of one partition, and an entry's keys, are written one after another."""
+        last: dict = {}
+
+        def read(gi: int, i: int, keys: tuple) -> dict:
+            if last.get("at") != (gi, i, keys):
+                last.clear()
+                sw = self.swappers[gi]
+                last["arrays"] = sw.get_state(i) if keys == ("state",) else sw.read_arrays(i, keys)
+                last["at"] = (gi, i, keys)
+            return last["arrays"]
+        return read
+
+    def saved_masters(self) -> list:
+        """:meth:`masters` as :class:`Deferred` tensors, each read from the swap file when a
+        save writes it."""
+        read = self._reads()
+
+        def load(gi, spans, n):
+            out = torch.empty(n, dtype=torch.float32)
+            for i, off, at, cnt in spans:
+                out[off:off + cnt].copy_(torch.from_numpy(read(gi, i, ("param",))["param"][at:at + cnt]))
+            return out
+        return [[Deferred(torch.float32, (n,), functools.partial(load, gi, spans, n))
+                 for spans, n in zip(self._spans(gi), self.layout.numels[gi])] for gi in range(len(self.swappers))]
+
+    def saved_state(self) -> dict:
+        """:meth:`export_states` with :class:`Deferred` tensors (same keys, dtypes and shapes),
+        each read from the swap file when a save writes it: one partition in memory at a time."""
+        read = self._reads()
+        q8 = self.state_dtype == "int8"
+        dt = torch.bfloat16 if self.state_dtype == "bf16" else torch.float32
+        keys = self._state_keys()
+
+        def load_q8(gi, spans, key, dtype, per_elem, numel):
+            out = torch.zeros(numel, dtype=dtype)
+            for i, off, _at, n in spans:
+                at, cnt = _q8_span(off, n, per_elem)
+                out[at:at + cnt].copy_(torch.from_numpy(read(gi, i, tuple(k for k, _, _ in self._Q8))[key]))
+            return out
+
+        def load(gi, spans, key, numel, shape):
+            out = torch.empty(numel, dtype=torch.float32)
+            for i, off, at, n in spans:
+                out[off:off + n].copy_(torch.from_numpy(read(gi, i, ("state",))[key][at:at + n]))
+            return out.view(shape).to(dt)
+
+        state, idx = {}, 0
+        for gi, group in enumerate(self.optimizer.param_groups):
+            steps = self.swappers[gi].steps
+            spans = self._spans(gi)
+            for pi, p in enumerate(group["params"]):
+                if steps:
+                    n = p.numel()
+                    if q8:
+                        st = {}
+                        for key, dtype, per_elem in self._Q8:
+                            numel = n if per_elem else qblocks(n)
+                            shape = p.shape if numel == n and key in keys else (numel,)
+                            st[key] = Deferred(dtype, shape, functools.partial(
+                                lambda *a, shape=shape: load_q8(*a).view(shape), gi, spans[pi], key, dtype,
+                                per_elem, numel))
+                    else:
+                        st = {k: Deferred(dt, p.shape, functools.partial(load, gi, spans[pi], k, n, p.shape))
+                              for k in keys}
+                    if self.kind != "lion":
+                        st["step"] = steps
+                    state[idx] = st
+                idx += 1
+        return state
 
     def load_masters(self, masters: list) -> None:
         """Replaces the masters, keeping every state byte (8-bit states are not requantized),

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from .checkpoint_files import Deferred
 from .store import full_shape
 
-__all__ = ["ModelPart", "OptimizerPart", "Counters", "CheckpointParts"]
+__all__ = ["ModelPart", "OptimizerPart", "Counters", "CheckpointParts", "Lockstep"]
 
 COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
 
@@ -50,9 +51,11 @@ class ModelPart:
                 out[k] = torch.empty(full_shape(v), dtype=v.dtype, device="meta") if id(v) in part else v
         return out
 
-    def state_for_save(self) -> dict:
+    def state_for_save(self, gathers: "Lockstep | None" = None) -> dict:
         """module.state_dict() with every partitioned parameter gathered whole to host memory
-        (every rank must call it; tied parameters stay one tensor under each of their names)."""
+        (every rank must call it; tied parameters stay one tensor under each of their names).
+        With ``gathers`` nothing is gathered yet: each partitioned parameter is a Deferred
+        tensor of ``gathers`` (see :class:`Lockstep`), gathered when a save writes it."""
         part = self.partitioned()
         done: dict = {}
         out = {}
@@ -62,7 +65,10 @@ class ModelPart:
             if id(v) in part:
                 if id(v) not in done:
                     sm, gi, pi = part[id(v)]
-                    done[id(v)] = sm.full(gi, pi, "cpu").view(full_shape(v))
+                    shape = full_shape(v)
+                    done[id(v)] = (sm.full(gi, pi, "cpu").view(shape) if gathers is None else
+                                   gathers.add(v.dtype, shape, lambda sm=sm, gi=gi, pi=pi, shape=shape:
+                                               sm.full(gi, pi, "cpu").view(shape)))
                 out[k] = done[id(v)]
             else:
                 out[k] = v.detach()
@@ -102,6 +108,53 @@ class ModelPart:
         return out
 
 
+class Lockstep:
+    """Deferred tensors whose loads are collectives (the gathers of a ZeRO-3 save): every rank
+    makes them in the order they were added. The rank that writes them loads them as the writer
+    reaches each one (a load also makes those skipped before it, e.g. empty tensors); the
+    others call :meth:`drain`, and so does a writer that stopped partway (a full disk), so
+    that no rank is left waiting in a gather. After a load that raised, nothing more is
+    gathered (the ranks' exchanges are broken: the save fails)."""
+
+    def __init__(self):
+        self._loads: list = []
+        self.done = 0
+        self.broken = False
+
+    def add(self, dtype: torch.dtype, shape, load) -> Deferred:
+        i = len(self._loads)
+        self._loads.append(load)
+        return Deferred(dtype, shape, lambda: self._upto(i))
+
+    def _upto(self, i: int):
+        if i < self.done or self.broken:
+            raise RuntimeError(f"zspeed internal error: gather {i} of a save asked for out of order "
+                               f"({self.done} made{', a gather failed' if self.broken else ''})")
+        out = None
+        while self.done <= i:
+            try:
+                out = self._loads[self.done]()
+            except BaseException:
+                self.broken = True
+                raise
+            self.done += 1
+        return out
+
+    def drain(self) -> None:
+        """Makes the gathers not made yet (their values are dropped)."""
+        if not self.broken and self.done < len(self._loads):
+            self._upto(len(self._loads) - 1)
+
+
+def _shaped(m, shape):
+    """``m`` (a tensor or a Deferred one) viewed as ``shape``."""
+    if isinstance(m, Deferred):
+        if m.shape == shape:
+            return m
+        return Deferred(m.dtype, shape, lambda: m.load().view(shape))
+    return m.view(shape) if m.shape != shape else m
+
+
 class OptimizerPart:
     """The masters and the optimizer's state (see the module docstring). ``names``/``params``:
     the trained parameters per group, as the optimizer's param_groups hold them; ``path``: the
@@ -120,21 +173,23 @@ class OptimizerPart:
     def checkpoint_class(self) -> str:
         return self.path.checkpoint_class
 
-    def master_named(self) -> dict:
+    def master_named(self, saved: bool = False) -> dict:
         """name -> fp32 master tensor (shaped like the parameter; with nvme offload a fresh copy
         read from disk); over a store's local space, this rank's pieces only: "<name>@<offset>"
-        -> the flat fp32 master of the piece."""
+        -> the flat fp32 master of the piece. ``saved``: as a save writes them (Deferred where
+        they live in swap files, paths.OptimizerPath.saved_masters)."""
         sm = self.store
+        rows = self.path.saved_masters() if saved else self.path.masters()
         if sm is not None:
             from .checkpoint_shards import piece_key
             return {piece_key(self.names[gi][pc.param], pc.offset): m
-                    for gi, (entries, ms) in enumerate(zip(sm.pieces, self.path.masters()))
+                    for gi, (entries, ms) in enumerate(zip(sm.pieces, rows))
                     for (pc, _at, _n), m in zip(entries, ms) if pc is not None}
         out = {}
-        for names, ps, ms in zip(self.names, self.params, self.path.masters()):
+        for names, ps, ms in zip(self.names, self.params, rows):
             for n, p, m in zip(names, ps, ms):
                 shape = full_shape(p)
-                out[n] = m.view(shape) if m.shape != shape else m
+                out[n] = _shaped(m, shape)
         return out
 
     def master_shapes(self) -> dict:

@@ -13,6 +13,9 @@ few calls, so its step algorithm does not depend on where the optimizer runs:
                               factor, then the updated weights written into the model
   release()                   drop the step's gradients (after apply or a skipped step)
   masters() / load_masters()  the fp32 masters, for checkpoints
+  saved_masters() / saved_state()
+                              what a save writes of them (Deferred tensors, read as
+                              they are written, where they live in swap files)
   grad_rows() / grads_edited()
                               after gather(), the gradients the step reads, per entry of
                               masters()'s rows, and the note that they were written
@@ -130,11 +133,22 @@ class OptimizerPath(abc.ABC):
         (several ranks, ZeRO stage 1 or 2), else None."""
         return getattr(getattr(self, "buffers", None), "sm", None)
 
-    def param_states(self) -> list:
+    def saved_masters(self) -> list:
+        """:meth:`masters` as a checkpoint save writes them: a path that keeps them in swap files
+        returns checkpoint_files.Deferred tensors, read when the writer reaches each one."""
+        return self.masters()
+
+    def saved_state(self) -> dict:
+        """The optimizer's torch-style state (index -> dict) as a checkpoint save writes it: a
+        path that keeps it in swap files returns checkpoint_files.Deferred tensors."""
+        return self.optimizer.state_dict()["state"]
+
+    def param_states(self, saved: bool = False) -> list:
         """Per group, per parameter of this path's layout, the optimizer's state as a dict
         (tensors as the optimizer holds them), or None where it has none. With several ranks
-        the layout's parameters are the rank's pieces and padding (ParamStore.pieces)."""
-        state = self.optimizer.state_dict()["state"]
+        the layout's parameters are the rank's pieces and padding (ParamStore.pieces).
+        ``saved``: as a save writes it (:meth:`saved_state`)."""
+        state = self.saved_state() if saved else self.optimizer.state_dict()["state"]
         out, idx = [], 0
         for ps in self.layout.params:
             out.append([state.get(idx + i) for i in range(len(ps))])

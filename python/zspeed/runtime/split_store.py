@@ -598,7 +598,16 @@ class StoreSplitPath(TwoHalves):
 
     # -- masters and state, per entry of the local space --------------------------------------
     def masters(self) -> list:
-        got = [h.masters() if h is not None else None for h in (self.dev, self.cpu, self.disk)]
+        return self._join([h.masters() if h is not None else None for h in (self.dev, self.cpu, self.disk)])
+
+    def saved_masters(self) -> list:
+        return self._join([h.saved_masters() if h is not None else None for h in (self.dev, self.cpu, self.disk)])
+
+    def saved_state(self) -> dict:
+        return self.export_states(saved=True)
+
+    def _join(self, got: list) -> list:
+        """Per group of the layout, per entry: the halves' rows (``got``: dev's, cpu's, disk's) in order."""
         return [[m for rows, i in zip(got, idx) if i is not None for m in rows[i]] for idx in self._gmap]
 
     def _rows_of(self, per_entry: list) -> list:
@@ -620,11 +629,12 @@ class StoreSplitPath(TwoHalves):
             if h is not None:
                 h.load_masters(rows)
 
-    def export_states(self) -> dict:
-        """entry index (running over the local space) -> its state in CPUAdam's format."""
+    def export_states(self, saved: bool = False) -> dict:
+        """entry index (running over the local space) -> its state in CPUAdam's format (``saved``:
+        the halves' as a save writes them, Deferred where they live in swap files)."""
         dev = self.dev.entry_states() if self.dev is not None else None
-        subs = {side: h.optimizer.state_dict()["state"] for side, h in (("cpu", self.cpu), ("disk", self.disk))
-                if h is not None}
+        subs = {side: h.saved_state() if saved else h.optimizer.state_dict()["state"]
+                for side, h in (("cpu", self.cpu), ("disk", self.disk)) if h is not None}
         starts = {side: self._sub_index(side) for side in subs}
         out, idx = {}, 0
         for gi, side_of in enumerate(self._side_of):
