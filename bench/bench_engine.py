@@ -45,6 +45,7 @@ the longest sequence that trains:
 """
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -260,6 +261,10 @@ def main():
                     help="activation_checkpointing.cpu_checkpointing: saved block inputs in pinned host memory")
     ap.add_argument("--init", action="store_true", help="build the model under zero.Init")
     ap.add_argument("--model", choices=["gpt", "llama"], default="gpt")
+    ap.add_argument("--save-load", default=None, metavar="DIR",
+                    help="zspeed: after the steps, save a checkpoint into DIR and load it back, timing both and "
+                         "sampling the process's resident memory (anonymous and file-backed) meanwhile; DIR's "
+                         "tag is removed afterwards")
     ap.add_argument("--ffn", type=int, default=None, help="llama: intermediate size (default 8/3 d, rounded)")
     a = ap.parse_args()
     why = checkpoint_args(a)
@@ -399,6 +404,7 @@ def main():
             bound = {"error": f"{type(e).__name__}: {e}"}
     else:
         peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+    save_load = _save_load(a, engine) if a.impl == "zspeed" and a.save_load else None
     mine = {"peak_alloc_gib": round(peak[0] / 2**30, 2),
             "peak_reserved_gib": round(peak[1] / 2**30, 2),
             "host_rss_gib": round(_rss() / 2**30, 2), "step_s": round(med, 4)}
@@ -418,7 +424,7 @@ def main():
         "batch": a.batch, "seq": a.seq, "dtype": a.dtype, "torch_adam": a.torch_adam,
         "state_dtype": a.state_dtype, "pin": not a.no_pin, "world_size": world,
         "step_s": round(med, 4), "fwd_bwd_s": round(statistics.median(fb), 4),
-        "gpu_busy": busy, "max_in_cpu": a.max_in_cpu, "bound": bound,
+        "gpu_busy": busy, "max_in_cpu": a.max_in_cpu, "bound": bound, "save_load": save_load,
         "opt_step_s": round(statistics.median(st), 4),
         "step_mean_s": round(statistics.fmean(times), 4), "final_loss": round(float(loss.item()), 4),
         "zenflow": getattr(a, "zenflow", False), "overlap_forward": getattr(a, "overlap_forward", False),
@@ -503,6 +509,60 @@ def build_model(a):
     if a.ckpt:
         checkpoint_blocks(m.blocks, checkpoint_function(a.ckpt_impl))
     return m
+
+
+def _rss_parts() -> dict:
+    """This process's resident memory by kind (bytes): RssAnon (what a save or load allocates)
+    and RssFile (file pages mapped, e.g. a checkpoint being read; the kernel can drop them)."""
+    out = {"anon": 0, "file": 0}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                for key, name in (("RssAnon:", "anon"), ("RssFile:", "file")):
+                    if line.startswith(key):
+                        out[name] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _save_load(a, engine) -> dict:
+    """--save-load: save_checkpoint and load_checkpoint of the trained engine, each timed, with
+    its resident memory sampled every 20 ms (peaks against the steady state before it)."""
+    import shutil
+    import threading
+    out = {}
+    tag = "bench_save_load"
+    for what, call in (("save", lambda: engine.save_checkpoint(a.save_load, tag=tag)),
+                       ("load", lambda: engine.load_checkpoint(a.save_load, tag=tag))):
+        gc.collect()
+        before = _rss_parts()
+        peak = dict(before)
+        stop = threading.Event()
+
+        def watch():
+            while not stop.wait(0.02):
+                for k, v in _rss_parts().items():
+                    peak[k] = max(peak[k], v)
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        t0 = time.perf_counter()
+        call()
+        dt = time.perf_counter() - t0
+        stop.set()
+        w.join()
+        out[what] = {"s": round(dt, 1), "anon_before_gib": round(before["anon"] / 2**30, 2),
+                     "anon_peak_gib": round(peak["anon"] / 2**30, 2),
+                     "anon_peak_over_before": round(peak["anon"] / max(before["anon"], 1), 3),
+                     "file_peak_gib": round(peak["file"] / 2**30, 2)}
+        print(f"{what}: {dt:.1f} s, anonymous RSS {before['anon'] / 2**30:.2f} GiB before, "
+              f"{peak['anon'] / 2**30:.2f} GiB peak ({peak['anon'] / max(before['anon'], 1):.3f}x); "
+              f"file-backed peak {peak['file'] / 2**30:.2f} GiB", flush=True)
+    d = os.path.join(a.save_load, tag)
+    out["bytes"] = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print(f"checkpoint {out['bytes'] / 2**30:.2f} GiB", flush=True)
+    shutil.rmtree(d)
+    return out
 
 
 def _peak_rss() -> int:

@@ -277,3 +277,29 @@ def test_scaling_table_reads_the_logs_and_computes_efficiency(tmp_path):
     assert "| 900 |" in z2 and "90% (vs 1 GPU)" in z2 and "1.80x" in z2
     assert any(ln.startswith("| zspeed | 4 | failed") for ln in lines)
     assert any(ln.startswith("| deepspeed | 2 |") and "100% (vs 1 GPU)" in ln for ln in lines)
+
+
+def test_engine_save_load_times_a_checkpoint_and_removes_it(tmp_path):
+    """--save-load: the trained engine's checkpoint saved and loaded back, each with its time and
+    resident-memory peaks; the weights are unchanged by the round trip, and the tag is removed."""
+    import zspeed
+    be = _engine_module()
+    from gpt import GPT, GPTConfig
+    a = _args(offload="nvme", nvme_path=str(tmp_path / "swap"), max_in_cpu=None, ratio=None, save_load=str(tmp_path))
+    (tmp_path / "swap").mkdir()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=61, max_len=16, d_model=32, n_layer=2, n_head=4))
+    engine, *_ = zspeed.initialize(model=model, model_parameters=model.parameters(), config=be.ds_config(a))
+    x = torch.randint(0, 61, (2, 16))
+    engine.backward(engine(x, x))
+    engine.step()
+    before = {k: v.clone() for k, v in engine._zero3_consolidated_16bit_state_dict().items()}
+    out = be._save_load(a, engine)
+    assert set(out) == {"save", "load", "bytes"} and out["bytes"] > 0
+    for what in ("save", "load"):
+        o = out[what]
+        assert o["s"] >= 0 and o["anon_peak_gib"] >= o["anon_before_gib"] > 0
+    assert not (tmp_path / "bench_save_load").exists()
+    after = engine._zero3_consolidated_16bit_state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    engine.close()

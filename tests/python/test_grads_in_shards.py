@@ -494,7 +494,8 @@ def _track_deferred(monkeypatch) -> dict:
 def test_a_save_streams_the_weights_and_the_nvme_tier(tmp_path, monkeypatch, tiers, state_dtype):
     """A ZeRO-3 save with the optimizer on NVMe holds one gathered weight and one piece of the
     NVMe tier's masters or states at a time (each written, then dropped), never the tier or
-    the model whole; what it writes loads back into a fresh engine bit for bit."""
+    the model whole; a load reads each tensor as it puts it in place; what is written loads
+    back into a fresh engine bit for bit."""
     n = sum(p.numel() for p in z3.Model().parameters())
     swap = tmp_path / "swap"
     swap.mkdir()
@@ -518,7 +519,11 @@ def test_a_save_streams_the_weights_and_the_nvme_tier(tmp_path, monkeypatch, tie
     c2 = dict(c, zero_optimization=dict(c["zero_optimization"], offload_optimizer=dict(
         c["zero_optimization"]["offload_optimizer"], nvme_path=str(swap2))))
     f, *_ = zspeed.initialize(model=z3.Model(), config=c2)
-    f.load_checkpoint(tmp_path / "ck", tag="s")
+    seen = _track_deferred(monkeypatch)
+    f.load_checkpoint(tmp_path / "ck", tag="s")  # streams too: each tensor read as it is put in place
+    monkeypatch.undo()
+    assert seen["loads"] > 30 and seen["bytes"] > weights
+    assert seen["live"] == 0 and seen["peak"] <= 2 * 4 * big
     _equal(z3._whole(f), ref)
     got = f.optimizer.state_dict()["state"]
     assert got.keys() == ref_state.keys()
@@ -531,4 +536,46 @@ def test_a_save_streams_the_weights_and_the_nvme_tier(tmp_path, monkeypatch, tie
             x.step()
     _equal(z3._whole(f), z3._whole(e))
     e.close()
+    f.close()
+
+
+def test_a_disk_error_midway_through_a_streaming_load_names_the_file_and_a_second_load_repairs(tmp_path, monkeypatch):
+    """A load reads each tensor from the checkpoint as it puts it in place (after every checksum
+    and header was checked). If the disk fails midway, the CheckpointError names the file and
+    says the engine holds part of the checkpoint; loading again makes it whole."""
+    from zspeed.runtime import checkpoint_shards as cs
+    from zspeed.runtime.checkpoint_files import CheckpointError
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    e, _ = z3._train(_nvme(swap, state_dtype="int8"), steps=2)
+    e.save_checkpoint(tmp_path / "ck", tag="s")
+    ref, ref_state = z3._whole(e), e.optimizer.state_dict()["state"]
+    e.close()
+    torch.manual_seed(0)
+    swap2 = tmp_path / "swap2"
+    swap2.mkdir()
+    f, *_ = zspeed.initialize(model=z3.Model(), config=_nvme(swap2, state_dtype="int8"))
+    real_slice, calls = cs._flat_slice, [0]
+
+    def failing(sl, lo, hi):
+        calls[0] += 1
+        if calls[0] == 7:
+            raise OSError(5, "Input/output error")
+        return real_slice(sl, lo, hi)
+    monkeypatch.setattr(cs, "_flat_slice", failing)
+    with pytest.raises(CheckpointError, match=r"cannot read .*ck/s.* \(OSError: .*Input/output error\) after it was "
+                                              r"verified.*holds part of the checkpoint: load a checkpoint again"):
+        f.load_checkpoint(tmp_path / "ck", tag="s")
+    monkeypatch.undo()
+    assert calls[0] == 7
+    f.load_checkpoint(tmp_path / "ck", tag="s")
+    _equal(z3._whole(f), ref)
+    got = f.optimizer.state_dict()["state"]
+    for k in ref_state:
+        for key, v in ref_state[k].items():
+            assert torch.equal(torch.as_tensor(got[k][key]), torch.as_tensor(v)), (k, key)
+    assert f.global_steps == 2
+    for idx in z3._data(2, seed=5):
+        _backward_only(f, idx)
+        f.step()
     f.close()

@@ -15,6 +15,16 @@ _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
 
 
+def _state_value(v, p: torch.Tensor):
+    """A saved state value as the optimizer keeps it for ``p``: a tensor of its own (contiguous,
+    on p's device), or a deep copy of anything else."""
+    if not torch.is_tensor(v) and callable(getattr(v, "load", None)):  # read when used
+        return v.load().detach().to(device=p.device).contiguous()
+    if torch.is_tensor(v):
+        return v.detach().to(device=p.device).clone().contiguous()
+    return copy.deepcopy(v)
+
+
 class _CPUOptimizer(torch.optim.Optimizer):
     """Shared step loop: grads from ``grads=`` or ``p.grad``, the optional
     low-precision copy-out, state creation, and a state_dict round trip that
@@ -96,18 +106,19 @@ class _CPUOptimizer(torch.optim.Optimizer):
         return loss
 
     def load_state_dict(self, state_dict):
-        """torch's load_state_dict, then the saved states are put back with
-        their saved dtypes (bf16 and 8-bit states stay as they were)."""
+        """torch's load_state_dict of the param groups, then the saved states
+        are put in place with their saved dtypes (bf16 and 8-bit states stay
+        as they were), one parameter at a time. A state value may also be a
+        tensor read when used (zspeed's checkpoint loads: an object with a
+        ``load()`` method and no tensor data); what it reads is kept as is."""
         saved = state_dict["state"]
         ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        super().load_state_dict(state_dict)
+        # torch would copy (and cast) every state tensor first: the states are taken below.
+        super().load_state_dict({**state_dict, "state": {}})
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(ids, params):
             if pid in saved:
-                self.state[p] = {
-                    k: (v.detach().to(device=p.device).clone().contiguous()
-                        if torch.is_tensor(v) else copy.deepcopy(v))
-                    for k, v in saved[pid].items()}
+                self.state[p] = {k: _state_value(v, p) for k, v in saved[pid].items()}
 
 
 class CPUAdam(_CPUOptimizer):

@@ -64,6 +64,7 @@ import torch
 from .._version import __version__
 from .store import full_numel, per_element
 from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, CheckpointError, CheckpointReader, Deferred,
+                               is_tensor, materialized, reading, real,
                                SaveTransaction, StagingWriter, TagMismatchError, _Dir, _oserror, json_depth,
                                open_for_load, validate_tag)
 from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
@@ -179,16 +180,13 @@ def _optimizer_payload(ck) -> tuple[dict, dict]:
     for idx, st in ck.optim.path.saved_state().items():
         name = names[int(idx)]
         for k, v in st.items():
-            if _is_tensor(v):
+            if is_tensor(v):
                 tensors[f"{name}/{k}"] = v
             else:
                 scalars.setdefault(name, {})[k] = v
     return tensors, {"class": ck.optim.checkpoint_class, "param_groups": _groups_json(ck),
                      "scalars": scalars}
 
-
-def _is_tensor(v) -> bool:
-    return torch.is_tensor(v) or isinstance(v, Deferred)
 
 
 def _json_default(o):
@@ -334,7 +332,7 @@ def _write_partition(ck, w: StagingWriter, file_meta: dict, rank: int) -> dict:
             key = piece_key(ck.optim.names[gi][pc.param], pc.offset)
             masters[key] = m
             for k, v in (st or {}).items():
-                if _is_tensor(v):
+                if is_tensor(v):
                     tensors[f"{key}/{k}"] = v
                 else:
                     scalars.setdefault(key, {})[k] = v
@@ -551,6 +549,8 @@ _ENGINE_WINS = {"state_dtype", "fused", "foreach", "capturable", "differentiable
 def _convert_adam_state(st: dict, target: str, numel: int, shape, where, name: str) -> dict:
     """An Adam state (fp32, bf16 or 8-bit) in the configured state dtype ``target``."""
     have = adam_state_dtype(st)
+    if have != target:  # converted now, in memory (a load streams only what keeps its dtype)
+        st = {k: real(v) for k, v in st.items()}
     try:
         out = convert_adam_state(st, target, numel, shape)
     except ValueError as e:
@@ -568,7 +568,7 @@ def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) ->
     keys, step_kind = spec
     for k in keys:
         t = st.get(k)
-        if not torch.is_tensor(t):
+        if not is_tensor(t):
             raise CheckpointError(f"'{where}': the optimizer state of {name} has no tensor '{k}', which "
                                   f"{cls} keeps; the checkpoint is corrupt.")
         if t.numel() != p.numel():
@@ -583,7 +583,7 @@ def _check_param_state(cls: str, st: dict, p: torch.Tensor, where, name: str) ->
         from ..ops import qblocks
         for k in _Q8_SCALES:
             t = st.get(k)
-            if not torch.is_tensor(t) or t.dtype != torch.float32 or tuple(t.shape) != (qblocks(p.numel()),):
+            if not is_tensor(t) or t.dtype != torch.float32 or tuple(t.shape) != (qblocks(p.numel()),):
                 raise CheckpointError(f"'{where}': the 8-bit optimizer state of {name} needs an fp32 '{k}' "
                                       f"of {qblocks(p.numel())} block scales; the checkpoint is corrupt.")
         if st["exp_avg_sq"].dtype != torch.uint8:
@@ -796,52 +796,54 @@ def _whole_optim(ck, r: CheckpointReader, where) -> dict:
 def _zero_state(key: str, v, n: int, ref_n: int):
     """The state of n padding elements, shaped after the value ``v`` of a real piece of ref_n
     elements: zeros where ``v`` holds one value per element, else ``v`` itself (the step)."""
-    if not torch.is_tensor(v):
+    if not is_tensor(v):
         return v
     if key in _Q8_SCALES:
         from ..ops import qblocks
         return torch.zeros(qblocks(n), dtype=v.dtype)
-    return torch.zeros(n, dtype=v.dtype) if per_element(key, v, ref_n) else v.clone()
+    return torch.zeros(n, dtype=v.dtype) if per_element(key, v, ref_n) else real(v).clone()
 
 
-def _plan_pieces(ck, r: CheckpointReader, meta: dict, where) -> tuple[list, dict]:
-    """Several ranks, ZeRO stage 1 or 2: (this rank's masters per entry of its local space,
-    its optimizer's state_dict), read from the ranges of the saved pieces (of any world
-    size) that overlap this rank's pieces. Padding gets zeros, and the state of a real
-    piece of its group with zeros (same step)."""
+def _plan_pieces(ck, r: CheckpointReader, meta: dict, where, files: contextlib.ExitStack) -> tuple[list, dict]:
+    """A store's local space (several ranks, or ZeRO-3): (this rank's masters per entry of its
+    local space, its optimizer's state_dict), from the ranges of the saved pieces (of any world
+    size) that overlap this rank's pieces. Padding gets zeros, and the state of a real piece of
+    its group with zeros (same step). Checked on the files' headers; the masters and
+    per-element states are Deferred tensors, read from the files (kept open in ``files``) as
+    the load puts each in place, so a load holds one piece at a time beside the engine."""
     path = ck.optim.path
     sm = ck.optim.store
     cls, groups, _ = _plan_groups(ck, meta, where)
     targets = ck.optim.group_state_dtypes()
     masters, states = [], []
-    with PieceReader(r, meta, where) as src:
-        mine = {n: torch.empty(full_numel(p), device="meta") for names, ps in zip(ck.optim.names, ck.optim.params)
-                for n, p in zip(names, ps)}
-        got = {n: torch.empty(k, device="meta") for n in src.names() if (k := src.numel(n)) is not None}
-        _check_shapes(f"fp32 master weights in '{r.path}'", mine, got, True)
-        for gi, entries in enumerate(sm.pieces):
-            mrow, srow = [], []
-            for pc, _at, n in entries:
-                if pc is None:
-                    mrow.append(torch.zeros(n, dtype=torch.float32))
-                    srow.append(None)
-                    continue
-                name = ck.optim.names[gi][pc.param]
-                label = f"{name}[{pc.offset}:{pc.offset + n}]"
-                mrow.append(src.master(name, pc.offset, n))
-                st = src.state(name, pc.offset, n)
-                if st:
-                    _check_param_state(cls, st, torch.empty(n, device="meta"), where, label)
-                    if cls == "CPUAdam" and targets[gi] in ("fp32", "bf16", "int8"):
-                        st = _convert_adam_state(st, targets[gi], n, (n,), where, label)
-                srow.append(st or None)
-            at = next((i for i, st in enumerate(srow) if st is not None), None)
-            if at is not None:
-                ref, ref_n = srow[at], entries[at][2]
-                srow = [st if pc is not None else {k: _zero_state(k, v, n, ref_n) for k, v in ref.items()}
-                        for (pc, _at, n), st in zip(entries, srow)]
-            masters.append(mrow)
-            states.append(srow)
+    src = files.enter_context(PieceReader(r, meta, where, lazy=True))
+    mine = {n: torch.empty(full_numel(p), device="meta") for names, ps in zip(ck.optim.names, ck.optim.params)
+            for n, p in zip(names, ps)}
+    got = {n: torch.empty(k, device="meta") for n in src.names() if (k := src.numel(n)) is not None}
+    _check_shapes(f"fp32 master weights in '{r.path}'", mine, got, True)
+    for gi, entries in enumerate(sm.pieces):
+        mrow, srow = [], []
+        for pc, _at, n in entries:
+            if pc is None:
+                mrow.append(torch.zeros(n, dtype=torch.float32))
+                srow.append(None)
+                continue
+            name = ck.optim.names[gi][pc.param]
+            label = f"{name}[{pc.offset}:{pc.offset + n}]"
+            mrow.append(src.master(name, pc.offset, n))
+            st = src.state(name, pc.offset, n)
+            if st:
+                _check_param_state(cls, st, torch.empty(n, device="meta"), where, label)
+                if cls == "CPUAdam" and targets[gi] in ("fp32", "bf16", "int8"):
+                    st = _convert_adam_state(st, targets[gi], n, (n,), where, label)
+            srow.append(st or None)
+        at = next((i for i, st in enumerate(srow) if st is not None), None)
+        if at is not None:
+            ref, ref_n = srow[at], entries[at][2]
+            srow = [st if pc is not None else {k: _zero_state(k, v, n, ref_n) for k, v in ref.items()}
+                    for (pc, _at, n), st in zip(entries, srow)]
+        masters.append(mrow)
+        states.append(srow)
     try:
         sd = path.state_dict_from(states, groups)
         ck.optim.validate(sd)
@@ -851,7 +853,7 @@ def _plan_pieces(ck, r: CheckpointReader, meta: dict, where) -> tuple[list, dict
 
 
 def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: bool,
-               load_lr_scheduler_states: bool, load_counters: bool = True) -> _Plan:
+               load_lr_scheduler_states: bool, load_counters: bool, files: contextlib.ExitStack) -> _Plan:
     where, meta = _open_meta(r)
     if meta.get("format") != FORMAT:
         raise _bad(where, "format", meta.get("format"), f"must be {FORMAT!r}")
@@ -870,13 +872,16 @@ def _plan_load(ck, r: CheckpointReader, strict: bool, load_optimizer_states: boo
             stored[alias] = target
     saved = {k: specs[src] for k, src in stored.items()}
     _check_shapes(f"model weights in '{r.path}'", model_sd, saved, strict)
-    loaded = r.tensors("model.safetensors", want={stored[k] for k in saved if k in model_sd})
-    plan.model = {k: loaded[stored[k]] for k in saved if k in model_sd}
+    # Read as the load puts each in place (the file stays open in ``files``).
+    weights = files.enter_context(r.open_tensors("model.safetensors"))
+    plan.model = {k: Deferred(saved[k].dtype, saved[k].shape,
+                              reading(lambda k=stored[k]: weights.get_tensor(k).clone(), r.path / "model.safetensors"))
+                  for k in saved if k in model_sd}
 
     plan.masters = plan.local_masters = plan.optimizer = plan.scaler = plan.counters = None
     if load_optimizer_states:
         if ck.optim.store is not None:
-            plan.local_masters, plan.optimizer = _plan_pieces(ck, r, meta, where)
+            plan.local_masters, plan.optimizer = _plan_pieces(ck, r, meta, where, files)
         else:
             masters, opt_t, scalars = _whole_params(ck, r, meta, where, saved)
             mine = ck.optim.master_shapes()
@@ -911,6 +916,8 @@ def _load_optimizer(ck, sd: dict, where: Path) -> None:
     # An optimizer that validates first (nvme) cannot refuse after the plan's checks; for the
     # others the previous state_dict (references to the current tensors, no copy) is kept.
     before = None if ck.optim.validates_first else opt.state_dict()
+    if not ck.optim.path.takes_deferred:  # its optimizer wants tensors: the state is read now
+        sd = {**sd, "state": materialized(sd["state"])}
     try:
         opt.load_state_dict(sd)
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -968,12 +975,20 @@ def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_schedu
     reading), the ranks compare (after the lock is released: on Windows the lock is
     exclusive), and only when every rank succeeded with the same checkpoint do they apply."""
     doing = "the checkpoint load"
+    with contextlib.ExitStack() as files:  # the checkpoint's files, open until the load is applied
+        return _load_opened(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states,
+                            load_counters, files, doing)
+
+
+def _load_opened(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states, load_counters,
+                 files, doing):
     plan = path = save_id = err = own = None
     try:
         with open_for_load(load_dir, tag) as r:
             if r is not None:
                 path, save_id = str(r.path), r.save_id
-                plan = _plan_load(ck, r, strict, load_optimizer_states, load_lr_scheduler_states, load_counters)
+                plan = _plan_load(ck, r, strict, load_optimizer_states, load_lr_scheduler_states, load_counters,
+                                  files)
     except Exception as e:  # reported to every rank, then raised on every rank
         err, own = describe(e), e
     found = all_gather((err, path, save_id), doing)

@@ -71,7 +71,7 @@ from .._native import ZSpeedError
 log = logging.getLogger("zspeed.checkpoint")
 
 __all__ = ["CheckpointError", "TagMismatchError", "validate_tag", "SaveTransaction", "StagingWriter", "CheckpointReader",
-           "Deferred", "open_for_load", "write_file_atomic", "MANIFEST", "MAX_TAG_BYTES"]
+           "Deferred", "real", "materialized", "reading", "is_tensor", "open_for_load", "write_file_atomic", "MANIFEST", "MAX_TAG_BYTES"]
 
 FORMAT = "zspeed-checkpoint-2"
 MANIFEST = "manifest.json"
@@ -492,9 +492,11 @@ def _safetensors_header(tensors: dict, metadata: dict, file: str) -> bytes:
 
 
 class Deferred:
-    """A tensor that :meth:`StagingWriter.write_tensors` materializes only when its turn
-    comes (``load()`` returns it), so a file larger than memory can be written one tensor
-    at a time: the header needs only its dtype and shape."""
+    """A tensor read only when it is used (``load()`` returns it): what a save writes one
+    tensor at a time (:meth:`StagingWriter.write_tensors` needs only dtype and shape for the
+    header), and what a load reads from the checkpoint's files as it puts each tensor in place
+    (checked on the files' headers first). It answers what checks ask (dtype, shape, numel,
+    is_floating_point, dim) without reading; :func:`real` gives the tensor."""
 
     def __init__(self, dtype: torch.dtype, shape, load: Callable[[], torch.Tensor]):
         self.dtype, self.shape, self.load = dtype, torch.Size(shape), load
@@ -504,6 +506,55 @@ class Deferred:
 
     def element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, *shape) -> "Deferred":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape = tuple(self.numel() // max(known, 1) if d == -1 else d for d in shape)
+        if math.prod(shape) != self.numel():
+            raise RuntimeError(f"shape {list(shape)} is invalid for a tensor of {self.numel()} elements")
+        if torch.Size(shape) == self.shape:
+            return self
+        return Deferred(self.dtype, shape, lambda: self.load().reshape(shape))
+
+    view = reshape
+
+
+def real(v):
+    """``v`` itself, or the tensor a :class:`Deferred` reads (a tensor of its own)."""
+    return v.load() if isinstance(v, Deferred) else v
+
+
+def reading(read: Callable[[], torch.Tensor], where) -> Callable[[], torch.Tensor]:
+    """``read`` of a load's Deferred tensor, whose failures (an I/O error of the disk, after
+    every check passed) are a CheckpointError that says what it means for the engine."""
+    def run():
+        try:
+            return read()
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"cannot read '{where}' ({type(e).__name__}: {e}) after it was verified. If the "
+                                  f"load had begun putting tensors in place, this engine holds part of the "
+                                  f"checkpoint: load a checkpoint again before training on.") from e
+    return run
+
+
+def materialized(state: dict) -> dict:
+    """A torch-style optimizer ``state`` (index -> {key: value}) with every Deferred tensor read."""
+    return {i: ({k: real(v) for k, v in st.items()} if isinstance(st, dict) else st) for i, st in state.items()}
+
+
+def is_tensor(v) -> bool:
+    """A tensor, or a :class:`Deferred` one."""
+    return torch.is_tensor(v) or isinstance(v, Deferred)
 
 
 _STAGING_NAME_LEN = len(_STAGING) + 16

@@ -39,7 +39,7 @@ import math
 import torch
 
 from .._signatures.optim import OPTIM_QBLOCK
-from .checkpoint_files import CheckpointError, CheckpointReader, parse_json
+from .checkpoint_files import _FROM_ST, CheckpointError, CheckpointReader, Deferred, parse_json, reading
 from .partition import GroupPlan, PartitionPlan
 from .store import per_element_shape
 
@@ -167,10 +167,12 @@ class _File:
 
 class PieceReader:
     """Ranges of parameters' masters and optimizer states, from a checkpoint of any world
-    size (see the module docstring). A context manager: the files stay open inside it."""
+    size (see the module docstring). A context manager: the files stay open inside it.
+    ``lazy``: masters and per-element states come as :class:`Deferred` tensors, checked on
+    the files' headers now and read when used (inside the context)."""
 
-    def __init__(self, r: CheckpointReader, meta: dict, where):
-        self.r, self.where = r, where
+    def __init__(self, r: CheckpointReader, meta: dict, where, lazy: bool = False):
+        self.r, self.where, self.lazy = r, where, lazy
         self.layout = SavedLayout(meta, where)
         self.world_size = self.layout.world_size
         self._stack = contextlib.ExitStack()
@@ -298,10 +300,18 @@ class PieceReader:
                 raise CheckpointError(f"'{self.r.path / fname}': master weight '{key}' has dtype "
                                       f"{sl.get_dtype()} and shape {sl.get_shape()}, not float32 of {sn} "
                                       f"elements; the checkpoint is corrupt.")
-            parts.append(_flat_slice(sl, lo, hi))
-        if not parts:
-            return torch.empty(0, dtype=torch.float32)
-        return parts[0].clone() if len(parts) == 1 else torch.cat(parts)
+            parts.append((sl, lo, hi))
+
+        def read():
+            got = [_flat_slice(sl, lo, hi) for sl, lo, hi in parts]
+            if not got:
+                return torch.empty(0, dtype=torch.float32)
+            return got[0].clone() if len(got) == 1 else torch.cat(got)
+        return self._maybe(torch.float32, (n,), read)
+
+    def _maybe(self, dtype, shape, read):
+        """``read()`` now, or (lazy) a Deferred tensor of that dtype and shape that reads it."""
+        return Deferred(dtype, shape, reading(read, self.r.path)) if self.lazy else read()
 
     # -- optimizer state -----------------------------------------------------------------------------
     def _piece_state(self, rk, name: str, so: int) -> tuple[str, _File, dict, dict]:
@@ -333,19 +343,30 @@ class PieceReader:
         q8 = "exp_avg_scale" in keysets[0]
         out = {k: self._join(name, k, parts) for k in sorted(keysets[0]) if not (q8 and k in _Q8)}
         if q8:
-            ranges = [self._q8_range(fname, f, tensors, sn, lo, hi) for fname, f, tensors, _, sn, lo, hi in parts]
-            out["exp_avg"] = torch.cat([m for m, _ in ranges])
-            out["exp_avg_sq"] = torch.cat([v for _, v in ranges])
+            reads = [self._q8_range(fname, f, tensors, sn, lo, hi) for fname, f, tensors, _, sn, lo, hi in parts]
+            total = sum(hi - lo for *_, lo, hi in parts)
+            made: dict = {}
+
+            def moment(i):  # both moments come from one dequantization; each is taken once
+                if i not in made:
+                    ranges = [rd() for rd in reads]
+                    made.update({0: torch.cat([m for m, _ in ranges]), 1: torch.cat([v for _, v in ranges])})
+                return made.pop(i)
+            out["exp_avg"] = self._maybe(torch.float32, (total,), lambda: moment(0))
+            out["exp_avg_sq"] = self._maybe(torch.float32, (total,), lambda: moment(1))
         return out
 
     def _whole_state(self, fname: str, f: _File, key: str, sn: int) -> torch.Tensor:
         """The state tensor ``key`` of a saved piece of sn elements, read whole after checking on
         the header that it has no more elements than the piece (no optimizer state has more)."""
-        shape = self.r.index(fname)[key][1]
+        code, shape = self.r.index(fname)[key]
         if math.prod(shape) > max(sn, 1):
             raise CheckpointError(f"'{self.r.path / fname}': optimizer state '{key}' has shape {list(shape)}, more "
                                   f"elements than its piece ({sn}); the checkpoint is corrupt.")
-        return f.f.get_tensor(key).clone()
+        read = lambda: f.f.get_tensor(key).clone()  # noqa: E731
+        if math.prod(shape) == sn and sn > 1:  # per element (a step is read now: it is checked)
+            return self._maybe(_FROM_ST[code], shape, read)
+        return read()
 
     def _join(self, name: str, k: str, parts: list):
         """State ``k`` over several saved pieces: per-element tensors cut and joined (in their
@@ -359,15 +380,17 @@ class PieceReader:
             sl = f.f.get_slice(tensors[k])
             shape = sl.get_shape()
             if per_element_shape(k, shape, sn):
-                vals.append(("elements", _flat_slice(sl, lo, hi), fname))
+                vals.append(("elements", (sl, lo, hi), fname))
             else:
                 vals.append(("value", self._whole_state(fname, f, tensors[k], sn), fname))
         kinds = {v[0] for v in vals}
         if kinds == {"elements"}:
-            ts = [v[1] for v in vals]
-            if len({t.dtype for t in ts}) > 1:
-                ts = [t.float() for t in ts]
-            return torch.cat(ts)
+            dts = {_FROM_ST[v[1][0].get_dtype()] for v in vals}
+            dt = dts.pop() if len(dts) == 1 else torch.float32
+
+            def read():
+                return torch.cat([_flat_slice(sl, lo, hi).to(dt) for _, (sl, lo, hi), _ in vals])
+            return self._maybe(dt, (sum(hi - lo for _, (_, lo, hi), _ in vals),), read)
         if len(kinds) > 1:
             raise CheckpointError(f"'{self.where}': optimizer state '{k}' of {name} is stored differently in its "
                                   f"pieces; the checkpoint is corrupt.")
@@ -396,14 +419,17 @@ class PieceReader:
             sls[k] = sl
         b0, b1 = lo // OPTIM_QBLOCK, -(-hi // OPTIM_QBLOCK)
         e0, e1 = b0 * OPTIM_QBLOCK, min(b1 * OPTIM_QBLOCK, sn)
-        cm = _flat_slice(sls["exp_avg"], e0, e1).contiguous()
-        cv = _flat_slice(sls["exp_avg_sq"], e0, e1).contiguous()
-        sm = sls["exp_avg_scale"][b0:b1].contiguous()
-        sv = sls["exp_avg_sq_scale"][b0:b1].contiguous()
-        m = torch.empty(e1 - e0, dtype=torch.float32)
-        v = torch.empty(e1 - e0, dtype=torch.float32)
-        q8_dequantize(cm, sm, cv, sv, m, v)
-        return m[lo - e0:hi - e0], v[lo - e0:hi - e0]
+
+        def read():
+            cm = _flat_slice(sls["exp_avg"], e0, e1).contiguous()
+            cv = _flat_slice(sls["exp_avg_sq"], e0, e1).contiguous()
+            sm = sls["exp_avg_scale"][b0:b1].contiguous()
+            sv = sls["exp_avg_sq_scale"][b0:b1].contiguous()
+            m = torch.empty(e1 - e0, dtype=torch.float32)
+            v = torch.empty(e1 - e0, dtype=torch.float32)
+            q8_dequantize(cm, sm, cv, sv, m, v)
+            return m[lo - e0:hi - e0], v[lo - e0:hi - e0]
+        return read
 
 
 def _short(v) -> str:

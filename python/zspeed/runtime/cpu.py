@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ops._torch_optim import _CPUOptimizer
 from .layout import FlatLayout
 from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers, OffloadedPath
@@ -40,6 +41,10 @@ CHUNK_CAP = 1 << 26  # elements per optimizer chunk at most
 
 class HostPath(OffloadedPath):
     """The CPU optimizer over fp32 masters in host memory; its step timed by a runner (runner.py)."""
+
+    @property
+    def takes_deferred(self) -> bool:  # (paths.OptimizerPath's): zspeed's CPU optimizers read them as they go
+        return isinstance(self.optimizer, _CPUOptimizer)
 
     @classmethod
     def bytes_needed(cls, plan, config, s: Sizes) -> list:

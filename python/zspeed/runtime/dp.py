@@ -42,6 +42,7 @@ import math
 
 import torch
 
+from .checkpoint_files import real
 from .collectives import Collectives
 from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
@@ -425,20 +426,23 @@ class ShardedBuffers(ShardGrads, HostBuffers):
         self.sm.publish(None if src is None else flat_base(src, self._flats))
         super().end_write_back()
 
-    def refresh(self, masters: list, outs: list | None) -> None:
-        """After a checkpoint load replaced this rank's masters: its shards, its weight buffers
-        and then, by the store's publish, every parameter follow them."""
+    # refresh (HostBuffers'): after a checkpoint load replaced this rank's masters, its shards,
+    # its weight buffers and then, by the store's publish, every parameter follow them.
+    def refresh_begin(self) -> None:
         self.sm.check_writable()  # gradients held in the shards would be overwritten
+
+    def refresh_entry(self, gi: int, pi: int, m: torch.Tensor, outs: list | None) -> None:
         with torch.no_grad():
-            for ps, ms in zip(self.layout.params, masters):
-                for p, m in zip(ps, ms):
-                    if p.data_ptr() != m.data_ptr():
-                        p.copy_(m.reshape(-1).to(p.device, p.dtype))
-            for ms, os_ in zip(masters, outs or []):
-                for m, o in zip(ms, os_):
-                    if o.data_ptr() != m.data_ptr():
-                        o.copy_(m.reshape(-1))
-        self._pending_src = outs if outs is not None else masters
+            p = self.layout.params[gi][pi]
+            if p.data_ptr() != m.data_ptr():
+                p.copy_(m.reshape(-1).to(p.device, p.dtype))
+            if outs is not None:
+                o = outs[gi][pi]
+                if o.data_ptr() != m.data_ptr():
+                    o.copy_(m.reshape(-1))
+
+    def refresh_end(self, src: list) -> None:
+        self._pending_src = src
         self.end_write_back()
         self.wait_host_buffers()
 
@@ -572,7 +576,7 @@ class ShardedDevicePath(OptimizerPath):
                 if all(elementwise):
                     flat = torch.zeros(total, dtype=v0.dtype)
                     for (_pc, at, n), st in zip(entries, row):
-                        flat[at:at + n] = st[k].reshape(-1)
+                        flat[at:at + n] = real(st[k]).reshape(-1)
                     joined[k] = flat
                 else:
                     for st in row[1:]:
@@ -592,7 +596,7 @@ class ShardedDevicePath(OptimizerPath):
         with torch.no_grad():
             for vs, srcs in zip(self._views, masters):
                 for v, s in zip(vs, srcs):
-                    v.copy_(s.reshape(-1).to(v.device, torch.float32))
+                    v.copy_(real(s).reshape(-1).to(v.device, torch.float32))
         self._to_model()
 
 

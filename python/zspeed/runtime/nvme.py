@@ -39,11 +39,12 @@ and optim.safetensors by parameter name, or with several ranks each rank's
 pieces in its partition files; the optimizer's class recorded as
 CPUAdam / CPUAdagrad / CPULion), so a checkpoint moves between cpu and nvme
 offload; 8-bit states move as their codes and block scales, bit for bit, and
-loading masters keeps the states' stored bytes. A save streams them: each
-piece's master and states are read from the swap file when the writer reaches
-them (:meth:`NVMePath.saved_masters` / :meth:`NVMePath.saved_state`, one
-partition in memory at a time), so a save needs no host memory of the tier's
-size.
+loading masters keeps the states' stored bytes. Saves and loads stream them:
+a save reads each piece's master and states from the swap file when the
+writer reaches them (:meth:`NVMePath.saved_masters` /
+:meth:`NVMePath.saved_state`, one partition in memory at a time), and a load
+reads each piece from the checkpoint as the partitions that hold it are
+written, so neither needs host memory of the tier's size.
 
 Swap files: ``<nvme_path>/zspeed_swap_<random>_<group>.swap``, a fresh random
 name per engine, so a restarted job never meets its predecessor's file (in a
@@ -70,7 +71,7 @@ import numpy as np
 import torch
 
 from .._signatures.optim import OPTIM_QBLOCK
-from .checkpoint_files import Deferred
+from .checkpoint_files import Deferred, real
 from .config import ConfigError
 from .layout import FlatLayout
 from .memory import Need, Sizes, state_bytes
@@ -437,14 +438,20 @@ class NVMePath(OffloadedPath):
                 idx += 1
         return state
 
+    takes_deferred = True  # a checkpoint load's tensors are read partition by partition
+
     def load_masters(self, masters: list) -> None:
         """Replaces the masters, keeping every state byte (8-bit states are not requantized),
-        and refreshes the model's weights from them."""
-        masters = [[m.detach().reshape(-1).to("cpu", torch.float32) for m in row] for row in masters]
+        and refreshes the model's weights from them. Deferred masters (a checkpoint load) are
+        read one at a time, each once, as the partitions that hold it are written."""
+        self.buffers.refresh_begin()
         for gi, sw in enumerate(self.swappers):
+            take = _Entries(masters[gi], lambda t: t.detach().reshape(-1).to("cpu", torch.float32),
+                            functools.partial(self.buffers.refresh_entry, gi, outs=self._out))
             for i, part in enumerate(self.parts[gi]):
-                sw.write_arrays(i, param=_assemble(part, lambda pi: masters[gi][pi]))
-        self.buffers.refresh(masters, self._out)
+                sw.write_arrays(i, param=_assemble(part, take))
+            take.finish()
+        self.buffers.refresh_end(self._out)
 
     # 8-bit states: CPUAdam's tensors (int8 exp_avg, uint8 exp_avg_sq, one fp32 scale per block of
     # each), moved as the swapper stores them; a partition holds one parameter's block-aligned range.
@@ -464,17 +471,20 @@ class NVMePath(OffloadedPath):
         return rows
 
     def _q8_import(self, gi: int, rows: list) -> None:
-        for i, part in enumerate(self.parts[gi]):
-            (pi, off, _, n), = part.pieces
-            arrays = {}
-            for key, dt, per_elem in self._Q8:
-                src = rows[pi].get(key)
+        for key, dt, _ in self._Q8:
+            for r in rows:
+                src = r.get(key)
                 if src is None or src.dtype != dt:
                     raise ConfigError(f"the checkpoint's optimizer state has no {dt} '{key}' for a parameter; "
                                       f"it was not saved with state_dtype 'int8'. Load with "
                                       f"load_optimizer_states=False or use the state dtype it was saved with.")
+        takes = {key: _Entries([r[key] for r in rows], lambda t: t.reshape(-1)) for key, _, _ in self._Q8}
+        for i, part in enumerate(self.parts[gi]):
+            (pi, off, _, n), = part.pieces
+            arrays = {}
+            for key, dt, per_elem in self._Q8:
                 at, cnt = _q8_span(off, n, per_elem)
-                arrays[key] = src.reshape(-1)[at:at + cnt].contiguous()
+                arrays[key] = takes[key](pi)[at:at + cnt].contiguous()
             self.swappers[gi].write_arrays(i, **arrays)
 
     def export_states(self) -> dict:
@@ -552,12 +562,13 @@ class NVMePath(OffloadedPath):
             if self.state_dtype == "int8":
                 self._q8_import(gi, rows)
             else:
+                # (Deferred states, of a checkpoint load, are read one at a time, each once)
+                takes = {k: _Entries([r[k] for r in rows], lambda t: t.reshape(-1).float()) for k in keys}
                 for i, part in enumerate(self.parts[gi]):
                     # The masters stay; one an abandoned step dropped is written by the load next.
                     param = (sw.read_arrays(i, ("param",))["param"] if sw.holds_state(i)
                              else np.zeros(part.n, np.float32))
-                    new = {k: _assemble(part, lambda pi, k=k: rows[pi][k].reshape(-1).float())
-                           for k in keys}
+                    new = {k: _assemble(part, takes[k]) for k in keys}
                     sw.set_state(i, param, **new)
             steps = {int(r["step"]) for r in rows if "step" in r}
             sw.steps = steps.pop() if steps else 0
@@ -664,6 +675,28 @@ def _assemble(part: _Part, fetch) -> torch.Tensor:
     for pi, off, at, n in part.pieces:
         buf[at:at + n].copy_(fetch(pi)[off:off + n])
     return buf
+
+
+class _Entries:
+    """``fetch(pi)`` for :func:`_assemble`: entry pi of ``row`` (tensors or checkpoint_files.Deferred
+    ones, read when first asked for) through ``conv``, the last one kept, as the partitions ask
+    for the entries in order (an entry split over partitions is read once). ``done(pi, t)`` is
+    told of each entry when the next is asked for, and of the last by :meth:`finish`."""
+
+    def __init__(self, row: list, conv, done=None):
+        self.row, self.conv, self.done = row, conv, done
+        self.pi, self.t = None, None
+
+    def __call__(self, pi: int) -> torch.Tensor:
+        if pi != self.pi:
+            self.finish()
+            self.pi, self.t = pi, self.conv(real(self.row[pi]))
+        return self.t
+
+    def finish(self) -> None:
+        if self.pi is not None and self.done is not None:
+            self.done(self.pi, self.t)
+        self.pi = self.t = None
 
 
 def _close_all(swappers: list) -> None:

@@ -205,15 +205,28 @@ class HostBuffers:
     def refresh(self, masters: list, outs: list | None) -> None:
         """After a checkpoint load replaced the fp32 masters: the model's weights and the path's
         weight buffers ``outs`` (or None) follow them."""
+        self.refresh_begin()
+        for gi, ms in enumerate(masters):
+            for pi, m in enumerate(ms):
+                self.refresh_entry(gi, pi, m, outs)
+        self.refresh_end(outs if outs is not None else masters)
+
+    def refresh_begin(self) -> None:
+        """Before :meth:`refresh_entry` calls (a refresh entry by entry)."""
+
+    def refresh_end(self, src: list) -> None:
+        """After the :meth:`refresh_entry` calls; ``src``: the rows now holding the new weights."""
+
+    def refresh_entry(self, gi: int, pi: int, m: torch.Tensor, outs: list | None) -> None:
+        """:meth:`refresh` of one parameter of the layout from its fp32 master ``m``."""
         with torch.no_grad():
-            for ps, ms in zip(self.layout.params, masters):
-                for p, m in zip(ps, ms):
-                    if p.data.data_ptr() != m.data_ptr():
-                        p.data.copy_(m.view(p.shape).to(p.device, p.dtype))
-            for ms, os_ in zip(masters, outs or []):
-                for m, o in zip(ms, os_):
-                    if o.data_ptr() != m.data_ptr():
-                        o.copy_(m)
+            p = self.layout.params[gi][pi]
+            if p.data.data_ptr() != m.data_ptr():
+                p.data.copy_(m.view(p.shape).to(p.device, p.dtype))
+            if outs is not None:
+                o = outs[gi][pi]
+                if o.data_ptr() != m.data_ptr():
+                    o.copy_(m.view(o.shape))
 
 
 class OffloadedPath(OptimizerPath):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..ops._ds_optim import TorchLion  # noqa: F401 - a name of this module too
+from .checkpoint_files import real
 from .config import ConfigError
 
 __all__ = ["TorchLion", "adam_state_dtype", "convert_adam_state", "build_device_optimizer", "build_host_optimizer", "HostOptimizer",
@@ -248,6 +249,25 @@ def adam_state_dtype(st: dict) -> str:
     return "bf16" if m is not None and m.dtype == torch.bfloat16 else "fp32"
 
 
+def converted_like(st: dict, target: str, numel: int) -> dict:
+    """What :func:`convert_adam_state` would give, as dtype and shape only (nothing is read or
+    converted: for checks before a load)."""
+    if adam_state_dtype(st) == target:
+        return st
+    out = {k: v for k, v in st.items() if k not in ("exp_avg_scale", "exp_avg_sq_scale")}
+    if target == "int8":
+        from ..ops import qblocks
+        out.update(exp_avg=torch.empty(numel, dtype=torch.int8, device="meta"),
+                   exp_avg_sq=torch.empty(numel, dtype=torch.uint8, device="meta"),
+                   exp_avg_scale=torch.empty(qblocks(numel), device="meta"),
+                   exp_avg_sq_scale=torch.empty(qblocks(numel), device="meta"))
+    else:
+        dt = torch.bfloat16 if target == "bf16" else torch.float32
+        out.update(exp_avg=torch.empty(numel, dtype=dt, device="meta"),
+                   exp_avg_sq=torch.empty(numel, dtype=dt, device="meta"))
+    return out
+
+
 def convert_adam_state(st: dict, target: str, numel: int, shape) -> dict:
     """An Adam state (fp32, bf16 or zspeed's 8-bit moments with their block scales) in the state
     dtype ``target`` (the moments shaped ``shape``); ``st`` itself when it is in it already.
@@ -257,6 +277,7 @@ def convert_adam_state(st: dict, target: str, numel: int, shape) -> dict:
         return st
     from ..ops.adam import q8_dequantize, q8_quantize
     from ..ops import qblocks
+    st = {k: real(v) for k, v in st.items()}  # (a checkpoint load's Deferred tensors are read here)
     out = dict(st)
     if have == "int8":
         m = torch.empty(numel, dtype=torch.float32)

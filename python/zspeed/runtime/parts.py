@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint_files import Deferred
+from .checkpoint_files import Deferred, real
 from .store import full_shape
 
 __all__ = ["ModelPart", "OptimizerPart", "Counters", "CheckpointParts", "Lockstep"]
@@ -78,17 +78,17 @@ class ModelPart:
         """module.load_state_dict(sd, strict=False), with partitioned parameters written into shards."""
         part = self.partitioned()
         if not part:
-            self.module.load_state_dict(sd, strict=False)
+            self.module.load_state_dict({k: real(v) for k, v in sd.items()}, strict=False)
             return
         mine = self.module.state_dict(keep_vars=True)
         rest = {}
         for k, v in sd.items():
             t = mine.get(k)
-            if t is not None and id(t) in part:
+            if t is not None and id(t) in part:  # one whole parameter in memory at a time
                 sm, gi, pi = part[id(t)]
-                sm.set_full(gi, pi, v)
+                sm.set_full(gi, pi, real(v))
             else:
-                rest[k] = v
+                rest[k] = real(v)
         self.module.load_state_dict(rest, strict=False)
 
     def whole(self, names: list, params: list, loaded: dict) -> dict:
@@ -99,7 +99,7 @@ class ModelPart:
         for row, ps in zip(names, params):
             for n, p in zip(row, ps):
                 if n in loaded:
-                    out[n] = loaded[n].detach()
+                    out[n] = real(loaded[n]).detach()
                 elif id(p) in part:
                     sm, gi, pi = part[id(p)]
                     out[n] = sm.full(gi, pi, "cpu").view(full_shape(p))

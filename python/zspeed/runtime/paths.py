@@ -42,6 +42,7 @@ import abc
 
 import torch
 
+from .checkpoint_files import real
 from .layout import FlatLayout
 from .memory import Need, Sizes, state_bytes
 from .trace import OFF
@@ -132,6 +133,11 @@ class OptimizerPath(abc.ABC):
         """The parameter store (store.py) whose local space this path steps
         (several ranks, ZeRO stage 1 or 2), else None."""
         return getattr(getattr(self, "buffers", None), "sm", None)
+
+    # Whether load_masters() and the optimizer's load_state_dict() take checkpoint_files.Deferred
+    # tensors (a checkpoint load's, read when used) and read them one at a time; otherwise the
+    # load reads them all first.
+    takes_deferred = False
 
     def saved_masters(self) -> list:
         """:meth:`masters` as a checkpoint save writes them: a path that keeps them in swap files
@@ -369,4 +375,4 @@ def copy_masters(dst: list, src: list) -> None:
     with torch.no_grad():
         for ms, srcs in zip(dst, src):
             for m, s in zip(ms, srcs):
-                m.copy_(s.to(m.device).reshape(m.shape))
+                m.copy_(real(s).to(m.device).reshape(m.shape))

@@ -150,6 +150,13 @@ class SplitOptimizer(torch.optim.Optimizer):
         each state to its half's dtype when it is loaded (import_states)."""
         return [None] * len(self.param_groups)
 
+    def validate_state_dict(self, state_dict) -> None:
+        """ValueError for a state :meth:`load_state_dict` would refuse (the path's check_states,
+        where it has one); reads and writes nothing."""
+        check = getattr(self._path_ref(), "check_states", None)
+        if check is not None:
+            check(state_dict["state"])
+
     def load_state_dict(self, state_dict):
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params" and k not in _OWN})

@@ -38,13 +38,14 @@ import logging
 
 import torch
 
+from .checkpoint_files import materialized, real
 from .collectives import Collectives
 from .cpu import HostPath
 from .dp import GradReducer, ShardGrads, ShardedBuffers, phased_step
 from .layout import FlatLayout
 from .memory import Need
 from .offload import HostBuffers
-from .optimizers import build_device_optimizer, convert_adam_state, norms_stats, torch_grad_stats
+from .optimizers import build_device_optimizer, convert_adam_state, converted_like, norms_stats, torch_grad_stats
 from .paths import OptimizerPath, copy_masters, indexed_groups
 from .split import AutoSplit, TwoHalves
 from .store import GradsInShards, ParamStore, flat_base
@@ -199,8 +200,8 @@ class DeviceShare(OptimizerPath):
                 if st is None:
                     continue
                 st = convert_adam_state(st, "fp32", n, (n,))
-                mv.copy_(st["exp_avg"].reshape(-1))
-                vv.copy_(st["exp_avg_sq"].reshape(-1))
+                mv.copy_(real(st["exp_avg"]).reshape(-1))
+                vv.copy_(real(st["exp_avg_sq"]).reshape(-1))
                 steps.add(int(st["step"].item()) if torch.is_tensor(st["step"]) else int(st["step"]))
             if len(steps) != 1:
                 raise ValueError(f"the pieces of a parameter group have different Adam steps ({sorted(steps)}); "
@@ -629,6 +630,30 @@ class StoreSplitPath(TwoHalves):
             if h is not None:
                 h.load_masters(rows)
 
+    takes_deferred = True  # each half's share: read as it goes, or first where the half cannot
+
+    def check_states(self, state: dict) -> None:
+        """ValueError for a torch-style ``state`` :meth:`import_states` would refuse (the halves'
+        own checks, on each entry as it is converted to its half's state dtype: dtypes and
+        shapes only, nothing is read or written)."""
+        targets = self.state_dtypes()
+        subs = {side: {} for side, h in (("cpu", self.cpu), ("disk", self.disk)) if h is not None}
+        starts = {side: self._sub_index(side) for side in subs}
+        idx = 0
+        for gi, side_of in enumerate(self._side_of):
+            numels = self.layout.numels[gi]
+            for ei, (side, sg) in enumerate(side_of):
+                st = state.get(idx)
+                if side != "dev" and st is not None:
+                    if "exp_avg" in st:
+                        st = converted_like(st, targets[idx], numels[ei])
+                    subs[side][starts[side][sg] + ei - self._first(gi, side)] = st
+                idx += 1
+        for side, sub in subs.items():
+            check = getattr(self._half(side).optimizer, "validate_state_dict", None)
+            if check is not None:
+                check({"state": sub, "param_groups": indexed_groups(self._half(side).optimizer.param_groups)})
+
     def export_states(self, saved: bool = False) -> dict:
         """entry index (running over the local space) -> its state in CPUAdam's format (``saved``:
         the halves' as a save writes them, Deferred where they live in swap files)."""
@@ -668,7 +693,8 @@ class StoreSplitPath(TwoHalves):
                 idx += 1
             per_entry.append(row)
         if self.dev is not None:
-            self.dev.load_entry_states(self._rows_of(per_entry)[0])
+            self.dev.load_entry_states(self._rows_of(per_entry)[0])  # (reads Deferred ones as it goes)
         for side, sub in subs.items():
-            opt = self._half(side).optimizer
-            opt.load_state_dict({"state": sub, "param_groups": indexed_groups(opt.param_groups)})
+            h = self._half(side)
+            sub = sub if h.takes_deferred else materialized(sub)
+            h.optimizer.load_state_dict({"state": sub, "param_groups": indexed_groups(h.optimizer.param_groups)})

@@ -34,6 +34,7 @@ import weakref
 
 import torch
 
+from .checkpoint_files import is_tensor
 from .collectives import Collectives
 from .hostmem import alloc_host, pin_filled, unpin
 from .layout import FlatLayout
@@ -442,4 +443,4 @@ def per_element_shape(key: str, shape, n: int) -> bool:
 
 def per_element(key: str, v, n: int) -> bool:
     """:func:`per_element_shape` of a state value (a tensor, or a number: never per element)."""
-    return torch.is_tensor(v) and per_element_shape(key, v.shape, n)
+    return is_tensor(v) and per_element_shape(key, v.shape, n)
