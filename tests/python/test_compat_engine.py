@@ -443,3 +443,16 @@ def test_ignore_unused_parameters_false_refuses_a_step_with_unused_parameters(ig
         e = zspeed.initialize(model=_WithUnused(), config=cfg(zero_optimization=z))[0]
         e.backward(F.mse_loss(e(x), y))
         e.step()
+
+
+@pytest.mark.parametrize("stage,set_to,want", [(3, None, True), (2, None, False), (1, None, False),
+                                                (3, False, False), (2, True, True)])
+def test_overlap_comm_defaults_as_deepspeeds_on_at_stage_3(stage, set_to, want):
+    """zero_optimization.overlap_comm unset: on at stage 3 and off below, as DeepSpeed's
+    validator resolves it; a given value is used as given (engine.zero_overlap_comm())."""
+    z = {"stage": stage}
+    if set_to is not None:
+        z["overlap_comm"] = set_to
+    engine, *_ = zspeed.initialize(model=mlp(), config=cfg(zero_optimization=z))
+    assert engine.zero_overlap_comm() is want
+    _run(engine, batches(2))

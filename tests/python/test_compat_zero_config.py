@@ -36,7 +36,11 @@ def test_deprecated_fields_and_defaults():
     c = DeepSpeedZeroConfig(**{"cpu_offload": True, "cpu_offload_use_pin_memory": True})
     assert isinstance(c.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig) and c.offload_optimizer.pin_memory
     c = DeepSpeedZeroConfig(stage=3)
-    assert c.stage is ZeroStageEnum.weights and c.reduce_bucket_size == 500_000_000 and c.overlap_comm is not None
+    assert c.stage is ZeroStageEnum.weights and c.reduce_bucket_size == 500_000_000
+    # overlap_comm unset: DeepSpeed's validator (overlap_comm_valid) turns it on at stage 3 only
+    assert c.overlap_comm is True and DeepSpeedZeroConfig(stage=2).overlap_comm is False
+    assert DeepSpeedZeroConfig(stage=3, overlap_comm=False).overlap_comm is False
+    assert DeepSpeedZeroConfig(stage=1, overlap_comm=True).overlap_comm is True
     assert c.offload_param is None and c.offload_optimizer is None
     with pytest.raises(AttributeError, match="read-only"):
         c.stage = 2

@@ -207,9 +207,11 @@ def test_a_killed_rank_stops_the_others_with_a_clear_error():
     assert "DistributedError" in res[0].stderr and "rank 0 of 2" in res[0].stderr, res[0].stderr[-3000:]
 
 
-def test_a_rank_killed_during_a_zero3_backward_ends_the_other_in_a_distributed_error():
+@pytest.mark.parametrize("overlap,where", [(False, "engine.backward()"), (True, "engine.step()")])
+def test_a_rank_killed_during_a_zero3_backward_ends_the_other_in_a_distributed_error(overlap, where):
     """Stage 3 reduces each unit during backward: the peer's death inside it must surface as the
-    DistributedError (it was a bare KeyError from the cleanup reissuing the failed unit)."""
+    DistributedError (it was a bare KeyError from the cleanup reissuing the failed unit), in
+    backward, or with overlap_comm (stage 3's default) where the reductions are waited for."""
     res = run_ranks(2, """
         import os, signal, torch, zspeed
         zspeed.init_distributed()
@@ -217,7 +219,7 @@ def test_a_rank_killed_during_a_zero3_backward_ends_the_other_in_a_distributed_e
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
                                     torch.nn.Linear(64, 1))
         e, *_ = zspeed.initialize(model=model, config={"train_micro_batch_size_per_gpu": 4,
-            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "overlap_comm": OVERLAP},
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
         step = [0]
         def die(module, grad_in, grad_out):
@@ -229,11 +231,11 @@ def test_a_rank_killed_during_a_zero3_backward_ends_the_other_in_a_distributed_e
             loss = e(torch.randn(4, 64)).square().mean()
             e.backward(loss)
             e.step()
-    """, timeout=240, env={"DEEPSPEED_TIMEOUT": "1"})
+    """.replace("OVERLAP", repr(overlap)), timeout=240, env={"DEEPSPEED_TIMEOUT": "1"})
     assert res[1].returncode == KILLED
     assert res[0].returncode not in (0, "timeout"), res[0]
     err = res[0].stderr
-    assert "DistributedError" in err and "engine.backward()" in err, err[-3000:]
+    assert "DistributedError" in err and where in err, err[-3000:]
     assert "KeyError" not in err, err[-3000:]
 
 

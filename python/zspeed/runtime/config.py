@@ -291,7 +291,8 @@ SCHEMA: dict[str, S] = {
         "offload_param": K(None, (dict, type(None)), "parameter offload (stage 3 only)"),
         "cpu_offload": K(False, (bool,), "deprecated spelling of offload_optimizer.device=cpu"),
         "contiguous_gradients": K(True, (bool,), "always on: each bucket's gradients are copied into one buffer"),
-        "overlap_comm": K(False, (bool,), "stage 2: reduce buckets asynchronously while backward goes on"),
+        "overlap_comm": K(None, (bool, type(None)), "reduce gradients asynchronously while backward goes on "
+                          "(default, as DeepSpeed's: on at stage 3, off below)"),
         "reduce_scatter": K(True, (bool,), "accepted: stages 1-3 always reduce-scatter"),
         "reduce_bucket_size": K(500000000, NUM, "elements per reduction bucket (capped at 2^24; stage 3 reduces each parameter on its own)", auto=AUTO_DEFAULT,
                                 check=_count),

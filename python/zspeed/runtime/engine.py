@@ -428,6 +428,10 @@ class ZSpeedEngine(torch.nn.Module):
         """True with offload_optimizer.device cpu (DeepSpeed's meaning; nvme is not 'cpu offload')."""
         return self._config.offload_device == "cpu"
 
+    def zero_overlap_comm(self) -> bool:
+        """zero_optimization.overlap_comm as the run uses it (unset: on at stage 3, as DeepSpeed)."""
+        return self.plan.reduce_overlap
+
     @property
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale

@@ -298,7 +298,7 @@ class RunPlan:
                    timing=_TIMING[bool(off["delayed_update"]), bool(off["overlap_forward"])], ratio=off["ratio"],
                    unit_elems=_UNIT.get(store, bucket), bucket_elems=bucket,
                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
-                   reduce_overlap=bool(config.zero["overlap_comm"]),
+                   reduce_overlap=overlap_comm(config.zero),
                    comm_dtype=_COMM_DTYPES.get((name or "").lower(), dtype), cpu_tier=_CPU_TIER[config.offload_device],
                    host_elems=int(off["max_in_cpu"]),  # > 0 only with device nvme (the rows say so)
                    pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
@@ -334,6 +334,13 @@ _OPTIMIZER = {("none", False): "device", ("none", True): "device", ("cpu", False
               ("nvme", False): "nvme", ("nvme", True): "split"}
 _CPU_TIER = {"none": "host", "cpu": "host", "nvme": "nvme"}   # offload_optimizer.device -> a split's other tier
 _TIMING = {(True, False): "delayed", (True, True): "delayed", (False, True): "overlap", (False, False): "sync"}
+def overlap_comm(zero: dict) -> bool:
+    """A parsed zero_optimization section's overlap_comm; unset, DeepSpeed's default (its
+    validator overlap_comm_valid): on at stage 3, off below."""
+    v = zero["overlap_comm"]
+    return int(zero["stage"]) == 3 if v is None else bool(v)
+
+
 _UNIT = {"partitioned": 1}   # ZeRO-3: one parameter per unit; otherwise units of a bucket
 # ignore_unused_parameters false is checked where DeepSpeed checks it: its stage 1-2 CPU offload.
 _CHECKS_UNUSED = {(1, "cpu"): True, (2, "cpu"): True}

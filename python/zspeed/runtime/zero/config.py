@@ -48,6 +48,7 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
 
     def __init__(self, **section):
         from ..config import _ZERO_FIELD_NAMES, parse_zero_section
+        from ..plan import overlap_comm
         section = dict(section)
         pin = section.pop("cpu_offload_use_pin_memory", None)
         for old, new in _DEPRECATED.items():  # a deprecated boolean: its section on the cpu
@@ -62,6 +63,7 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
         for field, key in _ZERO_FIELD_NAMES.items():  # DeepSpeed's attribute names of the stage3_* keys
             values[field] = zero[key]
         values["stage"] = ZeroStageEnum(zero["stage"])
+        values["overlap_comm"] = overlap_comm(zero)  # resolved as DeepSpeed's validator does
         values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, offp)
         values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig, off)
         super().__init__(**values)
