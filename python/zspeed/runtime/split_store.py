@@ -38,7 +38,7 @@ import logging
 
 import torch
 
-from .checkpoint_files import materialized, real
+from .checkpoint_files import Deferred, materialized, real
 from .collectives import Collectives
 from .cpu import HostPath
 from .dp import GradReducer, ShardGrads, ShardedBuffers, phased_step
@@ -170,9 +170,10 @@ class DeviceShare(OptimizerPath):
         copy_masters(self._views, masters)
         self._publish()
 
-    def entry_states(self) -> list:
+    def entry_states(self, saved: bool = False) -> list:
         """Per group of the half, per entry: its Adam state in CPUAdam's format (an int step,
-        fp32 moments in host memory), or None before the first step."""
+        fp32 moments in host memory), or None before the first step. ``saved``: as a save
+        writes them, each entry's moments copied to host memory when the writer reaches them."""
         out = []
         for i, f in enumerate(self._flat):
             st = self.optimizer.state.get(f)
@@ -181,8 +182,13 @@ class DeviceShare(OptimizerPath):
                 continue
             step = st["step"]
             step = int(step.item()) if torch.is_tensor(step) else int(step)
-            m = self.layout.views(st["exp_avg"].detach().to("cpu", torch.float32), i)
-            v = self.layout.views(st["exp_avg_sq"].detach().to("cpu", torch.float32), i)
+            if saved:
+                m, v = (self.layout.views(st[k].detach(), i) for k in ("exp_avg", "exp_avg_sq"))
+                m, v = ([Deferred(torch.float32, t.shape, lambda t=t: t.to("cpu", torch.float32, copy=True))
+                         for t in row] for row in (m, v))
+            else:
+                m = self.layout.views(st["exp_avg"].detach().to("cpu", torch.float32), i)
+                v = self.layout.views(st["exp_avg_sq"].detach().to("cpu", torch.float32), i)
             out.append([{"step": step, "exp_avg": a, "exp_avg_sq": b} for a, b in zip(m, v)])
         return out
 
@@ -657,7 +663,7 @@ class StoreSplitPath(TwoHalves):
     def export_states(self, saved: bool = False) -> dict:
         """entry index (running over the local space) -> its state in CPUAdam's format (``saved``:
         the halves' as a save writes them, Deferred where they live in swap files)."""
-        dev = self.dev.entry_states() if self.dev is not None else None
+        dev = self.dev.entry_states(saved) if self.dev is not None else None
         subs = {side: h.saved_state() if saved else h.optimizer.state_dict()["state"]
                 for side, h in (("cpu", self.cpu), ("disk", self.disk)) if h is not None}
         starts = {side: self._sub_index(side) for side in subs}
