@@ -347,9 +347,10 @@ def _write_partition(ck, w: StagingWriter, file_meta: dict, rank: int) -> dict:
 
 def save_host_bytes(ck) -> dict:
     """What a save holds in host memory at once beside the training state: {what: bytes}. A save
-    streams: the model's partitioned (ZeRO-3) parameters are gathered one at a time (its unit
-    whole, at ZeRO-3 the parameter itself, then the parameter cut from it), and the NVMe tier's masters and optimizer states
-    are read one swap partition at a time (as fp32 and converted per piece)."""
+    streams: the model's partitioned (ZeRO-3) parameters are gathered one at a time (the unit
+    whole, at ZeRO-3 the parameter itself, then the parameter cut from it), and the NVMe tier's
+    masters and optimizer states are read one swap partition at a time (as fp32, converted per
+    piece)."""
     whole = 0
     for sm, gi, pi in ck.model.partitioned().values():
         gp = sm.plan.groups[gi]
@@ -963,7 +964,8 @@ def load_checkpoint(ck, load_dir, tag=None, load_module_strict=True, load_optimi
     (no folder, no ``latest``, or an explicit tag that does not exist). Every problem with
     the checkpoint is a CheckpointError, raised before the engine changes. With several
     ranks every rank must call it; they load the same checkpoint, at any world size, or
-    all raise the same CheckpointError and none changes. ``load_counters``: the step counters
+    all raise the same CheckpointError and none changes (a disk error while the tensors are
+    read, after every check passed, is the one exception: checkpoint_files.reading). ``load_counters``: the step counters
     (global_steps, global_samples, micro_steps, skipped_steps), restored also without the
     optimizer states, as DeepSpeed does; only a module-only load leaves them."""
     return _load_ranks(ck, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
@@ -971,9 +973,11 @@ def load_checkpoint(ck, load_dir, tag=None, load_module_strict=True, load_optimi
 
 
 def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states, load_counters):
-    """The load of any number of ranks (one is the case without exchanges). Every rank plans its load (reads and checks what it needs, with the folder locked for
-    reading), the ranks compare (after the lock is released: on Windows the lock is
-    exclusive), and only when every rank succeeded with the same checkpoint do they apply."""
+    """The load of any number of ranks (one is the case without exchanges). Every rank plans its
+    load (checks what it needs on the files' checksums and headers, with the folder locked for
+    reading, and keeps the files open), the ranks compare (after the lock is released: on
+    Windows the lock is exclusive), and only when every rank succeeded with the same checkpoint
+    do they apply, each tensor read from the open files as it is put in place."""
     doing = "the checkpoint load"
     with contextlib.ExitStack() as files:  # the checkpoint's files, open until the load is applied
         return _load_opened(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states,

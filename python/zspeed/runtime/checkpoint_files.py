@@ -71,7 +71,8 @@ from .._native import ZSpeedError
 log = logging.getLogger("zspeed.checkpoint")
 
 __all__ = ["CheckpointError", "TagMismatchError", "validate_tag", "SaveTransaction", "StagingWriter", "CheckpointReader",
-           "Deferred", "real", "materialized", "reading", "is_tensor", "open_for_load", "write_file_atomic", "MANIFEST", "MAX_TAG_BYTES"]
+           "Deferred", "real", "materialized", "reading", "is_tensor", "open_for_load", "write_file_atomic",
+           "MANIFEST", "MAX_TAG_BYTES"]
 
 FORMAT = "zspeed-checkpoint-2"
 MANIFEST = "manifest.json"
