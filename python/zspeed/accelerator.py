@@ -275,8 +275,12 @@ class CPUAccelerator(ZSpeedAccelerator):
         return "cpu"
 
     def device_count(self) -> int:
-        from .comm import get_local_world_size
-        return get_local_world_size()
+        """DeepSpeed's CPU accelerator counts LOCAL_SIZE "devices" when that variable is set (its
+        launchers and test harnesses set it to the processes a host may run); otherwise the
+        processes on this host."""
+        from .comm import _env_int, get_local_world_size
+        size = _env_int("LOCAL_SIZE", 0)
+        return size if size else get_local_world_size()
 
     def is_available(self) -> bool:
         return True

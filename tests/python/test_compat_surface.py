@@ -288,8 +288,19 @@ def test_op_builders_report_and_load_the_prebuilt_ops(monkeypatch):
     import zspeed.ops as ops
     from zspeed.ops import op_builder as ob
     compat = ops.__compatible_ops__
-    assert compat == {"async_io": True, "cpu_adam": True, "cpu_adagrad": True, "cpu_lion": True,
-                      "fused_adam": True, "fused_lion": True}
+    ours = {"async_io", "cpu_adam", "cpu_adagrad", "cpu_lion", "fused_adam", "fused_lion"}
+    assert {k for k, v in compat.items() if v} == ours
+    # DeepSpeed's other builders exist (scripts import them to check) and say they cannot run
+    assert compat["fused_lamb"] is False and compat["transformer_inference"] is False and len(compat) == 24
+    assert ob.FusedLambBuilder.NAME == "fused_lamb" and ob.FusedLambBuilder.BUILD_VAR == "DS_BUILD_FUSED_LAMB"
+    with pytest.raises(RuntimeError, match="'fused_lamb' .FusedLambBuilder. does not exist in zspeed"):
+        ob.FusedLambBuilder().load()
+    from zspeed import git_version_info as gvi
+    assert gvi.version == zspeed.__version__ and gvi.git_hash == "[none]"
+    assert gvi.compatible_ops == compat and gvi.installed_ops == compat
+    assert gvi.torch_info["version"] == ".".join(torch.__version__.split(".")[:2])
+    assert set(gvi.torch_info) == {"version", "bf16_support", "cuda_version", "nccl_version", "hip_version"}
+    assert gvi.accelerator_name in ("cpu", "cuda")
     assert ob.CPULionBuilder().load().DeepSpeedCPULion is not None
     assert ob.AsyncIOBuilder().absolute_name() == "zspeed.ops.aio"
     with pytest.raises(NotImplementedError, match="prebuilt"):
@@ -331,3 +342,39 @@ def test_deepspeed_config_error_is_the_config_error():
     assert zspeed.DeepSpeedConfigError is ConfigError and "DeepSpeedConfigError" in zspeed.__all__
     with pytest.raises(zspeed.DeepSpeedConfigError, match="tag_validation"):
         parse_config({"train_batch_size": 2, "checkpoint": {"tag_validation": "foo"}}, world_size=1)
+
+
+def test_see_memory_usage_prints_only_when_forced(capsys):
+    from zspeed.runtime.utils import see_memory_usage
+    see_memory_usage("quiet")
+    assert capsys.readouterr().out == ""
+    see_memory_usage("after the forward", force=True)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "after the forward" and out[1].startswith("MA ") and "Max_CA" in out[1]
+    assert out[2].startswith("CPU Virtual Memory")
+
+
+def test_deepspeeds_schedule_parameter_and_optimizer_names():
+    from zspeed.runtime import config, lr_schedules as lrs
+    assert lrs.LR_SCHEDULE == "lr_schedule" and lrs.WARMUP_NUM_STEPS == "warmup_num_steps"
+    assert lrs.LR_RANGE_TEST_MIN_LR == "lr_range_test_min_lr" and lrs.COS_MIN_RATIO == "cos_min_ratio"
+    # each name is a parameter the schedule of that family accepts
+    s = lrs.build_scheduler("WarmupLR", {lrs.WARMUP_MIN_LR: 0.0, lrs.WARMUP_NUM_STEPS: 3},
+                            torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    assert s.get_lr() == [0.0]
+    assert config.ADAM_OPTIMIZER == "adam" and config.LION_OPTIMIZER == "lion" and len(config.DEEPSPEED_OPTIMIZERS) == 12
+
+
+def test_runtime_zero_reexports_unwrap_and_the_cpu_device_count_reads_local_size(monkeypatch):
+    from zspeed.runtime import zero
+    from zspeed.runtime.zero import stage3
+    assert zero.unwrap_model_for_generation is stage3.unwrap_model_for_generation
+    net = torch.nn.Linear(3, 2)
+    with zero.unwrap_model_for_generation(net) as m:  # below stage 3: the model itself
+        assert m is net
+    from zspeed.accelerator import CPUAccelerator
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("LOCAL_SIZE", "4")  # DeepSpeed's CPU accelerator counts these
+    assert CPUAccelerator().device_count() == 4
+    monkeypatch.setenv("LOCAL_SIZE", "0")
+    assert CPUAccelerator().device_count() == 1

@@ -135,7 +135,8 @@ def run(stage, op, lr):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(7, 19), torch.nn.Tanh(), torch.nn.Linear(19, 3))
     cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage},
-           "zero_allow_untested_optimizer": True, "gradient_allreduce_op": op}
+           "zero_allow_untested_optimizer": True, "gradient_allreduce_op": op,
+           "gradient_clipping": 0}  # sum == 2 * mean holds for the unclipped gradients
     e, *_ = zspeed.initialize(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=lr), config=cfg)
     g = torch.Generator().manual_seed(3 + r)  # each rank its own data
     for _ in range(3):

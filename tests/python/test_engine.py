@@ -37,7 +37,7 @@ def test_matches_pytorch_adamw_60_steps(mode):
         pytest.skip("zspeed.ops (native CPU optimizers) not available: libzspeed not built or ops not merged")
     data = batches(60)
     ref = mlp()
-    train_ref(ref, data, 60)
+    train_ref(ref, data, 60, clip=1.0)  # the config leaves gradient_clipping at DeepSpeed's default, 1.0
     c = cfg()
     if mode != "device":
         c["zero_optimization"] = OFFLOAD
@@ -110,9 +110,29 @@ def test_clipping_matches_clip_grad_norm(offload):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_gradient_clipping_defaults_to_deepspeeds_1_and_0_turns_it_off():
+    # DeepSpeed's default is 1.0 since 0.19.3 (runtime/constants.py GRADIENT_CLIPPING_DEFAULT): a
+    # config without the key clips at 1.0, "gradient_clipping": 0 does not clip.
+    data = batches(12, seed=7)
+    for x, y in data:  # targets scaled up so the gradient norm is well above 1
+        y.mul_(20)
+    clipped, unclipped = mlp(), mlp()
+    train_ref(clipped, data, 12, clip=1.0)
+    train_ref(unclipped, data, 12)
+    for conf, ref in ((cfg(), clipped), (cfg(gradient_clipping=0), unclipped)):
+        e, *_ = zspeed.initialize(model=mlp(), config=conf)
+        assert e.gradient_clipping() == (1.0 if ref is clipped else 0.0)
+        train(e, data, 12)
+        assert e.get_global_grad_norm() > 1.0
+        for a, b in zip(ref.parameters(), e.module.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)  # as in the test above
+    from zspeed.runtime.config import get_gradient_clipping
+    assert get_gradient_clipping({}) == 1.0 and get_gradient_clipping({"gradient_clipping": 0.5}) == 0.5
+
+
 @pytest.mark.parametrize("offload", [False, True])
 def test_bf16_keeps_fp32_masters(offload):
-    c = cfg(bf16={"enabled": True})
+    c = cfg(bf16={"enabled": True}, gradient_clipping=0)  # the reference below does not clip
     if offload:
         c["zero_optimization"] = OFFLOAD
         c["optimizer"]["params"]["torch_adam"] = True

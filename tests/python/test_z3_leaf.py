@@ -155,3 +155,15 @@ print("RESULT", json.dumps({k: v.flatten().tolist() for k, v in st.items()}))
         got = json.loads(line[len("RESULT "):])
         for k, v in want.items():
             torch.testing.assert_close(torch.tensor(got[k]), v.flatten(), rtol=1e-4, atol=1e-5)
+
+
+def test_marking_by_name_suffix():
+    from zspeed.utils import set_z3_leaf_modules_by_suffix
+    net = Net()  # noqa: F821 - defined by MOE
+    found, missing = set_z3_leaf_modules_by_suffix(net, ["moe1", "oe2", "e1", "nope"], raise_if_not_found=False)
+    assert found == [net.moe1, net.moe2] and missing == ["nope"]  # moe1 matched twice, listed once
+    assert get_z3_leaf_modules(net) == [net.moe1, net.moe2]
+    found, _ = set_z3_leaf_modules_by_suffix(net, ["moe2"], flag=False)
+    assert found == [net.moe2] and get_z3_leaf_modules(net) == [net.moe1]
+    with pytest.raises(ValueError, match="no module name ends with 'nope'"):
+        set_z3_leaf_modules_by_suffix(net, ["nope"])

@@ -2,14 +2,16 @@
 op (JIT or at install) against one torch, CUDA and compiler; zspeed's are in libzspeed (a C
 library loaded by ctypes) or plain torch, so there is nothing to build: ``is_compatible()``
 says whether the op works here and ``load()`` returns the module that has it (for
-AsyncIOBuilder, one with ``aio_handle``). Builders of ops zspeed does not have are not defined
-(an ImportError names them)."""
+AsyncIOBuilder, one with ``aio_handle``). DeepSpeed's builders of ops zspeed does not have
+(``FusedLambBuilder``, ``TransformerBuilder``, ...) exist as DeepSpeed defines each on machines
+that cannot build it: ``is_compatible()`` is False, so scripts and test suites that check
+``__compatible_ops__`` skip them, and ``load()`` raises an error that names the op."""
 from __future__ import annotations
 
 import importlib
 
 __all__ = ["AsyncIOBuilder", "CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder", "FusedAdamBuilder",
-           "FusedLionBuilder", "ALL_OPS", "compatible_ops"]
+           "FusedLionBuilder", "ALL_OPS", "compatible_ops"]  # + the absent ops' builders, below
 
 
 def _native() -> bool:
@@ -72,8 +74,47 @@ class FusedLionBuilder(OpBuilder):
     NAME, BUILD_VAR, _module, _needs_native = "fused_lion", "DS_BUILD_FUSED_LION", "zspeed.ops.lion", False
 
 
+class _AbsentOpBuilder(OpBuilder):
+    """An op of DeepSpeed's that zspeed does not have: never compatible, load() says so."""
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        del verbose
+        return False
+
+    def load(self, verbose: bool = True):
+        del verbose
+        raise RuntimeError(f"DeepSpeed's op {self.NAME!r} ({type(self).__name__}) does not exist in zspeed, which "
+                           f"has the optimizer and I/O ops only (see ops.__compatible_ops__); use the plain "
+                           f"torch module or optimizer it accelerates instead.")
+
+
+# DeepSpeed 0.19's op names and build variables, for the ops zspeed does not have
+_ABSENT = (("DeepCompileBuilder", "dc", "DS_BUILD_DEEP_COMPILE"),
+           ("EvoformerAttnBuilder", "evoformer_attn", "DS_BUILD_EVOFORMER_ATTN"),
+           ("FPQuantizerBuilder", "fp_quantizer", "DS_BUILD_FP_QUANTIZER"),
+           ("FusedLambBuilder", "fused_lamb", "DS_BUILD_FUSED_LAMB"),
+           ("GDSBuilder", "gds", "DS_BUILD_GDS"),
+           ("InferenceCoreBuilder", "inference_core_ops", "DS_BUILD_INFERENCE_CORE_OPS"),
+           ("InferenceCutlassBuilder", "cutlass_ops", "DS_BUILD_CUTLASS_OPS"),
+           ("PinMemoryBuilder", "pin_memory", "DS_BUILD_PIN_MEMORY"),
+           ("QuantizerBuilder", "quantizer", "DS_BUILD_QUANTIZER"),
+           ("RaggedOpsBuilder", "ragged_device_ops", "DS_BUILD_RAGGED_DEVICE_OPS"),
+           ("RaggedUtilsBuilder", "ragged_ops", "DS_BUILD_RAGGED_OPS"),
+           ("RandomLTDBuilder", "random_ltd", "DS_BUILD_RANDOM_LTD"),
+           ("SparseAttnBuilder", "sparse_attn", "DS_BUILD_SPARSE_ATTN"),
+           ("SpatialInferenceBuilder", "spatial_inference", "DS_BUILD_SPATIAL_INFERENCE"),
+           ("StochasticTransformerBuilder", "stochastic_transformer", "DS_BUILD_STOCHASTIC_TRANSFORMER"),
+           ("TransformerBuilder", "transformer", "DS_BUILD_TRANSFORMER"),
+           ("InferenceBuilder", "transformer_inference", "DS_BUILD_TRANSFORMER_INFERENCE"),
+           ("UtilsBuilder", "utils", "DS_BUILD_UTILS"))
+for _cls, _name, _var in _ABSENT:
+    globals()[_cls] = type(_cls, (_AbsentOpBuilder,), {"NAME": _name, "BUILD_VAR": _var, "__module__": __name__})
+    __all__.append(_cls)
+del _cls, _name, _var
+
 ALL_OPS = {b.NAME: b() for b in (AsyncIOBuilder, CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder,
                                  FusedAdamBuilder, FusedLionBuilder)}
+ALL_OPS.update((name, globals()[cls]()) for cls, name, _ in _ABSENT)
 
 
 def compatible_ops() -> dict:

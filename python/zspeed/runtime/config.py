@@ -31,7 +31,7 @@ from .errors import ConfigError
 from .plan import Facts, check as check_combinations
 
 __all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "parse_precision", "load_json_config", "SCHEMA",
-           "schema_rows", "world_size_from_env"]
+           "schema_rows", "world_size_from_env", "get_gradient_clipping", "DEEPSPEED_OPTIMIZERS"]
 
 
 # "auto" handling, per key (HF accelerate/Trainer writes "auto" and fills it in
@@ -226,7 +226,8 @@ SCHEMA: dict[str, S] = {
                                             auto=AUTO_DERIVE, check=_pos),
         "gradient_accumulation_steps": K(None, (int, type(None)), "micro-batches per optimizer step",
                                          auto=AUTO_DERIVE, check=_pos),
-        "gradient_clipping": K(0.0, NUM, "clip the global gradient L2 norm to this (0: off)", check=_nonneg),
+        "gradient_clipping": K(1.0, NUM, "clip the global gradient L2 norm to this (0: off; DeepSpeed's "
+                               "default since 0.19.3 is 1.0)", check=_nonneg),
         "steps_per_print": K(10, NUM, "log progress every N optimizer steps (infinity, as HF accelerate "
                              "writes, or 0: never)", auto=AUTO_DEFAULT, check=_steps_per_print, allow_inf=True),
         "wall_clock_breakdown": K(False, (bool,), "log forward/backward/step times", auto=AUTO_DEFAULT),
@@ -1188,3 +1189,23 @@ def _check_finite(value, where: str) -> None:
     elif isinstance(value, list):
         for v in value:
             _check_finite(v, where)
+
+
+# DeepSpeed's names of the optimizer types a config may give ("type", any letter case), and of
+# the getter scripts call on a raw config dict. Only Adam, AdamW, Adagrad and Lion run in
+# zspeed; the others are refused by name when a config asks for them.
+ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LION_OPTIMIZER = "adagrad", "adam", "adamw", "lion"
+LAMB_OPTIMIZER, ONEBIT_ADAM_OPTIMIZER, ZERO_ONE_ADAM_OPTIMIZER = "lamb", "onebitadam", "zerooneadam"
+ONEBIT_LAMB_OPTIMIZER, MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER = "onebitlamb", "muadam", "muadamw"
+MUSGD_OPTIMIZER, MUON_OPTIMIZER = "musgd", "muon"
+DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, ONEBIT_ADAM_OPTIMIZER,
+                        ONEBIT_LAMB_OPTIMIZER, ZERO_ONE_ADAM_OPTIMIZER, MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER,
+                        MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER]
+TORCH_ADAM_PARAM = "torch_adam"
+ADAM_W_MODE = "adam_w_mode"
+ADAM_W_MODE_DEFAULT = True
+
+
+def get_gradient_clipping(param_dict: dict) -> float:
+    """DeepSpeed's getter: the config dict's ``gradient_clipping``, or the default (1.0)."""
+    return param_dict.get("gradient_clipping", SCHEMA[""].keys["gradient_clipping"].default)

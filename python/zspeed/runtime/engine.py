@@ -382,6 +382,10 @@ class ZSpeedEngine(torch.nn.Module):
     def gradient_accumulation_steps(self) -> int:
         return self._gas
 
+    def gradient_clipping(self) -> float:
+        """The global gradient norm the step clips to (0: no clipping; DeepSpeed's default 1.0)."""
+        return self._config.gradient_clipping
+
     def allreduce_gradients(self, bucket_size: int | None = None) -> None:
         """DeepSpeed's name: reduce the accumulated gradients over the data-parallel ranks. zspeed's
         backward of a boundary micro-batch has reduced them already (during the backward, into

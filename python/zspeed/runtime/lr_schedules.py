@@ -48,6 +48,16 @@ WARMUP_COSINE_LR = "WarmupCosineLR"
 VALID_LR_SCHEDULES = [LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR]
 WARMUP_LOG_RATE = "log"
 WARMUP_LINEAR_RATE = "linear"
+# DeepSpeed's names of the config section and of each schedule's parameters (the keys of "params").
+LR_SCHEDULE = "lr_schedule"
+_PARAM_NAMES = ("lr_range_test_min_lr", "lr_range_test_step_rate", "lr_range_test_step_size",
+                "lr_range_test_staircase", "edge_value", "mid_value", "cycle_first_step_size",
+                "cycle_first_stair_count", "cycle_second_step_size", "cycle_second_stair_count", "decay_step_size",
+                "cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_min_mom", "cycle_max_mom", "decay_mom_rate",
+                "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "warmup_min_ratio",
+                "cos_min_ratio", "total_num_steps")
+globals().update((_key.upper(), _key) for _key in _PARAM_NAMES)
+__all__ += ["LR_SCHEDULE"] + [_key.upper() for _key in _PARAM_NAMES]
 
 
 def _per_group(optimizer, value, name):

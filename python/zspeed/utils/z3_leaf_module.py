@@ -14,6 +14,7 @@ DeepSpeed; a call that matches nothing raises ValueError unless ``raise_if_not_f
 from __future__ import annotations
 
 __all__ = ["z3_leaf_module", "z3_leaf_parameter", "get_z3_leaf_modules", "set_z3_leaf_modules",
+           "set_z3_leaf_modules_by_suffix",
            "unset_z3_leaf_modules", "set_z3_leaf_modules_by_name"]
 
 
@@ -81,4 +82,25 @@ def set_z3_leaf_modules_by_name(model, module_names, flag: bool = True, raise_if
         found.append(m)
     if missing and raise_if_not_found:
         raise ValueError(f"no module named {missing[0]!r} in the model (model.named_modules() names them)")
+    return found, missing
+
+
+def set_z3_leaf_modules_by_suffix(model, module_name_suffixes, flag: bool = True, raise_if_not_found: bool = True):
+    """Marks every module whose ``model.named_modules()`` name ends with one of
+    ``module_name_suffixes`` (each module once); returns (the marked modules, the suffixes that
+    matched none)."""
+    by_name = dict(model.named_modules())
+    found, missing, seen = [], [], set()
+    for suffix in module_name_suffixes:
+        hits = [m for name, m in by_name.items() if name.endswith(suffix)]
+        if not hits:
+            missing.append(suffix)
+        for m in hits:
+            m._z3_leaf = flag
+            if id(m) not in seen:
+                seen.add(id(m))
+                found.append(m)
+    if missing and raise_if_not_found:
+        raise ValueError(f"no module name ends with {missing[0]!r} in the model (model.named_modules() names "
+                         f"them)")
     return found, missing

@@ -25,6 +25,7 @@ context and parameter access (runtime/zero3.py has the partitioning itself).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -36,7 +37,7 @@ from . import offload_config  # noqa: F401
 from .status import ZeroParamStatus, mark_partitioned
 
 __all__ = ["Init", "GatheredParameters", "ZeRO3NotSupported", "ZeroParamStatus", "offload_config",
-           "register_external_parameter", "unregister_external_parameter"]
+           "register_external_parameter", "unregister_external_parameter", "unwrap_model_for_generation"]
 
 
 class ZeRO3NotSupported(ZSpeedError, NotImplementedError):
@@ -526,3 +527,15 @@ def unregister_external_parameter(module, parameter) -> None:
     f = fetcher_of(parameter)
     if f is not None:
         f.remove_external(module, parameter)
+
+
+
+@contextlib.contextmanager
+def unwrap_model_for_generation(model):
+    """DeepSpeed's context for generating with a ZeRO-3 model (as TRL does; also
+    ``runtime.zero.stage3.unwrap_model_for_generation``): inside it every parameter is whole on
+    every rank (GatheredParameters over the model, read-only), so ``model.generate`` runs
+    without a gather per module; it yields the model. Every rank must enter it. Below stage 3
+    the parameters are whole already and it just yields the model."""
+    with GatheredParameters(list(model.parameters())):
+        yield model

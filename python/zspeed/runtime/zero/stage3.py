@@ -9,9 +9,9 @@ DeepSpeed's estimators of the memory ZeRO-3 needs, and ``unwrap_model_for_genera
 """
 from __future__ import annotations
 
-import contextlib
 
 from ..engine_optimizer import EngineOptimizer
+from . import unwrap_model_for_generation  # noqa: F401 - DeepSpeed's name here too
 
 __all__ = ["DeepSpeedZeroOptimizer_Stage3", "estimate_zero3_model_states_mem_needs",
            "estimate_zero3_model_states_mem_needs_all_live", "estimate_zero3_model_states_mem_needs_all_cold",
@@ -84,14 +84,3 @@ def estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=1, n
     total, largest = model_to_params(model)
     estimate_zero3_model_states_mem_needs_all_cold(total, largest, num_gpus_per_node, num_nodes,
                                                    additional_buffer_factor)
-
-
-@contextlib.contextmanager
-def unwrap_model_for_generation(model):
-    """DeepSpeed's context for generating with a ZeRO-3 model (as TRL does): inside it every
-    parameter is whole on every rank (zero.GatheredParameters over the model, read-only), so
-    ``model.generate`` runs without a gather per module; it yields the model. Every rank must
-    enter it. Below stage 3 the parameters are whole already and it just yields the model."""
-    from . import GatheredParameters
-    with GatheredParameters(list(model.parameters())):
-        yield model
