@@ -149,6 +149,24 @@ def test_engine_optimizer_is_an_instance_of_deepspeeds_class_for_the_config(stag
     assert not any(isinstance(o, k) for k in others)
     assert o.optimizer is e.basic_optimizer
     _run(e, batches(2))  # trains as before
+    # DeepSpeed's name of that class for its fp32 masters: copies of the masters as the step left them
+    from zspeed.utils import safe_get_full_fp32_param
+    flat = torch.cat([safe_get_full_fp32_param(p).reshape(-1) for p in model.parameters()])
+    attr = {"FP16_Optimizer": "fp32_groups_flat", "FP16_UnfusedOptimizer": "fp32_groups",
+            "DeepSpeedZeroOptimizer": "single_partition_of_fp32_groups",
+            "DeepSpeedZeroOptimizer_Stage3": "fp32_partitioned_groups_flat"}[cls]
+    got = getattr(o, attr)
+    assert len(got) == len(o.param_groups) == 1
+    got = torch.cat([t.reshape(-1) for t in got[0]]) if attr == "fp32_groups" else got[0]
+    assert got.dtype == torch.float32
+    if stage == 3:  # each parameter's piece padded with zeros (zspeed's layout)
+        assert torch.equal(got[got != 0], flat[flat != 0]) and got.numel() > flat.numel()
+    else:
+        assert torch.equal(got, flat)
+    got.add_(1.0)  # a copy: the masters do not move
+    first = next(model.parameters())
+    n = getattr(first, "ds_numel", first.numel())
+    assert torch.equal(safe_get_full_fp32_param(first).reshape(-1), flat[:n])
 
 
 def test_deepspeeds_optimizer_module_paths_and_memory_estimators(capsys):

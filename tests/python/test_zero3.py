@@ -169,6 +169,30 @@ def test_persistent_small_parameters_and_prefetch_settings_change_nothing():
     _close(_whole(e), ref, "fp32")
 
 
+@pytest.mark.parametrize("opt", ["none", "cpu"])
+def test_persistent_parameters_hold_the_stepped_weights_after_each_step_and_after_a_load(tmp_path, opt):
+    """As DeepSpeed's ZeRO-3 (which gathers its persistent parameters after every step and after
+    a load): a script that reads a persistent parameter between steps, outside any forward,
+    sees the weights the last step made, not those of the forward before it; and a load makes
+    them whole with the loaded values. The masters are the reference (fp32: exact)."""
+    from zspeed.utils import safe_get_full_fp32_param
+    cfg = _cfg(3, opt=opt, param=opt, persist=100)  # the biases and norms are persistent
+    e, _ = _train(cfg, steps=3)
+    small = {n: p for n, p in e.module.named_parameters() if p.ds_persist}
+    assert small and all(p.numel() == p.ds_numel for p in small.values())
+    for n, p in small.items():
+        assert torch.equal(p.detach().cpu(), safe_get_full_fp32_param(p).cpu().reshape(p.shape)), n
+    e.save_checkpoint(str(tmp_path), tag="t")
+    torch.manual_seed(5)
+    e2, *_ = zspeed.initialize(model=Model(), config=cfg)
+    e2.load_checkpoint(str(tmp_path), tag="t")
+    for n, p in e2.module.named_parameters():
+        if p.ds_persist:
+            assert torch.equal(p.detach().cpu(), small[n].detach().cpu()), n
+    e.close()
+    e2.close()
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_empty_partition_cache_releases_gathered_parameters_and_changes_nothing(stage):
     """DeepSpeed's engine.empty_partition_cache() between steps: only the persistent parameters

@@ -637,6 +637,8 @@ class ZSpeedEngine(torch.nn.Module):
         self._step_over()
         self._count_step()
         path.step_done()
+        if self._fetcher is not None:  # ZeRO-3: persistent parameters whole and current, as DeepSpeed's
+            self._fetcher.refresh_persistent(wait=False)
 
     def _step_over(self) -> None:
         self._boundary_grads = self._grads_gathered = False
@@ -729,10 +731,13 @@ class ZSpeedEngine(torch.nn.Module):
         sm = self.optimizer_path.sharded
         if sm is not None:  # before anything is read: the load must not half-happen
             sm.check_writable()
-        return load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag, load_module_strict=load_module_strict,
-                               load_optimizer_states=with_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only,
-                               load_counters=not load_module_only)
+        out = load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag, load_module_strict=load_module_strict,
+                              load_optimizer_states=with_states,
+                              load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only,
+                              load_counters=not load_module_only)
+        if self._fetcher is not None:  # ZeRO-3: persistent parameters whole, as after DeepSpeed's load
+            self._fetcher.refresh_persistent(wait=True)
+        return out
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
@@ -785,6 +790,8 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_open()
         with self._collectives("finish_step"):
             self._settle()
+            if self._fetcher is not None:  # ZeRO-3: persistent parameters current, as after a step
+                self._fetcher.refresh_persistent(wait=True)
 
     def offload_states(self, include=None, device=None, pin_memory: bool = True, non_blocking: bool = False):
         """DeepSpeed's run-time move of the engine's states off the GPU (for RLHF-style phases):

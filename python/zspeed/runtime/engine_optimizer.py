@@ -166,6 +166,15 @@ class EngineOptimizer(torch.optim.Optimizer):
         """The same groups under DeepSpeed's ZeRO stage 1-2 name."""
         return self.fp16_groups
 
+    def _fp32_rows(self) -> list:
+        """Per parameter group, copies of the fp32 master weights this rank holds, one tensor
+        per parameter or piece (flat, or shaped like the parameter), in the group's order."""
+        return [[m.detach().float().clone() for m in row] for row in self._engine.optimizer_path.masters()]
+
+    def _fp32_flat(self) -> list:
+        """Per parameter group, one flat fp32 copy of the master weights this rank holds."""
+        return [torch.cat([m.reshape(-1) for m in row]) if row else torch.empty(0) for row in self._fp32_rows()]
+
     @property
     def checkpoint_class(self) -> str:
         return self._engine.optimizer_path.checkpoint_class

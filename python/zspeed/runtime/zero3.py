@@ -361,6 +361,17 @@ class ParamFetcher:
             if not st.persistent:
                 self.release([st])
 
+    def refresh_persistent(self, wait: bool) -> None:
+        """Gathers every persistent parameter (stage3_param_persistence_threshold) that is not
+        whole or holds weights from before the last step, as DeepSpeed does after each step and
+        after a load: between steps they are whole and current for any reader, not only for
+        the next forward. Where steps run in the background (a gate is set) only with ``wait``
+        (the step is complete: finish_step, a load); after step() the next forward gathers each
+        as its shard is stepped instead (the same choice on every rank: it is a collective)."""
+        if self._gate is not None and not wait:
+            return
+        self.need([st for st in self.states.values() if st.persistent and (st.full is None or st.stale)])
+
     def mark_stale(self, sm=None) -> None:
         for st in self.states.values():
             if st.full is not None and (sm is None or st.sm is sm):

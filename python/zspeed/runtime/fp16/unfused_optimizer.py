@@ -11,3 +11,10 @@ __all__ = ["FP16_UnfusedOptimizer"]
 
 class FP16_UnfusedOptimizer(EngineOptimizer):  # noqa: N801 - DeepSpeed's name
     """``engine.optimizer`` at stage 0 with fp16/bf16 around another optimizer (see the module docstring)."""
+
+    @property
+    def fp32_groups(self) -> list:
+        """DeepSpeed's name for the fp32 masters: per parameter group, a copy (taken when read) of
+        each parameter's fp32 master weight; writing into them does not change the masters (use the
+        tensor-fragment API for that)."""
+        return self._fp32_rows()

@@ -21,6 +21,13 @@ __all__ = ["DeepSpeedZeroOptimizer_Stage3", "estimate_zero3_model_states_mem_nee
 class DeepSpeedZeroOptimizer_Stage3(EngineOptimizer):  # noqa: N801 - DeepSpeed's name
     """``engine.optimizer`` at ZeRO stage 3 (see the module docstring)."""
 
+    @property
+    def fp32_partitioned_groups_flat(self) -> list:
+        """DeepSpeed's name for the fp32 masters, read by checkpoint checks: copies, taken when read, of the fp32 master weights this rank holds
+        per parameter group, flat (zspeed's partitioning, so the layout is zspeed's, not DeepSpeed's;
+        writing into them does not change the masters: use the tensor-fragment API for that)."""
+        return self._fp32_flat()
+
 
 def model_to_params(model) -> tuple[int, int]:
     """(parameter count, a tensor shared by several parameters counted once; the largest count of

@@ -23,6 +23,13 @@ __all__ = ["DeepSpeedZeroOptimizer", "estimate_zero2_model_states_mem_needs",
 class DeepSpeedZeroOptimizer(EngineOptimizer):
     """``engine.optimizer`` at ZeRO stages 1 and 2 (see the module docstring)."""
 
+    @property
+    def single_partition_of_fp32_groups(self) -> list:
+        """DeepSpeed's name for the fp32 masters, read by checkpoint checks: copies, taken when read, of the fp32 master weights this rank holds
+        per parameter group, flat (zspeed's partitioning, so the layout is zspeed's, not DeepSpeed's;
+        writing into them does not change the masters: use the tensor-fragment API for that)."""
+        return self._fp32_flat()
+
 
 def model_to_params(model) -> int:
     """The model's parameter count, a tensor shared by several parameters counted once."""
