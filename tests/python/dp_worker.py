@@ -58,6 +58,9 @@ def main():
         engine.step()
         norms.append(engine.get_global_grad_norm())
         applied.append(engine.was_step_applied())
+    # every rank: the last step completes (overlap_forward) and ZeRO-3's persistent parameters hold
+    # its weights, as after a synchronous step
+    engine.finish_step()
     state = {k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()}
     torch.save({"state": state, "norms": norms, "applied": applied, "skipped": engine.skipped_steps,
                 "loss_scale": engine.loss_scale, "ranks": (engine.global_rank, engine.local_rank,

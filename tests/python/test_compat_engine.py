@@ -474,3 +474,38 @@ def test_overlap_comm_defaults_as_deepspeeds_on_at_stage_3(stage, set_to, want):
     engine, *_ = zspeed.initialize(model=mlp(), config=cfg(zero_optimization=z))
     assert engine.zero_overlap_comm() is want
     _run(engine, batches(2))
+
+
+def test_no_sync_and_coalesce_grad_reduction_refuse_what_deepspeed_refuses():
+    from zspeed.runtime.errors import NoSyncError
+    e2, *_ = zspeed.initialize(model=mlp(), config=cfg(zero_optimization={"stage": 2}))
+    with pytest.raises(AssertionError, match="no_sync context manager is incompatible .* ZeRO stage 2"):
+        with e2.no_sync():
+            pass
+    x, y = batches(1)[0]
+    with e2.coalesce_grad_reduction():
+        e2.backward(torch.nn.functional.mse_loss(e2(x), y))
+        with pytest.raises(NoSyncError, match="illegal to call Engine.step.. inside .*no_sync"):
+            e2.step()
+        with pytest.raises(AssertionError, match="coalesce_grad_reduction context manager reentry"):
+            with e2.coalesce_grad_reduction():
+                pass
+    e2.step()  # after the block the step applies the block's gradients
+    assert e2.global_steps == 1
+    e0, *_ = zspeed.initialize(model=mlp(), config=cfg())
+    with pytest.raises(NotImplementedError, match="requires ZeRO stage 1/2/3"):
+        with e0.coalesce_grad_reduction():
+            pass
+    with e0.no_sync():
+        with pytest.raises(AssertionError, match="no_sync context manager reentry is unsupported"):
+            with e0.no_sync():
+                pass
+        with pytest.raises(NotImplementedError):
+            with e0.coalesce_grad_reduction():
+                pass
+        e0.backward(torch.nn.functional.mse_loss(e0(x), y))
+        with pytest.raises(AssertionError, match="It is illegal to call Engine.step.. inside no_sync context"):
+            e0.step()
+    e0.backward(torch.nn.functional.mse_loss(e0(x), y))
+    e0.step()
+    assert e0.global_steps == 1

@@ -158,6 +158,73 @@ except zspeed.ConfigError as e:
 """
 
 
+LOCAL_BACKWARDS = r"""
+import torch, zspeed
+zspeed.init_distributed()
+r = zspeed.comm.get_rank()
+
+def run(stage, how):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(7, 19), torch.nn.Tanh(), torch.nn.Linear(19, 3))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+    if how == "gas":
+        cfg["gradient_accumulation_steps"] = 3
+    e, *_ = zspeed.initialize(model=m, config=cfg)
+    g = torch.Generator().manual_seed(3 + r)  # each rank its own data
+    for _ in range(2):
+        xs = [torch.randn(2, 7, generator=g) for _ in range(3)]
+        loss = lambda x: e(x).pow(2).mean() / (3 if how != "gas" else 1)  # the same sum of gradients
+        if how == "gas":
+            for x in xs:
+                e.backward(e(x).pow(2).mean())
+                e.step()
+        elif how == "coalesce":
+            with e.coalesce_grad_reduction():
+                for x in xs:
+                    e.backward(loss(x))
+            e.step()
+        elif how == "no_sync":
+            with e.no_sync():
+                for x in xs[:2]:
+                    e.backward(loss(x))
+            e.backward(loss(xs[2]))
+            e.step()
+        else:  # accelerate's way
+            for i, x in enumerate(xs):
+                e.set_gradient_accumulation_boundary(i == 2)
+                e.backward(loss(x))
+            e.step()
+    return [p.detach().clone() for p in m.parameters()], e.global_steps
+
+for stage in (0, 1, 2, 3):
+    ref, n = run(stage, "boundary")
+    kinds = ["coalesce"] * (stage > 0) + ["no_sync"] * (stage < 2)
+    for how in kinds:
+        got, k = run(stage, how)
+        print(stage, how, "equal", all(torch.equal(a, b) for a, b in zip(ref, got)), "steps", n, k)
+    gas, _ = run(stage, "gas")
+    print(stage, "gas close", all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(ref, gas)))
+"""
+
+
+def test_coalesce_grad_reduction_and_no_sync_on_two_ranks_equal_the_boundary_flags():
+    """DeepSpeed's engine.coalesce_grad_reduction() (stages 1-3) and engine.no_sync() (stages 0-1):
+    the backwards inside keep their gradients on each rank and one reduction serves the step, so
+    the weights equal those of set_gradient_accumulation_boundary(False) before all but the last
+    micro-batch, bit for bit (the same gradient sum reduced once), and gradient accumulation over
+    the same micro-batches to fp32 rounding (its division by 3 comes at another point)."""
+    res = run_ranks(2, LOCAL_BACKWARDS, timeout=300)
+    for r in res:
+        assert r.returncode == 0, r
+    for r in res:
+        for stage in (0, 1, 2, 3):
+            kinds = ["coalesce"] * (stage > 0) + ["no_sync"] * (stage < 2)
+            for how in kinds:
+                assert f"{stage} {how} equal True steps 2 2" in r.stdout, r.stdout
+            assert f"{stage} gas close True" in r.stdout, r.stdout
+
+
 def test_gradient_allreduce_op_sum_keeps_the_unscaled_sum():
     """DeepSpeed's gradient_allreduce_op: "mean" (default) averages over the ranks, "sum" keeps
     the sum (stages 0-2; ZeRO-3 refuses it, as DeepSpeed's does); any letter case."""

@@ -26,6 +26,7 @@ One optimizer step (the boundary):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -38,7 +39,7 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, parse_config
-from .errors import FragmentError, UnusedParametersError
+from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import attach as attach_fragments
 from .assemble import client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
 from .device import pick_device
@@ -159,6 +160,7 @@ class ZSpeedEngine(torch.nn.Module):
         # The tensor-fragment API (fragments.py): a boundary's backward has run since the last step,
         # and its gradients were already collected where the step reads them.
         self._boundary_grads = False
+        self._local_backward = None  # "no_sync" / "coalesce_grad_reduction" inside those contexts
         self._grads_gathered = False
 
         groups = self._param_groups(model_parameters, optimizer)
@@ -402,6 +404,57 @@ class ZSpeedEngine(torch.nn.Module):
             return self._boundary_override
         return (self.micro_steps + 1) % self._gas == 0
 
+    def _backward_boundary(self) -> bool:
+        """Whether this backward ends the accumulation (its gradients are reduced and stepped):
+        never inside no_sync() or coalesce_grad_reduction()."""
+        return self._local_backward is None and self.is_gradient_accumulation_boundary()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeed's context for backwards whose gradients are not reduced over the ranks: they
+        accumulate on each rank, and the first boundary backward after the block reduces them
+        with its own (as DeepSpeed, ZeRO stages 0 and 1 only: stages 2 and 3 partition the
+        gradients as they arrive). step() inside raises; so does a second no_sync inside."""
+        stage = self.zero_optimization_stage()
+        if stage > 1:
+            raise NoSyncError(f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO "
+                              f"stage {stage} (as in DeepSpeed): use gradient_accumulation_steps or "
+                              f"set_gradient_accumulation_boundary(False) for the micro-batches instead.")
+        with self._local_backwards("no_sync"):
+            yield
+
+    @contextlib.contextmanager
+    def coalesce_grad_reduction(self):
+        """DeepSpeed's context for several backwards that make one optimizer step with one
+        gradient reduction (ZeRO stages 1-3): the backwards inside keep their gradients on the
+        rank, summed, and the step() after the block reduces and applies them, as
+        set_gradient_accumulation_boundary(False) before all but the last would. step() inside
+        raises, as does nesting it with no_sync(). ZeRO stage 0 is refused (NotImplementedError,
+        as DeepSpeed)."""
+        stage = self.zero_optimization_stage()
+        if stage == 0:
+            raise NotImplementedError(f"coalesce_grad_reduction requires ZeRO stage 1/2/3, got stage {stage} (as in "
+                                      f"DeepSpeed); at stage 0 set_gradient_accumulation_boundary(False) before the "
+                                      f"micro-batches but the last does the same.")
+        with self._local_backwards("coalesce_grad_reduction"):
+            yield
+        # the block is the step's accumulation: its backwards' gradients are the step's
+        self._boundary_grads = self.is_gradient_accumulation_boundary()
+
+    @contextlib.contextmanager
+    def _local_backwards(self, name: str):
+        self._check_open()
+        outer = self._local_backward
+        if outer is not None:
+            what = (f"{name} context manager reentry is unsupported" if outer == name else
+                    f"{name} inside {outer}: the contexts cannot be nested")
+            raise NoSyncError(f"{what} (as in DeepSpeed); leave the first one before entering another.")
+        self._local_backward = name
+        try:
+            yield
+        finally:
+            self._local_backward = None
+
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """DeepSpeed's override of the boundary: until called again (with True or False; None
         returns to counting), is_gradient_accumulation_boundary() returns ``is_boundary``, so
@@ -497,14 +550,14 @@ class ZSpeedEngine(torch.nn.Module):
             loss = loss / self._gas
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
         with self._collectives("backward"):  # a step still in the background finishes first
-            self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
+            self.optimizer_path.before_backward(self._backward_boundary())
         self._in_engine_backward = True
         failed = True
         try:
             with self._collectives("backward"), self._trace.span("backward"):
                 scaled.backward(retain_graph=retain_graph)
             failed = False
-            self._boundary_grads = self.is_gradient_accumulation_boundary()
+            self._boundary_grads = self._backward_boundary()
         finally:
             self._in_engine_backward = False
             try:
@@ -526,13 +579,13 @@ class ZSpeedEngine(torch.nn.Module):
         self._refuse_if_unfinished("loss.backward()")
         self._refuse_if_collected("loss.backward()")
         self._direct_backward_active = True
-        self.optimizer_path.before_backward(self.is_gradient_accumulation_boundary())
+        self.optimizer_path.before_backward(self._backward_boundary())
         torch.autograd.Variable._execution_engine.queue_callback(self._end_direct_backward)
 
     def _end_direct_backward(self) -> None:
         self._direct_backward_active = False
         self._loss_scaled_by_script = False
-        self._boundary_grads = self.is_gradient_accumulation_boundary()
+        self._boundary_grads = self._backward_boundary()
         self.optimizer_path.after_backward()
         if self._fetcher is not None:
             self._fetcher.release_all()
@@ -599,6 +652,10 @@ class ZSpeedEngine(torch.nn.Module):
         NVMe I/O error, a failing kernel) calling step() again completes it, each parameter
         stepped once; until then backward and exports refuse to run."""
         self._check_open()
+        if self._local_backward is not None:
+            kind = "no_sync" if self._local_backward == "no_sync" else "coalesce_grad_reduction (a no_sync)"
+            raise NoSyncError(f"It is illegal to call Engine.step() inside {kind} context manager (as in "
+                              f"DeepSpeed): call it after the block.")
         boundary = self._unfinished is not None or self.is_gradient_accumulation_boundary()
         with interrupts_deferred():
             if boundary:

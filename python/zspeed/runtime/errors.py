@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError"]
+__all__ = ["ConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError"]
 
 
 class ConfigError(ZSpeedError, ValueError):
@@ -25,3 +25,9 @@ class FragmentError(ZSpeedError, ValueError):
 class NotPartitionedError(FragmentError, AssertionError):
     """A safe_*_local_* call on a parameter that ZeRO-3 does not partition (an AssertionError,
     as DeepSpeed raises there)."""
+
+
+class NoSyncError(ZSpeedError, AssertionError):
+    """A misuse of engine.no_sync() or engine.coalesce_grad_reduction(): step() inside, a context
+    inside another, no_sync where gradients are partitioned (an AssertionError, as DeepSpeed
+    raises there)."""
