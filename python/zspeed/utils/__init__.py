@@ -22,14 +22,13 @@ from .tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad, safe
                               safe_update_full_grad_vectorized)
 from .tensor_fragment import __all__ as _FRAGMENT_NAMES
 from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules, set_z3_leaf_modules_by_name,
-                             set_z3_leaf_modules_by_suffix,
-                             unset_z3_leaf_modules, z3_leaf_module, z3_leaf_parameter)
+                             set_z3_leaf_modules_by_suffix, unset_z3_leaf_modules, z3_leaf_module,
+                             z3_leaf_parameter)
 
 __all__ = ["logger", "log_dist", "log_dist_once", "print_dist", "set_log_level_from_string",
            "get_log_level_from_string", "RepeatingLoader", "get_dist_msg", "required_torch_version",
            "set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "set_z3_leaf_modules_by_name",
-           "set_z3_leaf_modules_by_suffix",
-           "z3_leaf_module", "z3_leaf_parameter", *_FRAGMENT_NAMES]
+           "set_z3_leaf_modules_by_suffix", "z3_leaf_module", "z3_leaf_parameter", *_FRAGMENT_NAMES]
 
 logger = logging.getLogger("zspeed")
 

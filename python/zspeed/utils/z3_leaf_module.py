@@ -14,8 +14,7 @@ DeepSpeed; a call that matches nothing raises ValueError unless ``raise_if_not_f
 from __future__ import annotations
 
 __all__ = ["z3_leaf_module", "z3_leaf_parameter", "get_z3_leaf_modules", "set_z3_leaf_modules",
-           "set_z3_leaf_modules_by_suffix",
-           "unset_z3_leaf_modules", "set_z3_leaf_modules_by_name"]
+           "unset_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix"]
 
 
 def z3_leaf_module(model) -> bool:
