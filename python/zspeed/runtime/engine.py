@@ -415,11 +415,6 @@ class ZSpeedEngine(torch.nn.Module):
         accumulate on each rank, and the first boundary backward after the block reduces them
         with its own (as DeepSpeed, ZeRO stages 0 and 1 only: stages 2 and 3 partition the
         gradients as they arrive). step() inside raises; so does a second no_sync inside."""
-        stage = self.zero_optimization_stage()
-        if stage > 1:
-            raise NoSyncError(f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO "
-                              f"stage {stage} (as in DeepSpeed): use gradient_accumulation_steps or "
-                              f"set_gradient_accumulation_boundary(False) for the micro-batches instead.")
         with self._local_backwards("no_sync"):
             yield
 
@@ -431,11 +426,6 @@ class ZSpeedEngine(torch.nn.Module):
         set_gradient_accumulation_boundary(False) before all but the last would. step() inside
         raises, as does nesting it with no_sync(). ZeRO stage 0 is refused (NotImplementedError,
         as DeepSpeed)."""
-        stage = self.zero_optimization_stage()
-        if stage == 0:
-            raise NotImplementedError(f"coalesce_grad_reduction requires ZeRO stage 1/2/3, got stage {stage} (as in "
-                                      f"DeepSpeed); at stage 0 set_gradient_accumulation_boundary(False) before the "
-                                      f"micro-batches but the last does the same.")
         with self._local_backwards("coalesce_grad_reduction"):
             yield
         # the block is the step's accumulation: its backwards' gradients are the step's
@@ -444,6 +434,10 @@ class ZSpeedEngine(torch.nn.Module):
     @contextlib.contextmanager
     def _local_backwards(self, name: str):
         self._check_open()
+        refusal = _LOCAL_BACKWARD_REFUSALS[name].get(self.zero_optimization_stage())
+        if refusal is not None:
+            kind, text = refusal
+            raise kind(text.format(stage=self.zero_optimization_stage()))
         outer = self._local_backward
         if outer is not None:
             what = (f"{name} context manager reentry is unsupported" if outer == name else
@@ -1025,6 +1019,19 @@ class _OutputHooks:
                 "engine.backward(loss), or engine.scale(loss).backward() (DeepSpeed's two ways).")
         e._begin_direct_backward()
         return None
+
+
+# The ZeRO stages where DeepSpeed refuses engine.no_sync() / coalesce_grad_reduction(), with its
+# exception class and the alternative.
+_NO_SYNC_PARTITIONED = (NoSyncError, "no_sync context manager is incompatible with gradient partitioning logic of "
+                        "ZeRO stage {stage} (as in DeepSpeed): use gradient_accumulation_steps or "
+                        "set_gradient_accumulation_boundary(False) for the micro-batches instead.")
+_LOCAL_BACKWARD_REFUSALS = {
+    "no_sync": {2: _NO_SYNC_PARTITIONED, 3: _NO_SYNC_PARTITIONED},
+    "coalesce_grad_reduction": {0: (NotImplementedError, "coalesce_grad_reduction requires ZeRO stage 1/2/3, got "
+                                    "stage {stage} (as in DeepSpeed); at stage 0 set_gradient_accumulation_"
+                                    "boundary(False) before the micro-batches but the last does the same.")},
+}
 
 
 class _SettleFirst(EngineHook):
