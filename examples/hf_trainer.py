@@ -6,6 +6,10 @@ change to an ordinary Trainer script is the two zspeed lines at the top.
     python examples/hf_trainer.py --out /tmp/hf_run --max_steps 6 --save_steps 3
     python examples/hf_trainer.py --out /tmp/hf_run --max_steps 6 --resume /tmp/hf_run/checkpoint-3
     python examples/hf_trainer.py --out /tmp/hf_z3 --stage 3
+    python examples/hf_trainer.py --out /tmp/hf_z3 --stage 3 --eval_only
+
+--eval_only evaluates without training (an evaluation-only run: Trainer.evaluate() builds an engine
+without an optimizer, DeepSpeed's ZeRO-Inference) and compares with the plain model's loss.
 
 On a machine with a GPU it trains there (--cpu, or ZSPEED_DEVICE=cpu, keeps it on the CPU).
 """
@@ -43,8 +47,8 @@ DS_CONFIG = {
 class Tokens(torch.utils.data.Dataset):
     """Random token sequences (a fixed seed): the model learns their unigram statistics."""
 
-    def __init__(self, n=64, seq=16, vocab=97):
-        g = torch.Generator().manual_seed(0)
+    def __init__(self, n=64, seq=16, vocab=97, seed=0):
+        g = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, vocab, (n, seq), generator=g)
 
     def __len__(self):
@@ -62,6 +66,7 @@ def main():
     ap.add_argument("--resume", default=None)
     ap.add_argument("--stage", type=int, choices=[2, 3], default=2)
     ap.add_argument("--cpu", action="store_true", help="train on the CPU even with a GPU (also ZSPEED_DEVICE=cpu)")
+    ap.add_argument("--eval_only", action="store_true", help="Trainer.evaluate() only, no training")
     args = ap.parse_args()
     # The Trainer puts the inputs where its arguments say and zspeed the model on zspeed's device:
     # both follow the same rule (the GPU when there is one, unless told otherwise).
@@ -81,10 +86,26 @@ def main():
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = LlamaForCausalLM(cfg)
-    targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+    targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                              gradient_accumulation_steps=2,
                               max_steps=args.max_steps, save_steps=args.save_steps, learning_rate=1e-3,
                               warmup_steps=2, logging_steps=1, report_to=[], deepspeed=ds_config, use_cpu=use_cpu,
                               seed=0, data_seed=0, dataloader_num_workers=0)
+    if args.eval_only:
+        held_out = Tokens(n=16, seed=1)
+        with torch.no_grad():  # the plain model's loss on the held-out tokens, batch by batch
+            ids = held_out.ids
+            plain = sum(model(input_ids=ids[i:i + 4], labels=ids[i:i + 4]).loss.item()
+                        for i in range(0, len(ids), 4)) / (len(ids) // 4)
+        trainer = Trainer(model=model, args=targs, eval_dataset=held_out)
+        got = trainer.evaluate()["eval_loss"]
+        summary = {"eval_loss": got, "plain_loss": plain, "engine": type(trainer.model_wrapped).__module__,
+                   "optimizer": repr(trainer.model_wrapped.optimizer)}
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "summary_eval.json"), "w") as f:
+            json.dump(summary, f)
+        print(json.dumps(summary))
+        return
     trainer = Trainer(model=model, args=targs, train_dataset=Tokens())
     out = trainer.train(resume_from_checkpoint=args.resume)
     if args.stage == 3:

@@ -154,6 +154,19 @@ def test_trainer_zero3_offload_checkpoint_resume_and_16bit_save(tmp_path):
     assert resumed["losses"][3:] == full["losses"][3:] and resumed["global_step"] == 6
 
 
+def test_trainer_evaluate_without_training_at_zero3_gives_the_plain_models_loss(tmp_path):
+    """An evaluation-only run (Trainer.evaluate() with no engine yet: transformers builds one
+    without an optimizer, DeepSpeed's ZeRO-Inference) at ZeRO-3 with the parameters in CPU
+    memory: the loss equals the plain model's (fp32; the two average the same four batch losses
+    in a different order, so to 1e-5)."""
+    _needs_hf()
+    out = tmp_path / "eval"
+    _run([str(EXAMPLE), "--out", str(out), "--stage", "3", "--eval_only"], _env())
+    got = json.loads((out / "summary_eval.json").read_text())
+    assert got["engine"] == "zspeed.runtime.engine" and got["optimizer"] == "None"
+    assert abs(got["eval_loss"] - got["plain_loss"]) < 1e-5, got
+
+
 def test_from_pretrained_under_zero3_builds_with_zero_init_and_loads_the_weights(tmp_path):
     """With a ZeRO-3 config in TrainingArguments, from_pretrained builds the model under
     zspeed.zero.Init (transformers patches partition_parameters around it) and loads the

@@ -50,6 +50,7 @@ from .trace import tracer_from
 from .store import full_numel, full_shape
 from .summary import log_summary
 from .layout import FlatLayout
+from .paths import NoOptimizerPath
 from .engine_optimizer import needs_wrapper
 from .optimizer_classes import wrapper_class
 from .loss_scaler import build_loss_scaler
@@ -136,6 +137,7 @@ class ZSpeedEngine(torch.nn.Module):
         self.dtype = (torch.float16 if config.fp16_enabled else
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
         self.module = model  # placed on the device once the run plan is known (assemble.placement)
+        _take_from_earlier_engines(model)
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -163,9 +165,13 @@ class ZSpeedEngine(torch.nn.Module):
         self._local_backward = None  # "no_sync" / "coalesce_grad_reduction" inside those contexts
         self._grads_gathered = False
 
-        groups = self._param_groups(model_parameters, optimizer)
+        # Without an optimizer (none passed, none in the config) the engine runs the forward only
+        # (DeepSpeed's ZeRO-Inference: Hugging Face's Trainer.evaluate() before any training):
+        # every parameter is kept as one nothing trains, and training calls raise NoOptimizerError.
+        self._inference = optimizer is None and config.optimizer_name is None
+        groups = [] if self._inference else self._param_groups(model_parameters, optimizer)
         self._names = self._param_names(groups)
-        if not groups or not any(g["params"] for g in groups):
+        if not self._inference and (not groups or not any(g["params"] for g in groups)):
             raise ConfigError("the model has no parameters with requires_grad=True: nothing to train.")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             if callable(optimizer):
@@ -177,9 +183,6 @@ class ZSpeedEngine(torch.nn.Module):
             else:
                 raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a callable returning one, "
                                   f"got {type(optimizer).__name__}.")
-        if optimizer is None and config.optimizer_name is None:
-            raise ConfigError("no optimizer: add an 'optimizer' section to the config (e.g. {\"type\": "
-                              "\"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass optimizer= to zspeed.initialize.")
         if optimizer is not None:
             self._check_client_optimizer(optimizer, config)
 
@@ -202,7 +205,8 @@ class ZSpeedEngine(torch.nn.Module):
         broadcast_module(self.module, self.collectives)  # every rank starts from rank 0's weights
         self._sync = grad_sync(self.plan, self._layout, self.collectives)
         self._check_memory(config)
-        self.optimizer_path = optimizer_path(self.plan, config, self._layout, optimizer, self.collectives)
+        self.optimizer_path = (NoOptimizerPath(self._layout) if self._inference else
+                               optimizer_path(self.plan, config, self._layout, optimizer, self.collectives))
         self._fetcher = self._placement.finish(config, self.optimizer_path, self.module, self.collectives)
         share = getattr(self.optimizer_path, "cpu_share", None)  # the split "auto" chose
         if share is not None:
@@ -215,12 +219,13 @@ class ZSpeedEngine(torch.nn.Module):
         self._frozen_sm = self._placement.frozen_store
         if self._fetcher is not None:
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
+            self._fetcher.owner = weakref.ref(self)
         self._model_part = ModelPart(self.module, [self.optimizer_path.sharded, self._frozen_sm])
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
         self.basic_optimizer = self.optimizer_path.optimizer
-        self.optimizer = (wrapper_class(config, optimizer)(self, self.basic_optimizer) if needs_wrapper(config)
-                          else self.basic_optimizer)
+        self.optimizer = (wrapper_class(config, optimizer)(self, self.basic_optimizer)
+                          if needs_wrapper(config) and not self._inference else self.basic_optimizer)
         # DeepSpeed's names of the modules whose gradients it all-reduces sparse (Embedding with
         # sparse_gradients); zspeed reduces every gradient dense, so none.
         self.sparse_tensor_module_names: set = set()
@@ -244,7 +249,9 @@ class ZSpeedEngine(torch.nn.Module):
         self._path_hooks.append(self.module.register_state_dict_pre_hook(_SettleFirst(self)))
         guard_copies(self.module, _before_copy(weakref.ref(self)))  # EMA copies see the finished step
 
-        self.lr_scheduler = self._build_scheduler(lr_scheduler)
+        self.lr_scheduler = self._build_scheduler(lr_scheduler) if not self._inference else None
+        if self._inference:
+            self._note_inference(lr_scheduler)
         self.training_dataloader = None
         if training_data is not None:
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
@@ -253,6 +260,16 @@ class ZSpeedEngine(torch.nn.Module):
         log_summary(self)
 
     # -- construction helpers -----------------------------------------------------------------
+    def _note_inference(self, lr_scheduler) -> None:
+        """An engine without an optimizer: says so once, and that a scheduler (passed, or in the
+        config) is ignored, as DeepSpeed configures none without an optimizer."""
+        if lr_scheduler is not None or self._config.scheduler_name is not None:
+            log.warning("zspeed: no optimizer, so the lr scheduler (%s) is ignored, as in DeepSpeed.",
+                        self._config.scheduler_name or type(lr_scheduler).__name__)
+        if self.global_rank == 0:
+            log.info("zspeed: no optimizer (neither optimizer= nor an 'optimizer' section): the engine runs the "
+                     "model's forward only (inference); backward and step raise NoOptimizerError.")
+
     def _check_ranks_agree(self) -> None:
         """Ranks that disagree on the config, the model or the launch would deadlock in their
         first collective or train different models: compare once, fail with the difference."""
@@ -461,7 +478,8 @@ class ZSpeedEngine(torch.nn.Module):
         self._boundary_override = is_boundary
 
     def get_lr(self) -> list:
-        return [g["lr"] for g in self.optimizer.param_groups]
+        """The learning rate of each parameter group ([] without an optimizer, as DeepSpeed)."""
+        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
 
     def get_global_grad_norm(self) -> float | None:
         return self._global_grad_norm
@@ -538,6 +556,8 @@ class ZSpeedEngine(torch.nn.Module):
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("engine.backward(loss) needs the scalar loss tensor of the micro-batch")
         self._check_open()
+        if self._inference:
+            raise self.optimizer_path.refuse("engine.backward()")
         self._refuse_if_unfinished("engine.backward()")
         self._refuse_if_collected("engine.backward()")
         if scale_wrt_gas and self._gas > 1:
@@ -646,6 +666,8 @@ class ZSpeedEngine(torch.nn.Module):
         NVMe I/O error, a failing kernel) calling step() again completes it, each parameter
         stepped once; until then backward and exports refuse to run."""
         self._check_open()
+        if self._inference:
+            raise self.optimizer_path.refuse("engine.step()")
         if self._local_backward is not None:
             kind = "no_sync" if self._local_backward == "no_sync" else "coalesce_grad_reduction (a no_sync)"
             raise NoSyncError(f"It is illegal to call Engine.step() inside {kind} context manager (as in "
@@ -753,6 +775,11 @@ class ZSpeedEngine(torch.nn.Module):
             raise ValueError(f"save_checkpoint: save_dir must be a non-empty string (the folder to write the "
                              f"checkpoint into), got {save_dir!r}")
         self._check_open()
+        if self._inference:
+            raise self.optimizer_path.refuse(
+                "engine.save_checkpoint()", "To save the weights, call engine.save_16bit_model(folder) (at ZeRO-3 "
+                "with zero_optimization.stage3_gather_16bit_weights_on_model_save true); for a training "
+                "checkpoint, build the engine with an optimizer")
         with self._collectives("save_checkpoint"):
             self._settle()  # a step that stopped partway or runs in the background completes first
         return save_checkpoint(self._checkpoint_parts(), save_dir, tag=tag, client_state=client_state or {},
@@ -763,7 +790,9 @@ class ZSpeedEngine(torch.nn.Module):
                         load_module_only: bool = False):
         from .checkpoint import load_checkpoint
         self._check_open()
-        with_states = load_optimizer_states and not load_module_only
+        # Without an optimizer there are no states to load into: the weights (and the counters)
+        # only, as DeepSpeed loads into an engine without one.
+        with_states = load_optimizer_states and not load_module_only and not self._inference
         if self._unfinished is not None or self.optimizer_path.step_failed():
             if not with_states:
                 raise StepIncompleteError(
@@ -890,6 +919,8 @@ class ZSpeedEngine(torch.nn.Module):
             return
         self._closed = True
         self.optimizer_path.abandon_step() if self.optimizer_path.step_failed() else self.optimizer_path.flush()
+        if self._fetcher is not None:  # ZeRO-3: the parameters hold the weights again (zero3.hand_back)
+            self._fetcher.hand_back()
         self.optimizer_path.close()
         if self._frozen_sm is not None and hasattr(self._frozen_sm, "close"):
             self._frozen_sm.close()
@@ -1011,6 +1042,8 @@ class _OutputHooks:
 
     def _hook(self, grad: torch.Tensor):
         e = self.engine
+        if e._inference:
+            raise e.optimizer_path.refuse("loss.backward()")
         if e._in_engine_backward or e._direct_backward_active:
             return None
         if e._config.fp16_enabled and not e._loss_scaled_by_script:
@@ -1032,6 +1065,19 @@ _LOCAL_BACKWARD_REFUSALS = {
                                     "stage {stage} (as in DeepSpeed); at stage 0 set_gradient_accumulation_"
                                     "boundary(False) before the micro-batches but the last does the same.")},
 }
+
+
+def _take_from_earlier_engines(model: torch.nn.Module) -> None:
+    """A model an earlier engine still partitions at ZeRO-3 (Hugging Face's Trainer builds one
+    engine for evaluate() and another for train()): that engine is closed, which puts its current
+    weights back into the parameters (zero3.ParamFetcher.hand_back), and the new engine starts
+    from them, as DeepSpeed's second initialize() starts from the partitioned parameters."""
+    from .zero3 import engines_holding
+    for old in engines_holding(model):
+        log.warning("zspeed: the model is partitioned by an earlier engine (ZeRO-3); that engine is closed and the "
+                    "new one starts from its current weights (in the training dtype: its fp32 masters and "
+                    "optimizer state are not carried over; load a checkpoint for those).")
+        old.close()
 
 
 class _SettleFirst(EngineHook):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError"]
+__all__ = ["ConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
 
 
 class ConfigError(ZSpeedError, ValueError):
@@ -31,3 +31,9 @@ class NoSyncError(ZSpeedError, AssertionError):
     """A misuse of engine.no_sync() or engine.coalesce_grad_reduction(): step() inside, a context
     inside another, no_sync where gradients are partitioned (an AssertionError, as DeepSpeed
     raises there)."""
+
+
+class NoOptimizerError(ZSpeedError, RuntimeError):
+    """A training call (backward, step, a checkpoint of the optimizer) on an engine built without
+    an optimizer (zspeed.initialize with neither optimizer= nor an 'optimizer' section: the
+    engine runs the model's forward only, as DeepSpeed's ZeRO-Inference does)."""

@@ -48,7 +48,7 @@ from .memory import Need, Sizes, state_bytes
 from .trace import OFF
 from .optimizers import build_device_optimizer, rebuild_like, torch_grad_stats
 
-__all__ = ["OptimizerPath", "DevicePath", "DeviceMasterPath", "device_path", "device_path_class", "copy_masters", "indexed_groups"]
+__all__ = ["OptimizerPath", "NoOptimizerPath", "DevicePath", "DeviceMasterPath", "device_path", "device_path_class", "copy_masters", "indexed_groups"]
 
 
 def indexed_groups(param_groups: list) -> list:
@@ -217,6 +217,48 @@ class OptimizerPath(abc.ABC):
 
     def close(self) -> None:
         """Releases what the path holds outside Python's memory (idempotent)."""
+
+
+class NoOptimizerPath(OptimizerPath):
+    """The path of an engine built without an optimizer (inference: zspeed.initialize with no
+    optimizer= and no 'optimizer' section, DeepSpeed's ZeRO-Inference). Nothing is trained: the
+    layout is empty, there are no masters and no optimizer state; a gradient step raises."""
+
+    optimizer = None
+
+    def __init__(self, layout: FlatLayout):
+        super().__init__(layout)
+
+    @staticmethod
+    def refuse(what: str, fix: str = ""):
+        """The NoOptimizerError of a training call ``what`` (``fix``: what to do instead, if not
+        to build the engine with an optimizer)."""
+        from .errors import NoOptimizerError
+        return NoOptimizerError(
+            f"{what}: this engine was built without an optimizer (neither optimizer= nor an 'optimizer' section "
+            f"in the config), so it runs the model's forward only (inference, as DeepSpeed's ZeRO-Inference). "
+            f"{fix or 'To train, build the engine with an optimizer'}: add e.g. \"optimizer\": {{\"type\": "
+            f"\"AdamW\", \"params\": {{\"lr\": 1e-4}}}} to the config, or pass optimizer= to zspeed.initialize.")
+
+    def gather(self) -> None:
+        raise self.refuse("engine.backward()")
+
+    def grad_stats(self, scale: float) -> tuple[float, bool]:
+        raise self.refuse("engine.step()")
+
+    def apply(self, factor: float) -> None:
+        raise self.refuse("engine.step()")
+
+    def masters(self) -> list:
+        return []
+
+    def load_masters(self, masters: list) -> None:
+        if any(masters):
+            raise self.refuse("loading master weights")
+
+    @property
+    def checkpoint_class(self) -> str:
+        return "none"
 
 
 class DevicePath(OptimizerPath):

@@ -90,6 +90,17 @@ def fetcher_of(p) -> "ParamFetcher | None":
     return None
 
 
+def engines_holding(module: torch.nn.Module) -> list:
+    """The live engines whose ZeRO-3 fetcher partitions parameters of ``module`` (oldest first)."""
+    ids = {id(p) for p in module.parameters()}
+    out = []
+    for f in list(_FETCHERS):
+        e = f.owner() if f.owner is not None else None
+        if e is not None and e not in out and any(i in f.states for i in ids):
+            out.append(e)
+    return out
+
+
 class _ExternalUse(TorchFunctionMode):
     """During the model's forward: a partitioned parameter touched while released (used
     outside the modules that own it) is gathered first, and remembered as an external
@@ -148,16 +159,17 @@ class ParamFetcher:
 
     def __init__(self, sm: ParamStore, module: torch.nn.Module, *, prefetch_elems: int, max_live: int,
                  persistence: int, comm: Collectives, frozen: ParamStore | None = None, reuse: int = 0):
-        self.sm = sm
+        self.sm = sm  # the trained parameters (None in an engine without an optimizer)
         self.frozen = frozen  # the parameters nothing trains (no gradient, no optimizer), or None
-        self.device = sm.device
+        stores = [s for s in (sm, frozen) if s is not None]
+        self.device = stores[0].device
         self.comm = comm
         self.prefetch_elems = int(prefetch_elems)
         self.max_live = max(1, int(max_live))
         self.reuse = int(reuse)
         self.streams = streams_for(self.device)
         self.states: dict[int, _State] = {}
-        for store in (sm, frozen) if frozen is not None else (sm,):
+        for store in stores:
             for gi, ps in enumerate(store.layout.params):
                 gp = store.plan.groups[gi]
                 for pi, p in enumerate(ps):
@@ -204,10 +216,10 @@ class ParamFetcher:
         for st in self.states.values():
             if st.p.requires_grad:
                 self._handles.append(st.p.register_post_accumulate_grad_hook(self._grad_done))
-        sm.fetcher = self
-        if frozen is not None:
-            frozen.fetcher = self
+        for store in stores:
+            store.fetcher = self
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
+        self.owner = None  # weak reference to the engine (engines_holding)
         # offload_optimizer.overlap_forward: (store, ready(gi, ui, block)) -- a shard of that
         # store may still be being stepped in the background, and is gathered only once it is not.
         self._gate = None
@@ -360,6 +372,39 @@ class ParamFetcher:
             st.hold = False
             if not st.persistent:
                 self.release([st])
+
+    def hand_back(self) -> None:
+        """Ends the fetcher: its hooks are removed and every parameter holds this rank's current
+        weights again, as a plain parameter would (one rank: the whole tensor in host memory, the
+        ZeRO-3 attributes removed) or as zero.Init leaves it (several ranks: ``p.ds_tensor``, this
+        rank's shard in host memory, beside ``ds_shape``/``ds_numel``), so that another engine
+        can take the model. Needs no other rank."""
+        self.settle()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        _FETCHERS.discard(self)
+        with torch.no_grad():
+            for store in (self.sm, self.frozen):
+                if store is None:
+                    continue
+                ws = store.plan.world_size
+                for gi, ps in enumerate(store.layout.params):
+                    gp = store.plan.groups[gi]
+                    for pi, p in enumerate(ps):
+                        shape, n = full_shape(p), gp.numels[pi]
+                        w = (store.weights(gi, gp.unit_of[pi]).detach().to("cpu", copy=True) if n
+                             else torch.empty(0, dtype=store.dtype))
+                        if ws == 1:
+                            p.data = w[:n].view(shape)
+                            for a in ("ds_shape", "ds_numel", "ds_status", "ds_persist", "ds_tensor"):
+                                if hasattr(p, a):
+                                    delattr(p, a)
+                        else:
+                            p.ds_tensor = w
+                            p.data = torch.empty(0, dtype=store.dtype)
+                            p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+        self.states.clear()
 
     def refresh_persistent(self, wait: bool) -> None:
         """Gathers every persistent parameter (stage3_param_persistence_threshold) that is not
