@@ -108,6 +108,7 @@ def test_type_and_value_errors():
     err({"train_batch_size": True}, "wrong type")
     err({"train_batch_size": 4, "gradient_clipping": -1}, "gradient_clipping", ">= 0")
     err({"train_batch_size": 4, "fp16": {"enabled": "yes"}}, "fp16.enabled", "true/false")
+    err({"train_batch_size": 4, "fp16": {"enabled": 2}}, "fp16.enabled", "true/false")
     err({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}}, "two numbers")
     err({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.5]}}}, "[0, 1)")
     err({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"eps": 0}}}, "eps", "> 0")
@@ -115,6 +116,14 @@ def test_type_and_value_errors():
     err({"train_batch_size": 4, "zero_optimization": {"stage": 5}}, "not one of")
     err({"train_batch_size": 4, "checkpoint": {"tag_validation": "loud"}}, "'Warn'", "'Ignore'", "'Fail'")
     err({"train_batch_size": 4, "gradient_allreduce_op": "avg"}, "gradient_allreduce_op", "'mean'", "'sum'")
+
+
+def test_boolean_keys_take_0_and_1_as_deepspeed_reads_them():
+    """DeepSpeed reads 0 and 1 as false and true (its own tests write "zero_allow_untested_optimizer":
+    1); other numbers and strings stay errors."""
+    c = parse_config({"train_batch_size": 4, "zero_allow_untested_optimizer": 1, "fp16": {"enabled": 0}})
+    assert c.top["zero_allow_untested_optimizer"] is True and c.fp16["enabled"] is False
+    err({"train_batch_size": 4, "zero_allow_untested_optimizer": 1.0}, "zero_allow_untested_optimizer", "true/false")
 
 
 def test_keys_deepspeed_reads_in_any_letter_case():

@@ -167,3 +167,82 @@ def test_marking_by_name_suffix():
     assert found == [net.moe2] and get_z3_leaf_modules(net) == [net.moe1]
     with pytest.raises(ValueError, match="no module name ends with 'nope'"):
         set_z3_leaf_modules_by_suffix(net, ["nope"])
+
+
+def test_the_leaf_module_config_section_marks_leaves_as_deepspeeds(caplog):
+    """zero_optimization.leaf_module (DeepSpeed's): classes by qualified name, names and name
+    suffixes mark leaves at initialize (a string is a list of one); DeepSpeed's default classes
+    (transformers' MoE blocks) match nothing here silently; custom entries matching nothing warn;
+    and the config's marks train as set_z3_leaf_modules's (bit for bit)."""
+    import logging
+    from zspeed.runtime.config import ConfigError
+    from zspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from zspeed.runtime.zero.leaf_module_config import DEFAULT_LEAF_MODULE_CLASSES
+    assert DeepSpeedZeroConfig().leaf_module.classes == DEFAULT_LEAF_MODULE_CLASSES
+    assert DeepSpeedZeroConfig(leaf_module={"names": "a", "name_suffixes": ["b", "b"]}).leaf_module.name_suffixes == ["b"]
+    with pytest.raises(ConfigError, match="leaf_module.names.*list of strings"):
+        DeepSpeedZeroConfig(leaf_module={"names": [3]})
+    with pytest.raises(ConfigError, match="unknown config key 'class'"):
+        DeepSpeedZeroConfig(leaf_module={"class": ["X"]})
+
+    _, want = train(3, leaf=True)  # noqa: F821 - set_z3_leaf_modules(net, [SparseMoeBlock])
+    qual = f"{SparseMoeBlock.__module__}.{SparseMoeBlock.__qualname__}"  # noqa: F821
+    for section in ({"classes": qual}, {"names": ["moe1"], "name_suffixes": "moe2"}):
+        torch.manual_seed(0)
+        net = Net()  # noqa: F821
+        cfg = config(3)  # noqa: F821
+        cfg["zero_optimization"]["leaf_module"] = section
+        e, *_ = zspeed.initialize(model=net, config=cfg)
+        assert get_z3_leaf_modules(net) == [net.moe1, net.moe2], section
+        for x, y in data(5):  # noqa: F821
+            loss = torch.nn.functional.cross_entropy(e(x.to(e.device)).float(), y.to(e.device))
+            e.backward(loss)
+            e.step()
+        with zspeed.zero.GatheredParameters(list(e.module.parameters())):
+            got = {k: v.detach().float().cpu() for k, v in e.module.state_dict().items()}
+        for k in want:
+            assert torch.equal(got[k], want[k]), (section, k)
+    cfg = config(3)  # noqa: F821
+    with caplog.at_level(logging.WARNING, logger="zspeed"):
+        zspeed.initialize(model=Net(), config=cfg)  # noqa: F821 - the defaults: no warning
+        assert not [r for r in caplog.records if "leaf_module" in r.getMessage()]
+        cfg["zero_optimization"]["leaf_module"] = {"names": ["nope"]}
+        zspeed.initialize(model=Net(), config=cfg)  # noqa: F821
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "unknown module names: ['nope']" in text and "matched no module" in text
+
+
+def test_stage3_module_granularity_threshold_marks_fine_grained_modules_as_leaves(caplog):
+    """DeepSpeed's rule: granularity = a subtree's parameters // its modules with parameters
+    (containers not counted, never leaves); from the root down, the first module at or under the
+    threshold is a leaf. Net: 5135 parameters over 31 such modules -> 165; each SparseMoeBlock
+    2500 over 14 (itself, the gate, 4 experts of 3) -> 178; each Expert 612 over 3 -> 204."""
+    import logging
+    from zspeed.utils.z3_leaf_module import set_z3_leaf_modules_by_granularity
+    net = Net()  # noqa: F821
+    assert set_z3_leaf_modules_by_granularity(net, 0) == [] and set_z3_leaf_modules_by_granularity(net, 164) == []
+    assert set_z3_leaf_modules_by_granularity(net, 165) == [net]  # the root first
+    net = Net()  # noqa: F821
+    parts = torch.nn.ModuleList([net.moe1, net.moe2])
+    assert set_z3_leaf_modules_by_granularity(parts, 180) == [net.moe1, net.moe2]  # a container: its children
+    net = Net()  # noqa: F821
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="zspeed"):
+        assert set_z3_leaf_modules_by_granularity(net.moe1, 100) == []
+    assert "smallest granularity is 178 (SparseMoeBlock)" in caplog.text
+    # Through the config: the whole Net is one leaf, and trains as with the blocks marked.
+    _, want = train(3, leaf=True)  # noqa: F821
+    torch.manual_seed(0)
+    net = Net()  # noqa: F821
+    cfg = config(3)  # noqa: F821
+    cfg["zero_optimization"]["stage3_module_granularity_threshold"] = 170
+    e, *_ = zspeed.initialize(model=net, config=cfg)
+    assert get_z3_leaf_modules(net) == [net]
+    for x, y in data(5):  # noqa: F821
+        loss = torch.nn.functional.cross_entropy(e(x.to(e.device)).float(), y.to(e.device))
+        e.backward(loss)
+        e.step()
+    with zspeed.zero.GatheredParameters(list(e.module.parameters())):
+        got = {k: v.detach().float().cpu() for k, v in e.module.state_dict().items()}
+    for k in want:
+        assert torch.equal(got[k], want[k]), k

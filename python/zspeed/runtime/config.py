@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._native import ZSpeedError
-from .errors import ConfigError
+from .errors import ConfigAssertionError, ConfigError
 from .plan import Facts, check as check_combinations
 
 __all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "parse_precision", "load_json_config", "SCHEMA",
@@ -67,6 +67,20 @@ class S:
 NUM = (int, float)
 _pos = lambda v: None if v > 0 else "must be > 0"          # noqa: E731
 _nonneg = lambda v: None if v >= 0 else "must be >= 0"     # noqa: E731
+
+
+def _strings(v):
+    if isinstance(v, str) or all(isinstance(x, str) for x in v):
+        return None
+    return "must be a string or a list of strings"
+
+
+# DeepSpeed's default ZeRO-3 leaf classes (zero_optimization.leaf_module.classes).
+DEFAULT_LEAF_MODULE_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
 
 
 def _offload_ratio(v):
@@ -290,6 +304,8 @@ SCHEMA: dict[str, S] = {
                     "gradients), 3 (and parameters)", choices=(0, 1, 2, 3)),
         "offload_optimizer": K(None, (dict, type(None)), "optimizer state offload (section)"),
         "offload_param": K(None, (dict, type(None)), "parameter offload (stage 3 only)"),
+        "leaf_module": K(None, (dict, type(None)), "ZeRO-3 leaf modules, gathered whole (section: classes, names, "
+                         "name_suffixes; DeepSpeed's)"),
         "cpu_offload": K(False, (bool,), "deprecated spelling of offload_optimizer.device=cpu"),
         "contiguous_gradients": K(True, (bool,), "always on: each bucket's gradients are copied into one buffer"),
         "overlap_comm": K(None, (bool, type(None)), "reduce gradients asynchronously while backward goes on "
@@ -310,6 +326,11 @@ SCHEMA: dict[str, S] = {
         "sub_group_size": K(1000000000, NUM, "elements per optimizer sub-group (cpu: step chunk, capped at 2^26; nvme: swapper partition, capped at 2^23)", auto=AUTO_DEFAULT, check=_count),
         "stage3_max_live_parameters": K(1000000000, NUM, "stage 3: elements gathered on the device at most "
                                         "before prefetching stops (a module's own parameters are always gathered)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
+        "stage3_module_granularity_threshold": K(0, (int,), "stage 3: a module whose parameters per layer (its "
+                                                 "subtree's parameter count over its modules with parameters, "
+                                                 "containers not counted) are at most this is gathered whole, as a "
+                                                 "leaf, the outermost such module first (0: off; DeepSpeed's rule, "
+                                                 "fewer hooks for fine-grained models)", check=_nonneg),
         "stage3_max_reuse_distance": K(1000000000, NUM, "stage 3: a parameter used again within this "
                                        "many gathered elements stays gathered in between (forward)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
         "stage3_prefetch_bucket_size": K(50000000, NUM, "stage 3: elements gathered ahead of their use, in "
@@ -392,6 +413,15 @@ SCHEMA: dict[str, S] = {
                              "by gather), only for the chunk holding that module's weights (exact updates; docs/OFFLOAD.md says what "
                              "must not read parameters meanwhile)"),
     }, "zero_optimization.offload_optimizer"),
+    "zero_optimization.leaf_module": S({
+        "classes": K(list(DEFAULT_LEAF_MODULE_CLASSES), (list, str), "module classes (names or fully qualified "
+                     "names) whose instances are ZeRO-3 leaves (default: DeepSpeed's, the sparse MoE blocks of "
+                     "transformers' Mixtral, Qwen2-MoE and Qwen3-MoE)", check=_strings),
+        "names": K([], (list, str), "modules (their model.named_modules() names) that are ZeRO-3 leaves",
+                   check=_strings),
+        "name_suffixes": K([], (list, str), "modules whose named_modules() name ends with one of these are "
+                           "ZeRO-3 leaves", check=_strings),
+    }, "zero_optimization.leaf_module"),
     "zero_optimization.offload_param": S({
         "device": K("none", (str,), "where parameter shards live (stage 3): none (the GPU), cpu (host "
                     "memory) or nvme (parameters nothing trains in a file under nvme_path, read through the "
@@ -536,6 +566,8 @@ def _type_name(types: tuple) -> str:
 def _check_value(path: str, spec: K, value: Any) -> Any:
     """Type-check one value, returning it normalized (ints accepted as floats)."""
     ok = False
+    if bool in spec.types and type(value) is int and value in (0, 1):
+        value = bool(value)  # DeepSpeed reads 0 and 1 as false and true (its configs and tests write them)
     for t in spec.types:
         if t is int and isinstance(value, bool):
             continue
@@ -586,7 +618,7 @@ def _resolve_auto(path: str, spec: K, value: Any) -> tuple[Any, bool]:
 # pydantic model accepts both spellings (populate_by_name), so zspeed does too.
 _ZERO_FIELD_NAMES = {k: "stage3_" + k for k in (
     "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance",
-    "gather_16bit_weights_on_model_save")}
+    "gather_16bit_weights_on_model_save", "module_granularity_threshold")}
 
 
 def _zero_spelled(given):
@@ -822,6 +854,7 @@ class ZSpeedConfig:
         offp = self.zero.pop("offload_param") or {}
         self.offload_param = _parse_section("zero_optimization.offload_param", offp,
                                             SCHEMA["zero_optimization.offload_param"].keys, autos)
+        self.leaf_module = parse_leaf_module(self.zero.pop("leaf_module"), autos)
         self.auto_keys = autos
         self._parse_optimizer(sections.get("optimizer"), autos)
         self._parse_scheduler(sections.get("scheduler"), autos)
@@ -929,9 +962,11 @@ class ZSpeedConfig:
         agb = self.zero["allgather_bucket_size"]
         even = _EVEN_ALLGATHER.get(self.zero_stage, False)
         if even and float(agb) % 2 != 0:
-            raise ConfigError(f"zero_optimization.allgather_bucket_size = {agb!r} must be a multiple of 2 at ZeRO "
-                              f"stages 1-2 (DeepSpeed aligns its all-gather buffers to 4 bytes of fp16 elements); "
-                              f"use an even count such as {2 * -(-int(float(agb)) // 2)}, or remove the key.")
+            raise ConfigAssertionError(
+                f"zero_optimization.allgather_bucket_size = {agb!r} must be a multiple of 2 at ZeRO stages 1-2 "
+                f"(DeepSpeed aligns its all-gather buffers to 4 bytes of fp16 elements and asserts: "
+                f"allgather_bucket_size must be a multiple of nccl_start_alignment_factor); use an even count such "
+                f"as {2 * -(-int(float(agb)) // 2)}, or remove the key.")
         model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
         pdt = self.data_types["param_dtype"]
         if pdt is not None and _DTYPE_NAMES[pdt.lower()] != model:
@@ -1040,12 +1075,21 @@ class ZSpeedConfig:
                    checkpoint=dict(self.checkpoint))
         z = dict(self.zero)
         z["offload_optimizer"] = dict(self.offload)
+        z["leaf_module"] = {k: list(v) for k, v in self.leaf_module.items()}
         out["zero_optimization"] = z
         if self.optimizer_name:
             out["optimizer"] = {"type": self.optimizer_name, "params": dict(self.optimizer_params)}
         if self.scheduler_name:
             out["scheduler"] = {"type": self.scheduler_name, "params": dict(self.scheduler_params)}
         return out
+
+
+def parse_leaf_module(section, autos: set) -> dict:
+    """zero_optimization.leaf_module: each of classes, names and name_suffixes a list of strings
+    (a string alone is a list of one, duplicates dropped, as DeepSpeed's)."""
+    out = _parse_section("zero_optimization.leaf_module", {} if section is None else section,
+                         SCHEMA["zero_optimization.leaf_module"].keys, autos)
+    return {k: list(dict.fromkeys([v] if isinstance(v, str) else v)) for k, v in out.items()}
 
 
 def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
@@ -1058,6 +1102,7 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
     autos: set = set()
     zero = _parse_section("zero_optimization", _zero_spelled(section), SCHEMA["zero_optimization"].keys, autos)
     zero.pop("zenflow", None)
+    zero["leaf_module"] = parse_leaf_module(zero.pop("leaf_module"), autos)
     off = _parse_section("zero_optimization.offload_optimizer", zero.pop("offload_optimizer") or {},
                          SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
     offp = _parse_section("zero_optimization.offload_param", zero.pop("offload_param") or {},

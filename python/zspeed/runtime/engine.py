@@ -138,6 +138,8 @@ class ZSpeedEngine(torch.nn.Module):
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
         self.module = model  # placed on the device once the run plan is known (assemble.placement)
         _take_from_earlier_engines(model)
+        from ..utils.z3_leaf_module import apply_zero_leaf_module_config
+        apply_zero_leaf_module_config(model, config.leaf_module)  # read by the ZeRO-3 fetcher
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
+__all__ = ["ConfigError", "ConfigAssertionError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
 
 
 class ConfigError(ZSpeedError, ValueError):
     """The DeepSpeed config is invalid or asks for something zspeed cannot do."""
+
+
+class ConfigAssertionError(ConfigError, AssertionError):
+    """A config DeepSpeed refuses with an assertion (scripts written for it catch AssertionError)."""
 
 
 class UnusedParametersError(ZSpeedError, AssertionError):

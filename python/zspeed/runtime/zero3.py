@@ -238,7 +238,9 @@ class ParamFetcher:
     def from_zero(cls, sm: ParamStore, module: torch.nn.Module, zero: dict, *, comm: Collectives,
                   frozen: ParamStore | None = None) -> "ParamFetcher":
         """A fetcher with the stage3_* knobs of a zero_optimization section (DeepSpeed's defaults
-        for the ones it lacks)."""
+        for the ones it lacks); stage3_module_granularity_threshold marks its leaves first."""
+        from ..utils.z3_leaf_module import set_z3_leaf_modules_by_granularity
+        set_z3_leaf_modules_by_granularity(module, int(zero.get("stage3_module_granularity_threshold", 0)))
         return cls(sm, module, prefetch_elems=int(zero.get("stage3_prefetch_bucket_size", 50_000_000)),
                    max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),
                    persistence=int(zero.get("stage3_param_persistence_threshold", 100_000)),

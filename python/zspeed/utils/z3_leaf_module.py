@@ -13,8 +13,13 @@ DeepSpeed; a call that matches nothing raises ValueError unless ``raise_if_not_f
 """
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger("zspeed")
+
 __all__ = ["z3_leaf_module", "z3_leaf_parameter", "get_z3_leaf_modules", "set_z3_leaf_modules",
-           "unset_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix"]
+           "unset_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
+           "apply_zero_leaf_module_config", "set_z3_leaf_modules_by_granularity"]
 
 
 def z3_leaf_module(model) -> bool:
@@ -103,3 +108,93 @@ def set_z3_leaf_modules_by_suffix(model, module_name_suffixes, flag: bool = True
         raise ValueError(f"no module name ends with {missing[0]!r} in the model (model.named_modules() names "
                          f"them)")
     return found, missing
+
+
+def apply_zero_leaf_module_config(model, leaf_cfg) -> list:
+    """Marks the leaves that a ``zero_optimization.leaf_module`` section names (a dict, or its
+    DeepSpeedZeroLeafModuleConfig; None: nothing) and returns them, as DeepSpeed's initialize
+    does: its ``classes`` (by default DeepSpeed's list of transformers' sparse MoE blocks),
+    ``names`` and ``name_suffixes``. Nothing matching is not an error; entries the config
+    changed from DeepSpeed's defaults that match nothing are logged as a warning."""
+    if leaf_cfg is None:
+        return []
+    from ..runtime.config import parse_leaf_module
+    cfg = parse_leaf_module(dict(getattr(leaf_cfg, "_values", leaf_cfg)), set())
+    defaults = parse_leaf_module({}, set())
+    found: dict = {}
+    if cfg["classes"]:
+        for m in set_z3_leaf_modules(model, cfg["classes"], raise_if_not_found=False):
+            found.setdefault(id(m), m)
+    for key, mark, what in (("names", set_z3_leaf_modules_by_name, "unknown module names"),
+                            ("name_suffixes", set_z3_leaf_modules_by_suffix, "unmatched module suffixes")):
+        if cfg[key]:
+            marked, missing = mark(model, cfg[key], raise_if_not_found=False)
+            for m in marked:
+                found.setdefault(id(m), m)
+            if missing and cfg[key] != defaults[key]:
+                log.warning("zspeed: zero_optimization.leaf_module has %s: %s", what, missing)
+    if not found and cfg != defaults:
+        log.warning("zspeed: zero_optimization.leaf_module matched no module of the model; its modules get "
+                    "hooks as usual")
+    return list(found.values())
+
+
+# Module classes that only hold other modules: never leaves (their forward may never run).
+_CONTAINERS = frozenset({"Container", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
+_MAX_LEAF_ELEMS = 10 ** 9  # a larger subtree is never a leaf: all of it would be gathered at once
+
+
+def _numel(p) -> int:
+    return int(getattr(p, "ds_numel", p.numel()))
+
+
+def set_z3_leaf_modules_by_granularity(model, threshold: int) -> list:
+    """zero_optimization.stage3_module_granularity_threshold (DeepSpeed's rule): a module's
+    granularity is its subtree's parameter count divided by the number of its modules that hold
+    parameters (itself, and torch leaf modules below; containers such as ModuleList do not count and
+    are never leaves). From the root down, the first module whose granularity is at most
+    ``threshold`` becomes a leaf (its subtree is then not looked at). Returns the marked modules; a
+    threshold below every module's granularity marks none and logs the smallest one."""
+    if threshold <= 0:
+        return []
+    gran: dict = {}
+
+    def walk(m) -> tuple:  # (modules with parameters that count as layers, parameters) of m's subtree
+        own = sum(_numel(p) for p in m.parameters(recurse=False))
+        kids = list(m.children())
+        if not kids:
+            return (1, own) if any(True for _ in m.parameters(recurse=False)) else (0, 0)
+        layers, params = 0, own
+        for c in kids:
+            cl, cp = walk(c)
+            layers, params = layers + cl, params + cp
+        if type(m).__name__ in _CONTAINERS or params == 0:
+            return layers, params
+        layers += 1
+        if params <= _MAX_LEAF_ELEMS:
+            gran[id(m)] = (params // layers, type(m).__name__)
+        return layers, params
+
+    walk(model)
+    marked: list = []
+
+    def mark(m) -> None:
+        if not any(True for _ in m.parameters()):
+            return
+        g = gran.get(id(m))
+        if g is not None and g[0] <= threshold:
+            m._z3_leaf = True
+            marked.append(m)
+            return
+        for c in m.children():
+            mark(c)
+
+    mark(model)
+    if not marked and gran:
+        value, name = min(gran.values())
+        log.warning("zspeed: stage3_module_granularity_threshold %d marks no module: the smallest granularity is "
+                    "%d (%s); set it to at least that to gather such modules whole.", threshold, value, name)
+    elif marked:
+        log.info("zspeed: stage3_module_granularity_threshold %d: %d module(s) gathered whole as leaves",
+                 threshold, len(marked))
+    return marked

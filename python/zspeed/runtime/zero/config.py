@@ -8,7 +8,8 @@ zspeed's own schema (unknown keys and bad values are a ConfigError, a ValueError
 key; DeepSpeed's pydantic model raises its ValidationError, also a ValueError), and exposes
 every key as an attribute with its default filled in; ``offload_param`` and
 ``offload_optimizer`` are the offload config objects of offload_config.py, or None when the
-section is absent or its device is "none". DeepSpeed's deprecated spellings are accepted:
+section is absent or its device is "none"; ``leaf_module`` is a DeepSpeedZeroLeafModuleConfig
+(leaf_module_config.py). DeepSpeed's deprecated spellings are accepted:
 ``cpu_offload`` (optimizer to cpu), ``cpu_offload_param`` (parameters to cpu) and
 ``cpu_offload_use_pin_memory``. As DeepSpeed's model, it checks each key, not the rules
 between them (parameter offload below stage 3 is refused when a run starts, not here). Unlike
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 from enum import Enum
 
+from .leaf_module_config import DeepSpeedZeroLeafModuleConfig
 from .offload_config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig, ReadOnlyConfig
 
 __all__ = ["ZeroStageEnum", "DeepSpeedZeroConfig", "get_zero_config", "DeepSpeedZeroOffloadParamConfig",
-           "DeepSpeedZeroOffloadOptimizerConfig"]
+           "DeepSpeedZeroOffloadOptimizerConfig", "DeepSpeedZeroLeafModuleConfig"]
 
 
 class ZeroStageEnum(int, Enum):
@@ -66,6 +68,7 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
         values["overlap_comm"] = overlap_comm(zero)  # resolved as DeepSpeed's validator does
         values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, offp)
         values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig, off)
+        values["leaf_module"] = DeepSpeedZeroLeafModuleConfig(**zero["leaf_module"])
         super().__init__(**values)
 
     def __repr__(self) -> str:
