@@ -1,10 +1,10 @@
 """CUDA check of the Hugging Face Trainer route (run on a GPU machine with transformers):
 examples/hf_trainer.py at ZeRO-2 + CPU offload and at ZeRO-3 with parameters and optimizer
 state offloaded, on the GPU (the Trainer's inputs and zspeed's model on the same device),
-checkpointed at step 3 and resumed; the resumed steps 4-6 repeat the uninterrupted run's
-losses (relative 1e-5: the same kernels on the same data; zspeed resumes bit-exactly, the
-Trainer restores the data order and the RNG). Prints one PASS/FAIL line per check; exit 1
-if any fails.
+checkpointed at step 3 and resumed (the resumed steps 4-6 repeat the uninterrupted run's
+losses to a relative 1e-5: the same kernels on the same data; zspeed resumes bit-exactly, the
+Trainer restores the data order and the RNG); and an evaluation-only run at ZeRO-3, whose engine
+has no optimizer. Prints one PASS/FAIL line per check; exit 1 if any fails.
 
     python tests/gpu/check_hf_cuda.py
 """
@@ -60,6 +60,16 @@ def main():
             a, b = full["losses"][3:], res["losses"][3:]
             ok = len(a) == len(b) == 3 and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b))
             check(f"stage {stage}: the resumed steps repeat the run's losses", ok, f"{a} vs {b}")
+    with tempfile.TemporaryDirectory() as d:  # an evaluation-only run: an engine without an optimizer
+        rc = run(["--out", d, "--stage", "3", "--eval_only"])
+        check("stage 3: evaluate() without training runs", rc == 0)
+        if not rc:
+            got = json.load(open(os.path.join(d, "summary_eval.json")))
+            # The plain loss is the model's on the CPU before the Trainer took it: fp32 on two
+            # devices, so to a relative 1e-4.
+            rel = abs(got["eval_loss"] - got["plain_loss"]) / abs(got["plain_loss"])
+            check("stage 3: evaluate() gives the plain model's loss, with no optimizer",
+                  rel <= 1e-4 and got["optimizer"] == "None", f"{got['eval_loss']} vs {got['plain_loss']}")
     print(f"check_hf_cuda: {'FAIL' if FAILS else 'PASS'} ({len(FAILS)} failed)")
     return 1 if FAILS else 0
 
