@@ -169,6 +169,16 @@ def test_marking_by_name_suffix():
         set_z3_leaf_modules_by_suffix(net, ["nope"])
 
 
+def _trained_state(e) -> dict:
+    """The engine trained on train()'s 5 batches: its whole state, in fp32 on the CPU."""
+    for x, y in data(5):  # noqa: F821
+        loss = torch.nn.functional.cross_entropy(e(x.to(e.device)).float(), y.to(e.device))
+        e.backward(loss)
+        e.step()
+    with zspeed.zero.GatheredParameters(list(e.module.parameters())):
+        return {k: v.detach().float().cpu() for k, v in e.module.state_dict().items()}
+
+
 def test_the_leaf_module_config_section_marks_leaves_as_deepspeeds(caplog):
     """zero_optimization.leaf_module (DeepSpeed's): classes by qualified name, names and name
     suffixes mark leaves at initialize (a string is a list of one); DeepSpeed's default classes
@@ -194,12 +204,7 @@ def test_the_leaf_module_config_section_marks_leaves_as_deepspeeds(caplog):
         cfg["zero_optimization"]["leaf_module"] = section
         e, *_ = zspeed.initialize(model=net, config=cfg)
         assert get_z3_leaf_modules(net) == [net.moe1, net.moe2], section
-        for x, y in data(5):  # noqa: F821
-            loss = torch.nn.functional.cross_entropy(e(x.to(e.device)).float(), y.to(e.device))
-            e.backward(loss)
-            e.step()
-        with zspeed.zero.GatheredParameters(list(e.module.parameters())):
-            got = {k: v.detach().float().cpu() for k, v in e.module.state_dict().items()}
+        got = _trained_state(e)
         for k in want:
             assert torch.equal(got[k], want[k]), (section, k)
     cfg = config(3)  # noqa: F821
@@ -238,11 +243,6 @@ def test_stage3_module_granularity_threshold_marks_fine_grained_modules_as_leave
     cfg["zero_optimization"]["stage3_module_granularity_threshold"] = 170
     e, *_ = zspeed.initialize(model=net, config=cfg)
     assert get_z3_leaf_modules(net) == [net]
-    for x, y in data(5):  # noqa: F821
-        loss = torch.nn.functional.cross_entropy(e(x.to(e.device)).float(), y.to(e.device))
-        e.backward(loss)
-        e.step()
-    with zspeed.zero.GatheredParameters(list(e.module.parameters())):
-        got = {k: v.detach().float().cpu() for k, v in e.module.state_dict().items()}
+    got = _trained_state(e)
     for k in want:
         assert torch.equal(got[k], want[k]), k
