@@ -213,8 +213,9 @@ class WholeModel:
         cut = [n for n, p in model.named_parameters() if hasattr(p, "ds_tensor")]
         if cut:
             raise ConfigError(
-                f"the model was built inside zspeed.zero.Init on several ranks, which cut its parameters into "
-                f"ZeRO-3 shards ({len(cut)} of them, e.g. {cut[0]!r}), but the config's zero_optimization.stage is "
+                f"the model was built inside zspeed.zero.Init on several ranks (or trained by an earlier ZeRO-3 "
+                f"engine there), which cut its parameters into ZeRO-3 shards ({len(cut)} of them, e.g. "
+                f"{cut[0]!r}), but the config's zero_optimization.stage is "
                 f"{self.plan.stage}. Set \"stage\": 3 in the config, or build the model outside zero.Init (with "
                 f"Hugging Face transformers: load it without a ZeRO-3 config active).")
         dt = self.plan.dtype
