@@ -102,3 +102,42 @@ def test_zero3_keys_by_their_deepspeed_field_names():
         ok({"zero_optimization": {"stage": 3, "persistence_threshold": 1}})  # invented names stay refused
     from zspeed.runtime.zero.config import DeepSpeedZeroConfig
     assert DeepSpeedZeroConfig(stage=3, param_persistence_threshold=5).param_persistence_threshold == 5
+
+
+def test_deepspeed_config_class(tmp_path):
+    """deepspeed.runtime.config.DeepSpeedConfig: a dict, a JSON path or base64 JSON, validated by
+    zspeed's schema, with DeepSpeed's attribute names; batch sizes that do not add up are an
+    AssertionError (DeepSpeed asserts), other mistakes a ConfigError naming the key."""
+    import base64
+    import json
+    from zspeed.runtime.config import ConfigError, DeepSpeedConfig
+    c = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_allreduce_op": "SUM",
+         "zero_optimization": {"stage": 2, "stage3_gather_fp16_weights_on_model_save": True}}
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps(c))
+    for given in (c, str(p), p, base64.urlsafe_b64encode(json.dumps(c).encode()).decode()):
+        d = DeepSpeedConfig(given)
+        assert (d.train_batch_size, d.train_micro_batch_size_per_gpu, d.gradient_accumulation_steps) == (32, 8, 4)
+        assert d.gradient_allreduce_op == "sum" and d.zero_optimization_stage == 2 and d.zero_enabled
+        assert d.zero_config.gather_16bit_weights_on_model_save is True and d._param_dict == c
+        assert not d.fp16_enabled and not d.bfloat16_enabled and d.gradient_clipping == 1.0
+    d.train_batch_size, d.gradient_accumulation_steps = None, 2
+    d._configure_train_batch_size()
+    assert d.train_batch_size == 16
+    d.train_batch_size, d.train_micro_batch_size_per_gpu, d.gradient_accumulation_steps = 33, 17, 2
+    with pytest.raises(AssertionError, match="33 != 17"):
+        d._configure_train_batch_size()
+    with pytest.raises(AssertionError, match="needs to be provided"):
+        DeepSpeedConfig({"gradient_accumulation_steps": 2})
+    with pytest.raises(ConfigError, match="gradient_allreduce_op"):
+        DeepSpeedConfig({"train_batch_size": 1, "gradient_allreduce_op": "max"})
+    with pytest.raises(ConfigError, match="stage 3"):
+        DeepSpeedConfig({"train_batch_size": 1, "gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}})
+    with pytest.raises(ConfigError, match="no such file"):
+        DeepSpeedConfig(str(tmp_path / "missing.json"))
+
+    class MPU:
+        def get_data_parallel_world_size(self):
+            return 4
+    d = DeepSpeedConfig({"train_batch_size": 32, "gradient_accumulation_steps": 2}, mpu=MPU())
+    assert d.train_micro_batch_size_per_gpu == 4 and d.world_size == 4

@@ -54,8 +54,12 @@ def test_client_optimizer_takes_precedence_over_the_config(caplog):
 def test_untested_client_optimizer_with_zero_needs_the_key():
     model = mlp()
     c = {"train_batch_size": 6, "zero_optimization": {"stage": 2}}
-    with pytest.raises(ConfigError, match="zero_allow_untested_optimizer"):
+    with pytest.raises(ConfigError, match="zero_allow_untested_optimizer") as info:
         zspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=c)
+    assert isinstance(info.value, AssertionError)  # DeepSpeed asserts here; scripts catch that
+    from zspeed.runtime.zero.utils import is_zero_supported_optimizer
+    assert not is_zero_supported_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert is_zero_supported_optimizer(torch.optim.AdamW(model.parameters()))
     c["zero_allow_untested_optimizer"] = True
     e, *_ = zspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=c)
     _run(e, batches(2))
@@ -235,24 +239,130 @@ class _WithBuffer(torch.nn.Module):
         return self.lin(x) * self.inv_freq.float().sum()
 
 
-@pytest.mark.parametrize("buffer_dtype,want", [(None, torch.bfloat16), ("fp32", torch.float32),
-                                               ("BF16", torch.bfloat16)])
-def test_data_types_buffer_dtype_casts_the_floating_buffers(buffer_dtype, want):
+@pytest.mark.parametrize("buffer_dtype,want", [(None, torch.float32), ("fp32", torch.float32),
+                                               ("BF16", torch.bfloat16), ("fp16", torch.float16)])
+@pytest.mark.parametrize("stage", [0, 3])
+def test_data_types_buffer_dtype_casts_the_floating_buffers(buffer_dtype, want, stage):
     """data_types.buffer_dtype (DeepSpeed's): the module's floating-point buffers in that dtype at
-    initialize (integer buffers untouched); unset, they follow the training dtype as Module.to
-    does; a name that is no dtype is refused."""
-    c = cfg(bf16={"enabled": True})
+    initialize (integer buffers untouched); unset, each keeps the dtype it was loaded in (DeepSpeed
+    0.19.6+: an fp32 rotary inv_freq stays exact in a bf16 model); a name that is no dtype is refused."""
+    c = cfg(bf16={"enabled": True}, zero_optimization={"stage": stage})
     if buffer_dtype is not None:
         c["data_types"] = {"buffer_dtype": buffer_dtype}
     engine, *_ = zspeed.initialize(model=_WithBuffer(), config=c)
     assert engine.module.inv_freq.dtype == want and engine.module.count.dtype == torch.int64
-    assert engine.module.lin.weight.dtype == torch.bfloat16
+    assert engine._config.buffer_dtype == buffer_dtype and engine._config.param_dtype is None
     assert torch.equal(engine.module.inv_freq.float(), (torch.arange(7.0) / 7).to(want).float())
+    if stage == 0:
+        assert engine.module.lin.weight.dtype == torch.bfloat16
     loss = engine(torch.randn(6, 13, dtype=torch.bfloat16)).float().square().mean()
     engine.backward(loss)
     engine.step()
     with pytest.raises(ConfigError, match="buffer_dtype"):
         zspeed.initialize(model=_WithBuffer(), config=dict(c, data_types={"buffer_dtype": "int8"}))
+
+
+def test_batchnorm_statistics_follow_the_weights_under_bf16():
+    """BatchNorm's running statistics go with its weight's dtype (torch's kernel refuses fp32
+    statistics beside a bf16 weight), other buffers keep their own; the model trains."""
+    m = torch.nn.Sequential(torch.nn.Linear(13, 9), torch.nn.BatchNorm1d(9))
+    m.register_buffer("inv_freq", torch.arange(7, dtype=torch.float32) / 7)
+    engine, *_ = zspeed.initialize(model=m, config=cfg(bf16={"enabled": True}))
+    bn = engine.module[1]
+    assert bn.running_mean.dtype == bn.weight.dtype == torch.bfloat16
+    assert bn.num_batches_tracked.dtype == torch.int64 and engine.module.inv_freq.dtype == torch.float32
+    loss = engine(torch.randn(6, 13, dtype=torch.bfloat16)).float().square().mean()
+    engine.backward(loss)
+    engine.step()
+    assert int(bn.num_batches_tracked) == 1
+
+
+class _Router(torch.nn.Module):
+    _keep_in_fp32_modules_strict = ["e_score_correction_bias"]
+    _keep_in_fp32_modules = ["inv_freq"]
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(13, 5)
+        # values close together: bf16 would merge them
+        self.register_buffer("e_score_correction_bias", 9.0 + torch.arange(5, dtype=torch.float64) * 1e-3)
+        self.register_buffer("inv_freq", torch.arange(7, dtype=torch.float32) / 7)
+        self.register_buffer("scale", torch.ones(3, dtype=torch.float32))
+
+    def forward(self, x):
+        return self.lin(x) * (self.inv_freq.float().sum() + self.e_score_correction_bias.float().sum())
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Router()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("precision,setting,want", [
+    ("bf16", None, {"e_score_correction_bias": torch.float32, "inv_freq": torch.bfloat16}),
+    ("fp16", None, {"e_score_correction_bias": torch.float32, "inv_freq": torch.float32}),
+    ("bf16", ["inv_*"], {"e_score_correction_bias": torch.bfloat16, "inv_freq": torch.float32}),
+    ("bf16", [], {"e_score_correction_bias": torch.bfloat16, "inv_freq": torch.bfloat16}),
+])
+def test_data_types_keep_in_fp32_modules(precision, setting, want):
+    """data_types.keep_in_fp32_modules (DeepSpeed 0.19.8's): the buffers it names stay (or become)
+    fp32 under fp16/bf16 even with buffer_dtype set; "auto" (the default) reads transformers'
+    lists (_keep_in_fp32_modules_strict always, _keep_in_fp32_modules under fp16) relative to the
+    submodule that declares them; a pattern's * matches any characters; [] keeps nothing."""
+    c = cfg(**{precision: {"enabled": True}}, data_types={"buffer_dtype": precision})
+    if setting is not None:
+        c["data_types"]["keep_in_fp32_modules"] = setting
+    engine, *_ = zspeed.initialize(model=_Outer(), config=c)
+    inner = engine.module.inner
+    for name, dt in want.items():
+        assert getattr(inner, name).dtype == dt, name
+    assert inner.scale.dtype == (torch.bfloat16 if precision == "bf16" else torch.float16)
+    if want["e_score_correction_bias"] == torch.float32:  # fp32 from the fp64 values: 5 distinct
+        assert inner.e_score_correction_bias.unique().numel() == 5
+    with pytest.raises(ConfigError, match="keep_in_fp32_modules"):
+        zspeed.initialize(model=_Outer(), config=dict(c, data_types={"keep_in_fp32_modules": "all"}))
+
+
+def test_deepspeed_mixed_precision_helpers_on_stand_ins():
+    """DeepSpeedEngine's mixed-precision helpers, called as DeepSpeed's own tests call them (on an
+    object carrying only _config, fp16_enabled, bfloat16_enabled and module)."""
+    import types
+    from zspeed.runtime.engine import DeepSpeedEngine
+
+    def stand_in(param_dtype=None, buffer_dtype=None, fp16=False, bf16=False, module=None):
+        return types.SimpleNamespace(_config=types.SimpleNamespace(param_dtype=param_dtype, buffer_dtype=buffer_dtype),
+                                     fp16_enabled=lambda: fp16, bfloat16_enabled=lambda: bf16, module=module)
+
+    assert DeepSpeedEngine._mixed_precision_dtypes(stand_in(bf16=True)) == (torch.bfloat16, None)
+    assert DeepSpeedEngine._mixed_precision_dtypes(stand_in(fp16=True, buffer_dtype="FP32")) == (torch.float16,
+                                                                                               torch.float32)
+    assert DeepSpeedEngine._mixed_precision_dtypes(stand_in()) == (None, None)
+    DeepSpeedEngine._assert_valid_mixed_precision_config(stand_in(param_dtype="bf16", bf16=True))
+    for pdt, fp16, bf16 in [("fp16", False, True), ("fp32", False, True), ("bf16", True, False), ("bf16", False, False)]:
+        with pytest.raises(AssertionError, match="param_dtype"):
+            DeepSpeedEngine._assert_valid_mixed_precision_config(stand_in(param_dtype=pdt, fp16=fp16, bf16=bf16))
+    m = _Router()
+    DeepSpeedEngine._cast_module_mixed_precision(stand_in(module=m), torch.bfloat16, None, False)
+    assert m.lin.weight.dtype == torch.bfloat16 and m.inv_freq.dtype == torch.float32
+    assert m.e_score_correction_bias.dtype == torch.float64
+    m = _Router()
+    from zspeed.runtime.engine import keep_in_fp32_pattern
+    pat = keep_in_fp32_pattern(m, "auto", torch.bfloat16)
+    DeepSpeedEngine._cast_module_mixed_precision(stand_in(module=m), None, torch.bfloat16, True, pat)
+    assert m.lin.weight.dtype == torch.float32 and m.inv_freq.dtype == torch.bfloat16
+    assert m.e_score_correction_bias.dtype == torch.float32 and m.scale.dtype == torch.bfloat16
+    assert keep_in_fp32_pattern(m, "auto", torch.float32) is None
+
+
+def test_param_dtype_that_disagrees_is_an_assertion():
+    """data_types.param_dtype other than fp16/bf16's dtype: DeepSpeed asserts, so scripts catch
+    AssertionError (zspeed's ConfigError is one too here)."""
+    with pytest.raises(AssertionError, match="param_dtype"):
+        zspeed.initialize(model=_WithBuffer(), config=cfg(bf16={"enabled": True}, data_types={"param_dtype": "fp16"}))
 
 
 def test_unwrap_model_for_generation_gathers_a_zero3_model_once():

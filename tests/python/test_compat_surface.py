@@ -33,9 +33,9 @@ def test_repeating_loader_of_nothing_stops():
 
 def test_log_dist_follows_deepspeeds_rank_rule(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="zspeed")
-    monkeypatch.setattr(utils, "_rank", lambda: None)  # no process group: everyone logs
+    monkeypatch.setattr(utils.logging, "_rank", lambda: None)  # no process group: everyone logs
     utils.log_dist("alone", ranks=[0])
-    monkeypatch.setattr(utils, "_rank", lambda: 1)
+    monkeypatch.setattr(utils.logging, "_rank", lambda: 1)
     utils.log_dist("for rank 0", ranks=[0])
     utils.log_dist("for nobody")
     utils.log_dist("for all", ranks=[-1])
@@ -47,7 +47,7 @@ def test_log_dist_follows_deepspeeds_rank_rule(monkeypatch, caplog):
 
 def test_log_dist_once_and_warning_once(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="zspeed")
-    monkeypatch.setattr(utils, "_rank", lambda: None)
+    monkeypatch.setattr(utils.logging, "_rank", lambda: None)
     for _ in range(3):
         utils.log_dist_once("only once, a", ranks=[0])
         utils.logger.warning_once("only once, b")
@@ -67,6 +67,38 @@ def test_set_log_level_from_string():
 
 
 # -- zero, moe, pipe, checkpoint -------------------------------------------------------------
+def test_log_level_config_key_and_deepspeed_utils_logging():
+    """The config's log_level (DeepSpeed 0.19.8's key) sets the logger's level at initialize;
+    deepspeed.utils.logging is the module holding that logger; unset, the level is kept."""
+    from zspeed.runtime.config import ConfigError, get_log_level
+    from zspeed.utils import logging as zlogging
+    assert zlogging.logger is utils.logger and get_log_level({}) is None
+    assert get_log_level({"log_level": "INFO"}) == "INFO"
+    saved = utils.logger.level
+    try:
+        utils.logger.setLevel(logging.DEBUG)
+        m = torch.nn.Linear(3, 3)
+        c = {"train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+        e, *_ = zspeed.initialize(model=m, config=dict(c, log_level="ERROR"))
+        assert e.log_level() == "ERROR" and zlogging.get_current_level() == logging.ERROR
+        assert zlogging.should_log_le("error") and not zlogging.should_log_le("warning")
+        utils.logger.setLevel(logging.WARNING)
+        e, *_ = zspeed.initialize(model=torch.nn.Linear(3, 3), config=c)
+        assert e.log_level() is None and zlogging.get_current_level() == logging.WARNING
+        with pytest.raises(ConfigError, match="log_level"):
+            zspeed.initialize(model=torch.nn.Linear(3, 3), config=dict(c, log_level="loud"))
+    finally:
+        utils.logger.setLevel(saved)
+
+
+def test_runtime_constants_are_the_schemas_names_and_defaults():
+    from zspeed.runtime import constants
+    from zspeed.runtime.config import parse_config
+    assert constants.GRADIENT_CLIPPING == "gradient_clipping" and constants.GRADIENT_CLIPPING_DEFAULT == 1.0
+    assert constants.LOG_LEVEL_DEFAULT is None and constants.ZERO_OPTIMIZATION == "zero_optimization"
+    assert constants.STEPS_PER_PRINT_DEFAULT == parse_config({"train_batch_size": 1}).top["steps_per_print"]
+
+
 def test_required_torch_version(monkeypatch):
     import zspeed.utils.torch as ut
     from zspeed.utils import required_torch_version as rtv

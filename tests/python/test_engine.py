@@ -218,8 +218,10 @@ def test_client_optimizer_and_scheduler():
 def test_client_optimizer_with_offload():
     model = mlp()
     c = {"train_batch_size": 6, "zero_optimization": OFFLOAD}
-    with pytest.raises(ConfigError, match="zero_force_ds_cpu_optimizer"):
+    from zspeed.runtime.zero.utils import ZeRORuntimeException
+    with pytest.raises(ConfigError, match="zero_force_ds_cpu_optimizer") as info:
         zspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=c)
+    assert isinstance(info.value, ZeRORuntimeException)  # the class DeepSpeed raises
     c["zero_force_ds_cpu_optimizer"] = False
     model = mlp()
     e, o, _, _ = zspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),

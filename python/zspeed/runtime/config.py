@@ -31,7 +31,7 @@ from .errors import ConfigAssertionError, ConfigError
 from .plan import Facts, check as check_combinations
 
 __all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "parse_precision", "load_json_config", "SCHEMA",
-           "schema_rows", "world_size_from_env", "get_gradient_clipping", "DEEPSPEED_OPTIMIZERS"]
+           "schema_rows", "world_size_from_env", "get_gradient_clipping", "get_log_level", "DeepSpeedConfig", "DEEPSPEED_OPTIMIZERS"]
 
 
 # "auto" handling, per key (HF accelerate/Trainer writes "auto" and fills it in
@@ -81,6 +81,12 @@ DEFAULT_LEAF_MODULE_CLASSES = (
     "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
     "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
 )
+
+
+def _keep_fp32_setting(v):
+    if v == "auto" or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        return None
+    return "must be \"auto\" or a list of name patterns (strings)"
 
 
 def _offload_ratio(v):
@@ -246,6 +252,10 @@ SCHEMA: dict[str, S] = {
                              "writes, or 0: never)", auto=AUTO_DEFAULT, check=_steps_per_print, allow_inf=True),
         "wall_clock_breakdown": K(False, (bool,), "log forward/backward/step times", auto=AUTO_DEFAULT),
         "dump_state": K(False, (bool,), "log the engine state after initialize"),
+        "log_level": K(None, (str, type(None)), "level of zspeed's logger (deepspeed.utils.logger) and its "
+                       "handlers, set at initialize: debug, info, warning, error or critical (null: unchanged)",
+                       check=lambda v: None if v.lower() in ("debug", "info", "warning", "error", "critical")
+                       else "must be debug, info, warning, error or critical"),
         "zspeed_summary": K(True, (bool,), "zspeed: log initialize's start-up summary on rank 0 (stage, offload, "
                             "split, threads, SIMD, I/O backend, memory per tier)"),
         "gradient_allreduce_op": K("mean", (str,), "gradients over the ranks: \"mean\" (averaged) or \"sum\" "
@@ -366,8 +376,13 @@ SCHEMA: dict[str, S] = {
         "param_dtype": K(None, (str, type(None)), "dtype of the parameters (must match fp16/bf16)",
                          check=lambda v: None if v.lower() in _DTYPE_NAMES else "must be fp32, fp16 or bf16"),
         "buffer_dtype": K(None, (str, type(None)), "dtype the module's floating-point buffers are cast to at "
-                          "initialize (null: they follow the training dtype, as Module.to does)",
+                          "initialize (null: each keeps the dtype it was loaded in, as DeepSpeed 0.19.6+ does)",
                           check=lambda v: None if v.lower() in _DTYPE_NAMES else "must be fp32, fp16 or bf16"),
+        "keep_in_fp32_modules": K("auto", (str, list), "floating-point buffers kept in fp32 under fp16/bf16: "
+                                  "\"auto\" (the names a transformers model lists in _keep_in_fp32_modules_strict, "
+                                  "and _keep_in_fp32_modules under fp16), a list of name patterns (* = any "
+                                  "characters, matched anywhere in the buffer's full name), or [] (none)",
+                                  auto=AUTO_KEEP, check=_keep_fp32_setting),
     }, "data_types"),
     "torch_autocast": S({
         "enabled": K(False, (bool,), "torch.autocast around forward (only false: use bf16 or fp16 instead)"),
@@ -661,7 +676,8 @@ def _parse_section(section: str, given: dict, keys: dict, autos: set, extra_know
 
 
 def _derive_batch(tb, mb, gas, ws: int, autos: set) -> tuple[int, int, int]:
-    """DeepSpeed's batch derivation; returns (train_batch, micro_batch, grad_acc)."""
+    """DeepSpeed's batch derivation; returns (train_batch, micro_batch, grad_acc). Its errors are
+    AssertionErrors too (DeepSpeed asserts these rules)."""
     if tb is not None and mb is not None and gas is not None:
         pass
     elif tb is not None and mb is not None:
@@ -679,16 +695,16 @@ def _derive_batch(tb, mb, gas, ws: int, autos: set) -> tuple[int, int, int]:
     else:
         extra = (" (\"auto\" values can only be derived from the other batch keys)"
                  if autos & {"train_batch_size", "train_micro_batch_size_per_gpu"} else "")
-        raise ConfigError("Either train_batch_size or train_micro_batch_size_per_gpu needs to be "
+        raise ConfigAssertionError("Either train_batch_size or train_micro_batch_size_per_gpu needs to be "
                           f"provided{extra}.")
     for name, v in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb),
                     ("gradient_accumulation_steps", gas)):
         if v <= 0:
-            raise ConfigError(f"{name}: {v} has to be greater than 0 (derived from "
+            raise ConfigAssertionError(f"{name}: {v} has to be greater than 0 (derived from "
                               f"train_batch_size={tb}, train_micro_batch_size_per_gpu={mb}, "
                               f"gradient_accumulation_steps={gas}, world_size={ws}).")
     if tb != mb * gas * ws:
-        raise ConfigError(
+        raise ConfigAssertionError(
             "Check batch related parameters. train_batch_size is not equal to "
             "micro_batch_per_gpu * gradient_acc_step * world_size "
             f"{tb} != {mb} * {gas} * {ws}. Set two of the three keys and let the third be derived.")
@@ -970,8 +986,8 @@ class ZSpeedConfig:
         model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
         pdt = self.data_types["param_dtype"]
         if pdt is not None and _DTYPE_NAMES[pdt.lower()] != model:
-            raise ConfigError(f"data_types.param_dtype = {pdt!r} does not match the model's dtype ({model}, from "
-                              f"the fp16/bf16 sections); remove it or make them agree.")
+            raise ConfigAssertionError(f"data_types.param_dtype = {pdt!r} does not match the model's dtype ({model}, "
+                                       f"from the fp16/bf16 sections); remove it or make them agree.")
         self._grad_accum = self.data_types["grad_accum_dtype"]
         if self.zenflow is not None:
             self.warnings.append("zero_optimization.zenflow: DeepSpeed's ZenFlow (selective gradient updates "
@@ -1060,6 +1076,28 @@ class ZSpeedConfig:
     @property
     def gradient_clipping(self) -> float:
         return float(self.top["gradient_clipping"])
+
+    @property
+    def log_level(self) -> str | None:
+        return self.top["log_level"]
+
+    # DeepSpeed's DeepSpeedConfig attributes for the data_types section (the strings as written,
+    # None when unset).
+    @property
+    def param_dtype(self) -> str | None:
+        return self.data_types["param_dtype"]
+
+    @property
+    def buffer_dtype(self) -> str | None:
+        return self.data_types["buffer_dtype"]
+
+    @property
+    def grad_accum_dtype(self) -> str | None:
+        return self.data_types["grad_accum_dtype"]
+
+    @property
+    def keep_in_fp32_modules(self):
+        return self.data_types["keep_in_fp32_modules"]
 
     @property
     def dynamic_loss_scale(self) -> bool:
@@ -1251,6 +1289,20 @@ ADAM_W_MODE = "adam_w_mode"
 ADAM_W_MODE_DEFAULT = True
 
 
+def get_log_level(param_dict: dict) -> str | None:
+    """DeepSpeed's getter: the config dict's ``log_level``, or None (the logger keeps its level)."""
+    return param_dict.get("log_level", SCHEMA[""].keys["log_level"].default)
+
+
 def get_gradient_clipping(param_dict: dict) -> float:
     """DeepSpeed's getter: the config dict's ``gradient_clipping``, or the default (1.0)."""
     return param_dict.get("gradient_clipping", SCHEMA[""].keys["gradient_clipping"].default)
+
+
+def __getattr__(name):
+    """``DeepSpeedConfig`` where DeepSpeed has it; the class lives in ds_config.py, which builds on
+    this module and on zero/config.py (itself built on this one), so it is imported on first use."""
+    if name == "DeepSpeedConfig":
+        import importlib
+        return importlib.import_module(f"{__package__}.ds_config").DeepSpeedConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -71,27 +71,70 @@ class StepIncompleteError(ZSpeedError, RuntimeError):
 
 
 _BUFFER_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The dtypes a mixed-precision cast touches (DeepSpeed's set: float8 and integer tensors keep theirs).
+_CASTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _float_buffers(module: torch.nn.Module, name: str | None) -> dict:
-    """With data_types.buffer_dtype set: (module, buffer name) -> the floating-point buffer as the
-    model was loaded, before placement casts it to the training dtype."""
-    if name is None:
-        return {}
+def _dtype_of(name: str) -> torch.dtype:
+    return _BUFFER_DTYPES[_DTYPE_NAMES[name.lower()]]
+
+
+def _float_buffers(module: torch.nn.Module) -> dict:
+    """(module, buffer name) -> each castable floating-point buffer as the model was loaded,
+    before placement casts the module to the training dtype."""
     return {(id(m), k): b for m in module.modules() for k, b in m._buffers.items()
-            if b is not None and b.is_floating_point()}
+            if b is not None and b.dtype in _CASTABLE}
 
 
-def _cast_buffers(module: torch.nn.Module, loaded: dict, name: str | None) -> None:
-    """data_types.buffer_dtype (DeepSpeed's): the module's floating-point buffers cast from their
-    loaded values to that dtype, on the device placement put them on (None: as placed)."""
-    dt = _BUFFER_DTYPES[_DTYPE_NAMES[name.lower()]] if name is not None else None
+def keep_in_fp32_pattern(module: torch.nn.Module, setting, dtype: torch.dtype | None):
+    """data_types.keep_in_fp32_modules as one compiled pattern over full buffer names, or None
+    (nothing to keep: fp32 training, ``[]``, or "auto" on a model that lists nothing).
+
+    "auto" reads the lists transformers models carry: ``_keep_in_fp32_modules_strict`` (kept under
+    bf16 and fp16) and ``_keep_in_fp32_modules`` (under fp16 only), each relative to the module
+    that declares it. A pattern's ``*`` stands for any characters; it may match anywhere."""
+    import re
+    if dtype not in (torch.float16, torch.bfloat16):
+        return None
+    alts = set()
+    if setting is None or setting == "auto":
+        for prefix, sub in module.named_modules():
+            names = set(getattr(sub, "_keep_in_fp32_modules_strict", None) or ())
+            if dtype == torch.float16:
+                names |= set(getattr(sub, "_keep_in_fp32_modules", None) or ())
+            for n in names:
+                body = ".*".join(re.escape(part) for part in str(n).split("*"))
+                alts.add(f"^{re.escape(prefix)}\\..*{body}" if prefix else body)
+    else:
+        alts = {".*".join(re.escape(part) for part in n.split("*")) for n in setting}
+    return re.compile("|".join(sorted(alts))) if alts else None
+
+
+def _kept_buffers(module: torch.nn.Module, pattern) -> set:
+    """(module, buffer name) of the floating-point buffers whose full names match ``pattern``."""
+    if pattern is None:
+        return set()
+    return {(id(m), k) for prefix, m in module.named_modules() for k, b in m._buffers.items()
+            if b is not None and b.is_floating_point() and pattern.search(f"{prefix}.{k}" if prefix else k)}
+
+
+def _restore_buffers(module: torch.nn.Module, loaded: dict, dtype: torch.dtype | None, keep: set = frozenset()) -> None:
+    """The buffers placement cast, back from their loaded values on the device placement put them
+    on: in fp32 for those in ``keep`` (data_types.keep_in_fp32_modules), else in ``dtype``
+    (data_types.buffer_dtype), or in the dtype each was loaded in (None; but for BatchNorm's and
+    InstanceNorm's running statistics, which torch's kernels need in their weight's dtype)."""
+    from torch.nn.modules.batchnorm import _NormBase
     with torch.no_grad():
         for m in module.modules():
+            # BatchNorm's and InstanceNorm's kernels need their running statistics in the dtype of
+            # their weight: left alone, those follow the training dtype as Module.to casts them.
+            norm = isinstance(m, _NormBase) and dtype is None
             for k, b in m._buffers.items():
                 src = loaded.get((id(m), k))
-                if dt is not None and src is not None and b is not None:
-                    m._buffers[k] = src.to(b.device, dt)
+                if src is not None and b is not None and not (norm and (id(m), k) not in keep):
+                    want = torch.float32 if (id(m), k) in keep else dtype or src.dtype
+                    if b.dtype != want or b.data_ptr() != src.data_ptr():
+                        m._buffers[k] = src.to(b.device, want)
 
 
 class EngineClosedError(ZSpeedError, RuntimeError):
@@ -119,6 +162,9 @@ class ZSpeedEngine(torch.nn.Module):
             raise ConfigError(f"zspeed.initialize needs model=<torch.nn.Module>, got {type(model).__name__}.")
         self._config = config
         self.config = config.to_dict()
+        if config.log_level is not None:  # before anything logs, as in DeepSpeed
+            from ..utils.logging import set_log_level_from_string
+            set_log_level_from_string(config.log_level)
         for w in config.warnings:
             if comm.get_rank() == 0:
                 log.warning("zspeed: %s", w)
@@ -196,9 +242,11 @@ class ZSpeedEngine(torch.nn.Module):
         self._model_params = self._layout.params
         self._placement = placement(self.plan)
         self._stage3 = self.plan.store == "partitioned"  # DeepSpeed's "partitioned weights"
-        loaded = _float_buffers(model, config.data_types["buffer_dtype"])
+        loaded = _float_buffers(model)
+        param_dtype, buffer_dtype = self._mixed_precision_dtypes()
+        keep = _kept_buffers(model, keep_in_fp32_pattern(model, config.keep_in_fp32_modules, param_dtype))
         self.module = self._placement.place(model, self._layout)
-        _cast_buffers(self.module, loaded, config.data_types["buffer_dtype"])
+        _restore_buffers(self.module, loaded, buffer_dtype, keep)
         hook = _ParamGradHook(self)
         for ps in self._model_params:
             for p in ps:
@@ -319,7 +367,8 @@ class ZSpeedEngine(torch.nn.Module):
                         "in DeepSpeed.", config.optimizer_name, type(client).__name__)
         if config.zero_stage >= 1 and not _zero_tested(client):
             if not config.top["zero_allow_untested_optimizer"]:
-                raise ConfigError(
+                from .errors import ConfigAssertionError
+                raise ConfigAssertionError(
                     f"ZeRO stage {config.zero_stage} with the client optimizer {type(client).__name__}, which "
                     f"is not one of the optimizers ZeRO is tested with (torch's Adam, AdamW and Adagrad, "
                     f"zspeed's CPUAdam / DeepSpeedCPUAdam, CPUAdagrad, CPULion / DeepSpeedCPULion, FusedAdam, "
@@ -407,6 +456,10 @@ class ZSpeedEngine(torch.nn.Module):
         """The global gradient norm the step clips to (0: no clipping; DeepSpeed's default 1.0)."""
         return self._config.gradient_clipping
 
+    def log_level(self) -> str | None:
+        """The config's log_level (None: zspeed's logger kept the level it had)."""
+        return self._config.log_level
+
     def allreduce_gradients(self, bucket_size: int | None = None) -> None:
         """DeepSpeed's name: reduce the accumulated gradients over the data-parallel ranks. zspeed's
         backward of a boundary micro-batch has reduced them already (during the backward, into
@@ -491,6 +544,47 @@ class ZSpeedEngine(torch.nn.Module):
 
     def bfloat16_enabled(self) -> bool:
         return self._config.bf16_enabled
+
+    # DeepSpeed's mixed-precision helpers (DeepSpeedEngine's names), written against the DeepSpeed
+    # attributes only (self._config.param_dtype / buffer_dtype, fp16_enabled(), bfloat16_enabled(),
+    # self.module), as scripts and DeepSpeed's tests call them on stand-ins too.
+    def _assert_valid_mixed_precision_config(self) -> None:
+        """data_types.param_dtype, when set, must name the dtype fp16/bf16 train in (AssertionError)."""
+        name = self._config.param_dtype
+        if name is None:
+            return
+        model = (torch.float16 if self.fp16_enabled() else torch.bfloat16 if self.bfloat16_enabled()
+                 else torch.float32)
+        if name.lower() not in _DTYPE_NAMES or _dtype_of(name) != model:
+            from .errors import ConfigAssertionError
+            raise ConfigAssertionError(f"data_types.param_dtype = {name!r} does not match the model's dtype "
+                                       f"({model}, from the fp16/bf16 sections); remove it or make them agree.")
+
+    def _mixed_precision_dtypes(self) -> tuple:
+        """(param dtype, buffer dtype) of the module cast: the parameters in fp16/bf16's dtype (None
+        in fp32), the floating-point buffers in data_types.buffer_dtype (None: each keeps its own)."""
+        param = torch.float16 if self.fp16_enabled() else torch.bfloat16 if self.bfloat16_enabled() else None
+        name = self._config.buffer_dtype
+        return param, (None if name is None else _dtype_of(name))
+
+    def _cast_module_mixed_precision(self, param_dtype, buffer_dtype, is_zero_init_model, keep_pattern=None):
+        """Cast self.module's floating-point parameters to param_dtype (not ZeRO-Init ones, made in
+        it already) and its buffers to buffer_dtype (None leaves them), those whose full names match
+        ``keep_pattern`` (keep_in_fp32_pattern's) to fp32. zspeed's own initialize casts through
+        its placement (the same rules); this serves scripts that call DeepSpeed's helper."""
+        keep = _kept_buffers(self.module, keep_pattern)
+        with torch.no_grad():
+            if param_dtype is not None and not is_zero_init_model:
+                for p in self.module.parameters():
+                    if p.dtype in _CASTABLE and p.dtype != param_dtype:
+                        p.data = p.data.to(param_dtype)
+            for m in self.module.modules():
+                for k, b in m._buffers.items():
+                    if b is None or b.dtype not in _CASTABLE:
+                        continue
+                    want = torch.float32 if (id(m), k) in keep else buffer_dtype
+                    if want is not None and b.dtype != want:
+                        b.data = b.data.to(want)
 
     def zero_optimization_stage(self) -> int:
         return self._config.zero_stage

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "ConfigAssertionError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
+__all__ = ["ConfigError", "ConfigAssertionError", "ZeRORuntimeException", "ZeRORuntimeConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
 
 
 class ConfigError(ZSpeedError, ValueError):
@@ -13,6 +13,14 @@ class ConfigError(ZSpeedError, ValueError):
 
 class ConfigAssertionError(ConfigError, AssertionError):
     """A config DeepSpeed refuses with an assertion (scripts written for it catch AssertionError)."""
+
+
+class ZeRORuntimeException(Exception):
+    """DeepSpeed's deepspeed.runtime.zero.utils.ZeRORuntimeException (the class scripts catch)."""
+
+
+class ZeRORuntimeConfigError(ConfigError, ZeRORuntimeException):
+    """A misuse DeepSpeed refuses with ZeRORuntimeException (a ConfigError, and that class)."""
 
 
 class UnusedParametersError(ZSpeedError, AssertionError):

@@ -209,7 +209,8 @@ def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
             return HostOptimizer(opt, native=True, grad_stats=lambda ts, scale: grad_stats(
                 ts, scale=scale, num_threads=getattr(opt, "num_threads", None)))
         if force_native:
-            raise ConfigError(
+            from .errors import ZeRORuntimeConfigError
+            raise ZeRORuntimeConfigError(
                 f"ZeRO-Offload with a client optimizer ({type(client).__name__}) that is not zspeed's CPU "
                 f"optimizer: as in DeepSpeed, pass zspeed.ops.adam.DeepSpeedCPUAdam (or CPUAdam, CPULion, "
                 f"CPUAdagrad), or configure the optimizer in the config's 'optimizer' section, or set "

@@ -64,6 +64,9 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
         values = dict(zero)
         for field, key in _ZERO_FIELD_NAMES.items():  # DeepSpeed's attribute names of the stage3_* keys
             values[field] = zero[key]
+        # the older fp16 spelling is the same field in DeepSpeed's model (an alias of it)
+        values["gather_16bit_weights_on_model_save"] = bool(zero["stage3_gather_16bit_weights_on_model_save"] or
+                                                            zero["stage3_gather_fp16_weights_on_model_save"])
         values["stage"] = ZeroStageEnum(zero["stage"])
         values["overlap_comm"] = overlap_comm(zero)  # resolved as DeepSpeed's validator does
         values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, offp)
