@@ -621,3 +621,34 @@ def test_no_sync_and_coalesce_grad_reduction_refuse_what_deepspeed_refuses():
     e0.backward(torch.nn.functional.mse_loss(e0(x), y))
     e0.step()
     assert e0.global_steps == 1
+
+
+def test_engine_passes_public_attributes_through_to_the_model():
+    """DeepSpeed's engine looks up an attribute it lacks on the wrapped model (a model's own
+    ``id``, its methods); the engine's own attributes win, private names are not passed."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.id = 3
+            self._secret = 1
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def describe(self):
+            return f"M with {self.lin.out_features} outputs"
+
+        def step(self):  # the engine's own step wins
+            raise AssertionError("the model's step was called")
+
+    e, *_ = zspeed.initialize(model=M(), config=cfg())
+    assert e.id == 3 and e.describe() == "M with 2 outputs" and e.lin is e.module.lin
+    with pytest.raises(AttributeError, match="_secret"):
+        e._secret
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        e.nothing_here
+    loss = e(torch.randn(6, 4)).square().mean()
+    e.backward(loss)
+    e.step()
+    assert e.global_steps == 1

@@ -159,3 +159,25 @@ def test_random_fills_of_large_host_tensors_are_moved_to_the_build_device():
                        (c, lambda t: t.uniform_(-1, 1))):
         fill(ref)
         assert torch.equal(want, ref)
+
+
+def test_zero_init_refuses_a_one_rank_group_under_a_many_rank_launcher(monkeypatch):
+    """A one-process group where the launcher's WORLD_SIZE says several (a library created the
+    group first): zero.Init would keep every parameter whole on every rank; it says so instead
+    (DeepSpeed's check). WORLD_SIZE 1, unset or not a number: no complaint."""
+    import torch.distributed as td
+    import zspeed
+    from zspeed.runtime.zero.partition_parameters import _contradicting_single_rank_pg_error as check
+    assert "WORLD_SIZE=8" in check(1, None, {"WORLD_SIZE": "8"})
+    assert "init_distributed" in check(1, None, {"WORLD_SIZE": "8"})
+    for env in ({"WORLD_SIZE": "1"}, {}, {"WORLD_SIZE": ""}, {"WORLD_SIZE": "eight"}, {"WORLD_SIZE": None}):
+        assert check(1, None, env) is None
+    assert check(8, None, {"WORLD_SIZE": "8"}) is None and check(1, object(), {"WORLD_SIZE": "8"}) is None
+    zspeed.comm.init_distributed(verbose=False)  # this process's one-rank group
+    assert td.get_world_size() == 1
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=4"):
+        with zspeed.zero.Init():
+            torch.nn.Linear(3, 3)
+    assert not getattr(torch.nn.Linear.__init__, "_zspeed_wrapped", False)
+    assert not hasattr(torch.nn.Linear(2, 2).weight, "ds_id")

@@ -539,6 +539,23 @@ class ZSpeedEngine(torch.nn.Module):
     def get_global_grad_norm(self) -> float | None:
         return self._global_grad_norm
 
+    def __getattr__(self, name: str):
+        """DeepSpeed's pass-through: a public attribute the engine does not have is looked up on
+        the wrapped model (``engine.generate``, ``engine.gradient_checkpointing_enable``, a
+        model's own ``id``). Names starting with "_" are not passed through (zspeed's own state
+        never comes from the model by accident)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is not None and not name.startswith("_"):
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     def fp16_enabled(self) -> bool:
         return self._config.fp16_enabled
 
@@ -1302,6 +1319,11 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
 
     ``config`` is a dict or a JSON path; ``args.deepspeed_config`` is honoured;
     ``config_params`` is DeepSpeed's older name for ``config``."""
+    if model is None:
+        from .errors import ConfigAssertionError  # DeepSpeed asserts here
+        hint = (f" The first positional argument is args (here a {type(args).__name__}): pass the model as "
+                f"model=..." if isinstance(args, torch.nn.Module) else "")
+        raise ConfigAssertionError("zspeed.initialize needs model=<torch.nn.Module>, got None." + hint)
     if mpu is not None or mesh_param is not None:
         raise ConfigError("model parallelism (mpu / mesh_param) is not supported by zspeed yet.")
     if config is not None and config_params is not None:

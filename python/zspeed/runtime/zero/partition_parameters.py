@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import GatheredParameters, Init, ZeroParamStatus, register_external_parameter  # noqa: F401
+from . import _contradicting_single_rank_pg_error  # noqa: F401
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus",
            "zero_wrapper_for_fp_tensor_constructor"]
