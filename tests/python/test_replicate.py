@@ -151,8 +151,12 @@ class Parent(torch.nn.Module):  # initialises its children after building them, 
             m.weight.data.normal_()           # random: every rank keeps rank 0's draw
 
 def whole(model):
+    from zspeed.runtime.zero.partition_parameters import ZeroParamStatus as S
     with zspeed.zero.GatheredParameters(list(model.parameters())):
-        return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+        assert all(p.ds_status == S.AVAILABLE for p in model.parameters()), "ds_status inside"
+        out = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    assert all(p.ds_status == S.NOT_AVAILABLE for p in model.parameters()), "ds_status after"
+    return out
 
 cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}

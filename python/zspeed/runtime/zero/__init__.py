@@ -413,6 +413,7 @@ def init_gather(p) -> None:
     full = torch.empty(s * ws, dtype=p.ds_tensor.dtype, device=dev)
     td.all_gather_into_tensor(full, p.ds_tensor.to(dev))
     p.data = full[:p.ds_numel].view(p.ds_shape).to(p.ds_tensor.device)
+    p.ds_status = ZeroParamStatus.AVAILABLE
 
 
 def _init_scatter(p) -> None:
@@ -428,6 +429,7 @@ def _init_scatter(p) -> None:
 def _shard_only(p) -> None:
     """A zero.Init parameter back to its shard alone (``p.data`` emptied, in the shard's dtype)."""
     p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 
 def _init_edited(params) -> bool:
