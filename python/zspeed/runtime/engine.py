@@ -1010,13 +1010,13 @@ class ZSpeedEngine(torch.nn.Module):
         return TorchCheckpointEngine(self._config)
 
     def empty_partition_cache(self) -> None:
-        """DeepSpeed's: gives back the device memory of gathered ZeRO-3 parameters (every one but
-        the persistent ones goes back to its shard; the next forward gathers again), then the
-        allocator's cached blocks. Below stage 3 nothing is gathered, and this only empties the
+        """DeepSpeed's: gives back the device memory of gathered ZeRO-3 parameters (every one goes
+        back to its shard, the persistent ones too, as in DeepSpeed; the next forward gathers them
+        again), then the allocator's cached blocks. Below stage 3 nothing is gathered, and this only empties the
         allocator's cache. Called between forwards (DeepSpeed's checkpoint helpers call it)."""
         self._check_open()
         if self._fetcher is not None:
-            self._fetcher.release_all()
+            self._fetcher.release_all(persistent_too=True)
         import gc
         gc.collect()
         torch.cuda.empty_cache()  # a no-op where CUDA was never initialized

@@ -355,9 +355,10 @@ class ParamFetcher:
                 self.streams.wait(st.ready)
                 st.waited = True
 
-    def release(self, sts, backward_done: bool = False) -> None:
+    def release(self, sts, backward_done: bool = False, persistent_too: bool = False) -> None:
         for st in sts:
-            if st.full is None or st.persistent or st.pins or (st.hold and not backward_done):
+            if st.full is None or (st.persistent and not persistent_too) or st.pins or \
+                    (st.hold and not backward_done):
                 continue
             if not st.waited:  # prefetched, never used: the memory goes back after the gather
                 self.streams.wait(st.ready)
@@ -369,11 +370,13 @@ class ParamFetcher:
             st.hold = False
             self.live -= st.numel
 
-    def release_all(self) -> None:
+    def release_all(self, persistent_too: bool = False) -> None:
+        """Every gathered parameter back to its shard (but those a GatheredParameters context
+        holds); the persistent ones too with ``persistent_too`` (the next use gathers them)."""
         for st in self.states.values():
             st.hold = False
-            if not st.persistent:
-                self.release([st])
+            if persistent_too or not st.persistent:
+                self.release([st], persistent_too=persistent_too)
 
     def hand_back(self) -> None:
         """Ends the fetcher: its hooks are removed and every parameter holds this rank's current
