@@ -979,10 +979,10 @@ class ZSpeedConfig:
         even = _EVEN_ALLGATHER.get(self.zero_stage, False)
         if even and float(agb) % 2 != 0:
             raise ConfigAssertionError(
-                f"zero_optimization.allgather_bucket_size = {agb!r} must be a multiple of 2 at ZeRO stages 1-2 "
-                f"(DeepSpeed aligns its all-gather buffers to 4 bytes of fp16 elements and asserts: "
-                f"allgather_bucket_size must be a multiple of nccl_start_alignment_factor); use an even count such "
-                f"as {2 * -(-int(float(agb)) // 2)}, or remove the key.")
+                f"allgather_bucket_size must be a multiple of nccl_start_alignment_factor (2 at ZeRO stages 1-2, "
+                f"DeepSpeed's rule: it aligns its all-gather buffers to 4 bytes of fp16 elements); "
+                f"zero_optimization.allgather_bucket_size is {agb!r}: use an even count such as "
+                f"{2 * -(-int(float(agb)) // 2)}, or remove the key.")
         model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
         pdt = self.data_types["param_dtype"]
         if pdt is not None and _DTYPE_NAMES[pdt.lower()] != model:
