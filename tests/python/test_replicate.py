@@ -176,6 +176,19 @@ ok = (all(torch.equal(got[k], torch.ones_like(got[k])) for k in ("block.lin.weig
       and torch.equal(got["block.norm.bias"], torch.full_like(got["block.norm.bias"], 2.0))
       and all(torch.equal(every[0][k], every[1][k]) for k in got))
 print("INIT", "ok" if ok else f"wrong: {got}")
+with zspeed.zero.GatheredParameters([model.head.weight]), torch.no_grad():
+    model.head.weight.fill_(5.0)  # no modifier_rank: discarded, with a warning
+kept = torch.equal(whole(model)["head.weight"], torch.ones(3, 67))
+strict = dict(cfg, zero_optimization={"stage": 3, "enable_sanity_checks": True})
+with zspeed.zero.Init(config_dict_or_path=strict):
+    lin = torch.nn.Linear(61, 3)
+try:
+    with zspeed.zero.GatheredParameters([lin.weight]), torch.no_grad():
+        lin.weight.fill_(5.0)
+    raised = False
+except RuntimeError as e:
+    raised = "modifier_rank=None" in str(e)
+print("DISCARD", "ok" if kept and raised and lin.weight.ds_enable_sanity_checks else f"wrong: {kept} {raised}")
 engine, *_ = zspeed.initialize(model=model, config=cfg)
 x = torch.ones(2, 61)
 loss = engine(x).float().sum()
@@ -199,4 +212,5 @@ def test_zero_init_keeps_a_parents_initialisation_of_its_children():
     for r in res:
         assert "INIT ok" in r.stdout, r.stdout
         assert "LOSS 24522.0" in r.stdout, r.stdout
+        assert "DISCARD ok" in r.stdout, r.stdout
         assert "OFF lost" in r.stdout, r.stdout

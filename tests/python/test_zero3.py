@@ -9,6 +9,7 @@ same fp32 updates to the same 16-bit weights and agree exactly or to one 16-bit 
 ZSPEED_DEVICE=cuda runs the single-process cases on a GPU (tests/gpu/check_zero3_cuda.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -245,17 +246,24 @@ def test_eval_and_no_grad_forward_equal_the_whole_model():
     assert _released(e3) == []
 
 
-def test_gathered_parameters_reads_and_edits_reach_the_masters():
-    e, _ = _train(_cfg(3, opt="cpu", param="cpu", lr=0.0), steps=1)
+@pytest.mark.parametrize("sanity", [False, True])
+def test_gathered_parameters_reads_and_edits_reach_the_masters(sanity, caplog):
+    """Without modifier_rank an edit is discarded: with a warning by default, with RuntimeError
+    under zero_optimization.enable_sanity_checks (DeepSpeed's rule); with one it is kept."""
+    e, _ = _train(_cfg(3, opt="cpu", param="cpu", lr=0.0, enable_sanity_checks=sanity), steps=1)
     w = e.module.emb.weight
-    assert w.numel() == 0 and tuple(w.ds_shape) == (V, D)
+    assert w.numel() == 0 and tuple(w.ds_shape) == (V, D) and w.ds_enable_sanity_checks is sanity
     with zspeed.zero.GatheredParameters(w):
         assert tuple(w.shape) == (V, D)
         before = w.detach().clone()
     assert w.numel() == 0
-    with pytest.raises(RuntimeError, match="modifier_rank=None"):
-        with zspeed.zero.GatheredParameters([w], modifier_rank=None), torch.no_grad():
-            w.zero_()  # refused and discarded: no modifier rank (DeepSpeed's rule)
+    with pytest.raises(RuntimeError, match="modifier_rank=None") if sanity else contextlib.nullcontext():
+        with caplog.at_level("WARNING", logger="zspeed"):
+            with zspeed.zero.GatheredParameters([w], modifier_rank=None), torch.no_grad():
+                w.zero_()  # discarded: no modifier rank
+    if not sanity:
+        assert any("edits were discarded" in r.getMessage() and "enable_sanity_checks" in r.getMessage()
+                   for r in caplog.records)
     assert torch.equal(_whole(e)["emb.weight"], before.float().cpu())
     with zspeed.zero.GatheredParameters([w], modifier_rank=0), torch.no_grad():
         w.fill_(0.25)
@@ -270,8 +278,8 @@ def test_gathered_parameters_reads_and_edits_reach_the_masters():
 def test_gathered_parameters_without_modifier_rank_discards_every_edit(how):
     """Persistent parameters (at or below stage3_param_persistence_threshold: biases, norms) stay
     gathered between forwards; an edit to them without a modifier rank must be discarded like any
-    other, and an edit through ``p.data`` (which no version counter sees) must be refused too."""
-    e, _ = _train(_cfg(3, opt="cpu", param="cpu", persist=10_000), steps=1)
+    other, and an edit through ``p.data`` (which no version counter sees) must be seen too."""
+    e, _ = _train(_cfg(3, opt="cpu", param="cpu", persist=10_000, enable_sanity_checks=True), steps=1)
     before = _whole(e)
     params = [p for _, p in e.module.named_parameters()]
     small = [p for p in params if p.numel() > 0]  # persistent: materialized between forwards

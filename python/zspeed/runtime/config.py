@@ -334,6 +334,8 @@ SCHEMA: dict[str, S] = {
                                    auto=AUTO_DEFAULT, check=_count),
         "round_robin_gradients": K(False, (bool,), "accepted (no effect)"),
         "load_from_fp32_weights": K(True, (bool,), "restore masters from fp32 copies in checkpoints"),
+        "enable_sanity_checks": K(False, (bool,), "ZeRO-3: an in-place edit inside GatheredParameters without "
+                                  "modifier_rank raises RuntimeError (false: it is discarded with a warning)"),
         "elastic_checkpoint": K(False, (bool,), "accepted (no effect; deprecated at stage 3, with a warning: "
                                 "zspeed's checkpoints load on any number of ranks)"),
         "ignore_unused_parameters": K(True, (bool,), "true: trained parameters without a gradient step with zero "

@@ -63,7 +63,7 @@ class _State:
     __slots__ = ("p", "sm", "gi", "pi", "ui", "numel", "shape", "padded", "full", "ready", "waited", "hold",
                  "persistent", "stale", "pins", "io", "__weakref__")
 
-    def __init__(self, p, sm, gi, pi, ui, numel, shape, padded, persistent):
+    def __init__(self, p, sm, gi, pi, ui, numel, shape, padded, persistent, sanity=None):
         self.p, self.sm, self.gi, self.pi, self.ui = p, sm, gi, pi, ui
         self.numel, self.shape, self.padded = numel, shape, padded
         self.full = None        # the gathered padded buffer on the device, or None (released)
@@ -76,7 +76,7 @@ class _State:
         self.io = None          # NVMe store: (pool buffer, read request) while its shard is read
         # DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate):
         # a unique id, whether it stays whole between uses, and whether it is whole now.
-        mark_partitioned(p, persistent)
+        mark_partitioned(p, persistent, sanity)
 
 
 _FETCHERS: "weakref.WeakSet[ParamFetcher]" = weakref.WeakSet()
@@ -158,7 +158,8 @@ class ParamFetcher:
     (see the module docstring)."""
 
     def __init__(self, sm: ParamStore, module: torch.nn.Module, *, prefetch_elems: int, max_live: int,
-                 persistence: int, comm: Collectives, frozen: ParamStore | None = None, reuse: int = 0):
+                 persistence: int, comm: Collectives, frozen: ParamStore | None = None, reuse: int = 0,
+                 sanity_checks: bool = False):
         self.sm = sm  # the trained parameters (None in an engine without an optimizer)
         self.frozen = frozen  # the parameters nothing trains (no gradient, no optimizer), or None
         stores = [s for s in (sm, frozen) if s is not None]
@@ -179,7 +180,7 @@ class ParamFetcher:
                     ui = gp.unit_of[pi]
                     u = gp.units[ui]
                     self.states[id(p)] = _State(p, store, gi, pi, ui, u.length, full_shape(p), u.padded,
-                                                u.length <= persistence)
+                                                u.length <= persistence, sanity_checks)
         self.live = 0  # elements materialized (persistent ones included)
         self._reading: dict = {}  # id(state) -> state whose NVMe read is in flight, oldest first
         self._module_params: dict[int, list] = {}
@@ -245,7 +246,7 @@ class ParamFetcher:
                    max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),
                    persistence=int(zero.get("stage3_param_persistence_threshold", 100_000)),
                    reuse=int(zero.get("stage3_max_reuse_distance", 1_000_000_000)),
-                   comm=comm, frozen=frozen)
+                   comm=comm, frozen=frozen, sanity_checks=bool(zero.get("enable_sanity_checks", False)))
 
     # -- gathering ------------------------------------------------------------------------------
     def _gather(self, sts: list, prefetch: bool = False) -> None:

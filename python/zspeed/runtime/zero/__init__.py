@@ -16,8 +16,8 @@ context and parameter access (runtime/zero3.py has the partitioning itself).
   context (every rank must enter it); with ``modifier_rank`` the values that rank
   holds at exit are broadcast and written back into the shards and, once an engine
   trains the model, into its fp32 master weights. Without ``modifier_rank`` the values are
-  read-only: an in-place edit is discarded and raises RuntimeError at exit, as in
-  DeepSpeed. Below stage 3 parameters are whole already: the body just runs, and
+  read-only: an in-place edit is discarded, with a warning (RuntimeError at exit with
+  zero_optimization.enable_sanity_checks, as in DeepSpeed). Below stage 3 parameters are whole already: the body just runs, and
   modifier_rank edits are broadcast at exit.
 - :func:`register_external_parameter`: declares that a module uses a parameter of
   another module (zspeed also finds such uses itself during the first forward).
@@ -26,8 +26,9 @@ context and parameter access (runtime/zero3.py has the partitioning itself).
 from __future__ import annotations
 
 import contextlib
-import os
 import functools
+import logging
+import os
 
 import torch
 import torch.distributed as td
@@ -37,12 +38,31 @@ from ..partition import DEFAULT_ALIGN
 from . import offload_config  # noqa: F401
 from .status import ZeroParamStatus, mark_partitioned
 
+log = logging.getLogger("zspeed.zero")
+
 __all__ = ["Init", "GatheredParameters", "ZeRO3NotSupported", "ZeroParamStatus", "offload_config",
            "register_external_parameter", "unregister_external_parameter", "unwrap_model_for_generation"]
 
 
 class ZeRO3NotSupported(ZSpeedError, NotImplementedError):
     """A ZeRO-3 feature zspeed does not have (kept for scripts that catch it)."""
+
+
+def _sanity_checks_from(config) -> bool:
+    """zero_optimization.enable_sanity_checks of the config zero.Init was given (a dict or a JSON
+    path; False without one). The engine's parser checks the config itself at initialize."""
+    from ..config import ZSpeedConfig, load_json_config
+    if config is None:
+        return False
+    if isinstance(config, ZSpeedConfig):
+        return bool(config.zero["enable_sanity_checks"])
+    if isinstance(config, (str, os.PathLike)):
+        from pathlib import Path
+        config = load_json_config(Path(config))
+    if not isinstance(config, dict):
+        return False  # (_dtype_from has refused it already)
+    zero = config.get("zero_optimization") or {}
+    return bool(zero.get("enable_sanity_checks", False)) if isinstance(zero, dict) else False
 
 
 def _world() -> tuple[int, int]:
@@ -150,6 +170,7 @@ class Init:
                                     f"and 'nvme'.")
         self.enabled = enabled
         self.dtype = _dtype_from(config_dict_or_path if config_dict_or_path is not None else config, dtype)
+        self._sanity = _sanity_checks_from(config_dict_or_path if config_dict_or_path is not None else config)
         self._patched: list = []
         self._module = module
         self._depth: dict = {}
@@ -325,7 +346,7 @@ class Init:
                 p.ds_tensor = full[self.rank * s:(self.rank + 1) * s].to("cpu", copy=True)
                 p.ds_shape, p.ds_numel = shape, n
                 p.data = torch.empty(0, dtype=dt)
-                mark_partitioned(p)
+                mark_partitioned(p, sanity_checks=self._sanity)
 
 
 def _to_host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -534,9 +555,13 @@ class GatheredParameters:
         self._init_params.clear()
         self._versions = []
         if edited:
-            raise RuntimeError("partitioned (ZeRO-3) parameters were modified in place inside GatheredParameters "
-                               "with modifier_rank=None; the edits were discarded. Pass modifier_rank=<rank> (the "
-                               "rank whose values are kept and broadcast) to keep them.")
+            msg = ("partitioned (ZeRO-3) parameters were modified in place inside GatheredParameters with "
+                   "modifier_rank=None; the edits were discarded. Pass modifier_rank=<rank> (the rank whose values "
+                   "are kept and broadcast) to keep them.")
+            if any(getattr(p, "ds_enable_sanity_checks", False) for p in self.params):
+                raise RuntimeError(msg)  # zero_optimization.enable_sanity_checks (DeepSpeed's rule)
+            log.warning("zspeed: %s (zero_optimization.enable_sanity_checks true makes this an error, as in "
+                        "DeepSpeed.)", msg)
         return False
 
 

@@ -19,10 +19,14 @@ class ZeroParamStatus(Enum):
 _PARAM_IDS = itertools.count()  # DeepSpeed's p.ds_id: unique per partitioned parameter in the process
 
 
-def mark_partitioned(p, persistent: bool = False) -> None:
+def mark_partitioned(p, persistent: bool = False, sanity_checks: bool | None = None) -> None:
     """DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate):
-    ``ds_id`` (kept once given), ``ds_persist`` and ``ds_status`` (NOT_AVAILABLE: shards only)."""
+    ``ds_id`` (kept once given), ``ds_persist`` and ``ds_status`` (NOT_AVAILABLE: shards only);
+    ``ds_enable_sanity_checks`` (zero_optimization.enable_sanity_checks, read by
+    GatheredParameters) when given."""
     if not hasattr(p, "ds_id"):
         p.ds_id = next(_PARAM_IDS)
     p.ds_persist = persistent
     p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    if sanity_checks is not None:
+        p.ds_enable_sanity_checks = bool(sanity_checks)
