@@ -609,7 +609,7 @@ def _check_value(path: str, spec: K, value: Any) -> Any:
     if spec.fold_case and isinstance(value, str):
         value = next((c for c in spec.choices if c.lower() == value.lower()), value)
     if spec.choices is not None and value not in spec.choices:
-        raise ConfigError(f"config key '{path}' = {value!r} is not one of "
+        raise ConfigError(f"Invalid {path} {value!r}: the config key takes one of "
                           f"{', '.join(repr(c) for c in spec.choices)}.")
     if spec.check is not None and value is not None:
         err = spec.check(value)

@@ -134,7 +134,7 @@ def _split(f: Facts) -> bool:
 
 FEATURES: tuple = (
     Feature("gradient sum over ranks", "gradient_allreduce_op", lambda f: f.grad_sum,
-            (_req("stage", {0, 1, 2}, "runs at ZeRO stage 0, 1 or 2",
+            (_req("stage", {0, 1, 2}, "is not supported with ZeRO stage 3: it runs at stage 0, 1 or 2",
                   "as in DeepSpeed, whose ZeRO-3 rejects it", "Use \"mean\" (the default) at stage 3.", "0-2",
                   "ZeRO stages"),),
             shown=lambda f: ' "sum"'),
