@@ -22,6 +22,9 @@ export ZSPEED_AS_DEEPSPEED=1
 # DeepSpeed's DistributedTest skips multi-rank tests unless the accelerator reports that many
 # devices; zspeed's CPU accelerator reports LOCAL_SIZE.
 export LOCAL_SIZE="${LOCAL_SIZE:-4}"
+# A multi-rank test that fails on one rank leaves the others waiting in a collective:
+# DeepSpeed's harness gives up after DS_UNITTEST_TIMEOUT seconds (its default, 600, is long).
+export DS_UNITTEST_TIMEOUT="${DS_UNITTEST_TIMEOUT:-180}"
 "$py" "$here/adapt.py" "$ds/tests" "$work/tests" > "$work/adapt.log"
 cd "$work/tests"
 if [ $# -eq 0 ]; then

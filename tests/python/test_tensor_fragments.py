@@ -345,3 +345,56 @@ def test_two_ranks_assemble_full_values_and_move_gradients_bit_for_bit(tmp_path)
             for n, (w, v) in out["a"].items():
                 assert torch.equal(w, out["b"][n][0]) and torch.equal(v, out["b"][n][1]), (case, n)
                 assert torch.equal(w, r1["a"][n][0]), (case, n)
+
+
+SMALL_PARAM = r"""
+import torch, zspeed
+from zspeed.utils import safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state
+r = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(16, 1), torch.nn.Linear(1, 1), torch.nn.Linear(1, 16))
+cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
+       "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+e, *_ = zspeed.initialize(model=m, config=cfg)
+r = e.global_rank
+def shapes(state):
+    out = []
+    for n, p in e.module.named_parameters():
+        t = safe_get_local_optimizer_state(p, "exp_avg") if state else safe_get_local_grad(p)
+        f = safe_get_local_fp32_param(p)
+        out.append((n, None if t is None else t.numel(), f.numel()))
+    return out
+loss = e(torch.randn(2, 16)).square().mean()
+e.backward(loss)
+print("BEFORE", r, shapes(True))   # no state before the first step: None on every rank
+print("GRAD", r, shapes(False))
+e.step()
+print("AFTER", r, shapes(True))
+"""
+
+
+def test_local_parts_on_a_rank_holding_none_of_a_parameter_are_empty_not_none():
+    """ZeRO-3 on two ranks: a one-element parameter lies wholly on rank 0; rank 1's local part of
+    its master, gradient and (after the first step) optimizer state is an empty tensor, as
+    DeepSpeed's, not None (None means no state yet, or a parameter nothing trains)."""
+    res = run_ranks(2, SMALL_PARAM, timeout=240)
+    for r in res:
+        assert r.returncode == 0, r
+    import ast
+    got = {}
+    for r in res:
+        for line in r.stdout.splitlines():
+            tag, rank, rest = line.split(" ", 2) if line.startswith(("BEFORE", "GRAD", "AFTER")) else (None,) * 3
+            if tag:
+                got[(tag, int(rank))] = dict((n, (a, b)) for n, a, b in ast.literal_eval(rest))
+    for rank in (0, 1):
+        assert all(a is None for a, _ in got[("BEFORE", rank)].values())
+    one = "1.weight"  # one element: rank 0 holds it, rank 1 only padding
+    assert got[("AFTER", 0)][one] == (1, 1) and got[("AFTER", 1)][one] == (0, 0)
+    assert got[("GRAD", 0)][one] == (1, 1) and got[("GRAD", 1)][one] == (0, 0)
+    for rank in (0, 1):
+        assert all(a is not None for a, _ in got[("AFTER", rank)].values())
+    # the pieces of each parameter add up to its size over the ranks
+    for n, p in torch.nn.Sequential(torch.nn.Linear(16, 1), torch.nn.Linear(1, 1),
+                                     torch.nn.Linear(1, 16)).named_parameters():
+        assert got[("AFTER", 0)][n][1] + got[("AFTER", 1)][n][1] == p.numel(), n

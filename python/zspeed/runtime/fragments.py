@@ -313,6 +313,10 @@ class Fragments:
             have = torch.tensor([1.0 if got else 0.0], dtype=torch.float64, device=e.collectives.device)
             e.collectives.all_reduce(have)
             got = float(have) > 0
+        if local and not self._entries(e, gi, pi):
+            # This rank holds none of the parameter's elements (a small parameter on many ranks):
+            # its part is empty, once the optimizer has state at all, as DeepSpeed's (not None).
+            got = any(st for row in self._states(e) for st in row)
         if not got:
             return None
         return self._local(e, gi, pi, rows, torch.float32) if local else \
