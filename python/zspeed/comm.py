@@ -506,3 +506,26 @@ def isend(tensor, dst, group=None, tag=0, **kw):
 def irecv(tensor, src=None, group=None, tag=0, **kw):
     _ds(kw)
     return _td.irecv(tensor, src=src, group=group, tag=tag)
+
+
+def _contradicting_single_rank_pg_error(dp_world_size: int, explicit_process_group, env=None) -> str | None:
+    """The message for a process group of one rank where the launcher started several (its
+    WORLD_SIZE says so), or None. That happens when a one-process group was created before the
+    launcher's (a library's start-up code ran first): zero.Init would then keep every parameter
+    whole on every rank, and each rank would run out of memory as if the model were too big. A
+    group the caller passed explicitly is taken as meant; a WORLD_SIZE that is no number is
+    ignored. (DeepSpeed's check of the same name.)"""
+    if dp_world_size != 1 or explicit_process_group is not None:
+        return None
+    env = os.environ if env is None else env
+    try:
+        launched = int(env.get("WORLD_SIZE") or 0)
+    except (TypeError, ValueError):
+        return None
+    if launched <= 1:
+        return None
+    return (f"zero.Init found a process group of 1 rank, but the launcher started WORLD_SIZE={launched} "
+            f"processes: a one-process group was created before the launcher's (e.g. a library initialised "
+            f"torch.distributed first), so the parameters would not be partitioned and every rank would hold "
+            f"the whole model. Call zspeed.init_distributed() (deepspeed.init_distributed()) before anything "
+            f"else creates a process group, then build the model under zero.Init.")

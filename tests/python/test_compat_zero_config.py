@@ -147,18 +147,3 @@ def test_offload_states_is_refused_by_name_with_the_alternative():
     with pytest.raises(NotImplementedError, match="nothing to reload"):
         e.reload_states()
 
-
-def test_elastic_checkpoint_at_stage_3_warns_that_it_is_deprecated(caplog):
-    """DeepSpeed warns that ZeRO-3 elastic checkpointing is deprecated (the key has no effect);
-    so does zspeed, from DeepSpeedZeroConfig and from initialize's config; stage 2: silent."""
-    import logging
-    from zspeed.runtime.config import parse_config
-    from zspeed.runtime.zero.config import DeepSpeedZeroConfig
-    with caplog.at_level(logging.WARNING, logger="zspeed"):
-        DeepSpeedZeroConfig(stage=2, elastic_checkpoint=True)
-        assert not caplog.records
-        DeepSpeedZeroConfig(stage=3, elastic_checkpoint=True)
-    assert any("elastic checkpointing is deprecated" in r.getMessage() for r in caplog.records)
-    c = parse_config({"train_batch_size": 1, "zero_optimization": {"stage": 3, "elastic_checkpoint": True}})
-    assert any("elastic checkpointing is deprecated" in w for w in c.warnings)
-    assert not parse_config({"train_batch_size": 1, "zero_optimization": {"stage": 2, "elastic_checkpoint": True}}).warnings

@@ -83,11 +83,6 @@ DEFAULT_LEAF_MODULE_CLASSES = (
 )
 
 
-ELASTIC_CHECKPOINT_WARNING = ("ZeRO-3 elastic checkpointing is deprecated (in DeepSpeed too, which points to "
-                              "Universal Checkpointing): zero_optimization.elastic_checkpoint has no effect; "
-                              "zspeed's checkpoints load on any number of ranks anyway (docs/CHECKPOINTS.md).")
-
-
 def _keep_fp32_setting(v):
     if v == "auto" or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
         return None
@@ -336,8 +331,8 @@ SCHEMA: dict[str, S] = {
         "load_from_fp32_weights": K(True, (bool,), "restore masters from fp32 copies in checkpoints"),
         "enable_sanity_checks": K(False, (bool,), "ZeRO-3: an in-place edit inside GatheredParameters without "
                                   "modifier_rank raises RuntimeError (false: it is discarded with a warning)"),
-        "elastic_checkpoint": K(False, (bool,), "accepted (no effect; deprecated at stage 3, with a warning: "
-                                "zspeed's checkpoints load on any number of ranks)"),
+        "elastic_checkpoint": K(False, (bool,), "accepted (no effect: zspeed's checkpoints load on any number "
+                                "of ranks)"),
         "ignore_unused_parameters": K(True, (bool,), "true: trained parameters without a gradient step with zero "
                                       "gradients; false: at stages 1-2 with offload_optimizer cpu such a step raises "
                                       "an AssertionError naming them (as DeepSpeed; elsewhere no check, as there)"),
@@ -997,8 +992,6 @@ class ZSpeedConfig:
             raise ConfigAssertionError(f"data_types.param_dtype = {pdt!r} does not match the model's dtype ({model}, "
                                        f"from the fp16/bf16 sections); remove it or make them agree.")
         self._grad_accum = self.data_types["grad_accum_dtype"]
-        if self.zero["elastic_checkpoint"] and self.zero_stage == 3:
-            self.warnings.append(ELASTIC_CHECKPOINT_WARNING)
         if self.zenflow is not None:
             self.warnings.append("zero_optimization.zenflow: DeepSpeed's ZenFlow (selective gradient updates "
                                  "with an overlapped CPU step) is not implemented by zspeed; training runs as "

@@ -73,10 +73,6 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
         values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig, off)
         values["leaf_module"] = DeepSpeedZeroLeafModuleConfig(**zero["leaf_module"])
         super().__init__(**values)
-        if zero["elastic_checkpoint"] and zero["stage"] == 3:
-            from ..config import ELASTIC_CHECKPOINT_WARNING
-            from ...utils.logging import logger
-            logger.warning(ELASTIC_CHECKPOINT_WARNING)
 
     def __repr__(self) -> str:
         return f"DeepSpeedZeroConfig(stage={int(self.stage)}, offload_param={self.offload_param!r}, " \
