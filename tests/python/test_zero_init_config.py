@@ -67,6 +67,21 @@ def test_an_hjson_file_the_engine_reads_gives_the_same_dtype(tmp_path):
     assert dtype_of(config_dict_or_path=str(path)) == torch.bfloat16
 
 
+def test_a_file_gives_the_dtype_and_the_sanity_checks_from_one_reading(tmp_path, monkeypatch):
+    """A config path is read once for both (the file could change between two readings)."""
+    import zspeed.runtime.config as config_mod
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 3, "enable_sanity_checks": True}}))
+    reads = []
+    real = config_mod.load_json_config
+    monkeypatch.setattr(config_mod, "load_json_config", lambda p: reads.append(p) or real(p))
+    init = zspeed.zero.Init(config_dict_or_path=str(path))
+    assert init.dtype == torch.bfloat16 and init._sanity is True
+    assert len(reads) == 1
+    assert zspeed.zero.Init(config_dict_or_path={"zero_optimization": {"stage": 3}})._sanity is False
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.complex64, "bf16"], ids=str)
 def test_dtype_must_be_a_training_float(dtype):
     refused(f"zero.Init(dtype={dtype!r})", "torch.float32, torch.float16 or torch.bfloat16", dtype=dtype)

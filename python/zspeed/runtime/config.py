@@ -810,6 +810,16 @@ def parse_precision(config: Any) -> str:
     return _model_dtype(fp16, bf16)
 
 
+def check_param_dtype(param_dtype: str | None, model: str) -> None:
+    """data_types.param_dtype, when set, must name ``model`` ("fp16", "bf16" or "fp32": the dtype
+    the fp16/bf16 sections train in); DeepSpeed asserts it, so this raises ConfigAssertionError
+    (also an AssertionError). The config's validation and the engine's DeepSpeed-named helper
+    both call it."""
+    if param_dtype is not None and _DTYPE_NAMES.get(str(param_dtype).lower()) != model:
+        raise ConfigAssertionError(f"data_types.param_dtype = {param_dtype!r} does not match the model's dtype "
+                                   f"({model}, from the fp16/bf16 sections); remove it or make them agree.")
+
+
 # Stages whose allgather_bucket_size must be even: DeepSpeed's stage 1-2 optimizer asserts it.
 _EVEN_ALLGATHER = {1: True, 2: True}
 
@@ -986,11 +996,8 @@ class ZSpeedConfig:
                 f"DeepSpeed's rule: it aligns its all-gather buffers to 4 bytes of fp16 elements); "
                 f"zero_optimization.allgather_bucket_size is {agb!r}: use an even count such as "
                 f"{2 * -(-int(float(agb)) // 2)}, or remove the key.")
-        model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
-        pdt = self.data_types["param_dtype"]
-        if pdt is not None and _DTYPE_NAMES[pdt.lower()] != model:
-            raise ConfigAssertionError(f"data_types.param_dtype = {pdt!r} does not match the model's dtype ({model}, "
-                                       f"from the fp16/bf16 sections); remove it or make them agree.")
+        check_param_dtype(self.data_types["param_dtype"],
+                          "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32")
         self._grad_accum = self.data_types["grad_accum_dtype"]
         if self.zenflow is not None:
             self.warnings.append("zero_optimization.zenflow: DeepSpeed's ZenFlow (selective gradient updates "

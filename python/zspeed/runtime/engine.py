@@ -38,7 +38,7 @@ import torch
 
 from .. import comm
 from .._native import ZSpeedError
-from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, parse_config
+from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, check_param_dtype, parse_config
 from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import attach as attach_fragments
 from .assemble import client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
@@ -111,11 +111,12 @@ def keep_in_fp32_pattern(module: torch.nn.Module, setting, dtype: torch.dtype | 
 
 
 def _kept_buffers(module: torch.nn.Module, pattern) -> set:
-    """(module, buffer name) of the floating-point buffers whose full names match ``pattern``."""
+    """(module, buffer name) of the castable floating-point buffers (_CASTABLE, as _float_buffers)
+    whose full names match ``pattern``."""
     if pattern is None:
         return set()
     return {(id(m), k) for prefix, m in module.named_modules() for k, b in m._buffers.items()
-            if b is not None and b.is_floating_point() and pattern.search(f"{prefix}.{k}" if prefix else k)}
+            if b is not None and b.dtype in _CASTABLE and pattern.search(f"{prefix}.{k}" if prefix else k)}
 
 
 def _restore_buffers(module: torch.nn.Module, loaded: dict, dtype: torch.dtype | None, keep: set = frozenset()) -> None:
@@ -567,15 +568,8 @@ class ZSpeedEngine(torch.nn.Module):
     # self.module), as scripts and DeepSpeed's tests call them on stand-ins too.
     def _assert_valid_mixed_precision_config(self) -> None:
         """data_types.param_dtype, when set, must name the dtype fp16/bf16 train in (AssertionError)."""
-        name = self._config.param_dtype
-        if name is None:
-            return
-        model = (torch.float16 if self.fp16_enabled() else torch.bfloat16 if self.bfloat16_enabled()
-                 else torch.float32)
-        if name.lower() not in _DTYPE_NAMES or _dtype_of(name) != model:
-            from .errors import ConfigAssertionError
-            raise ConfigAssertionError(f"data_types.param_dtype = {name!r} does not match the model's dtype "
-                                       f"({model}, from the fp16/bf16 sections); remove it or make them agree.")
+        check_param_dtype(self._config.param_dtype,
+                          "fp16" if self.fp16_enabled() else "bf16" if self.bfloat16_enabled() else "fp32")
 
     def _mixed_precision_dtypes(self) -> tuple:
         """(param dtype, buffer dtype) of the module cast: the parameters in fp16/bf16's dtype (None

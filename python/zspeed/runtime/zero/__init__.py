@@ -49,17 +49,28 @@ class ZeRO3NotSupported(ZSpeedError, NotImplementedError):
     """A ZeRO-3 feature zspeed does not have (kept for scripts that catch it)."""
 
 
+def _read_config(config):
+    """The config zero.Init was given, a JSON/hjson path read once (as the engine's parser reads
+    it); a dict or parsed config as it is."""
+    if not isinstance(config, (str, os.PathLike)):
+        return config
+    from pathlib import Path
+    from ..config import ConfigError, load_json_config
+    try:
+        return load_json_config(Path(config))
+    except ConfigError as e:
+        raise ConfigError(f"zero.Init(config_dict_or_path=...): {e}") from None
+
+
 def _sanity_checks_from(config) -> bool:
-    """zero_optimization.enable_sanity_checks of the config zero.Init was given (a dict or a JSON
-    path; False without one). The engine's parser checks the config itself at initialize."""
-    from ..config import ZSpeedConfig, load_json_config
+    """zero_optimization.enable_sanity_checks of the config zero.Init was given (a dict or a
+    parsed config, see _read_config; False without one). The engine's parser checks the config
+    itself at initialize."""
+    from ..config import ZSpeedConfig
     if config is None:
         return False
     if isinstance(config, ZSpeedConfig):
         return bool(config.zero["enable_sanity_checks"])
-    if isinstance(config, (str, os.PathLike)):
-        from pathlib import Path
-        config = load_json_config(Path(config))
     if not isinstance(config, dict):
         return False  # (_dtype_from has refused it already)
     zero = config.get("zero_optimization") or {}
@@ -147,8 +158,9 @@ class Init:
             raise ZeRO3NotSupported(f"zero.Init(remote_device={remote!r}): remote_device is one of None, 'cpu' "
                                     f"and 'nvme'.")
         self.enabled = enabled
-        self.dtype = _dtype_from(config_dict_or_path if config_dict_or_path is not None else config, dtype)
-        self._sanity = _sanity_checks_from(config_dict_or_path if config_dict_or_path is not None else config)
+        cfg = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
+        self.dtype = _dtype_from(cfg, dtype)
+        self._sanity = _sanity_checks_from(cfg)
         self._patched: list = []
         self._module = module
         self._depth: dict = {}
