@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import pytest
@@ -55,6 +56,54 @@ def test_bad_sections_name_the_key():
         DeepSpeedZeroConfig(stage=5)
     with pytest.raises(ValueError, match="offload_param"):
         DeepSpeedZeroConfig(stage=3, offload_param={"device": "disk"})
+
+
+def test_offload_sections_are_objects_when_given_and_pipeline_is_derived():
+    """DeepSpeed's fields: None when a section is absent or null, an object when given (device
+    "none" too), defaults filled in; offload_optimizer.pipeline = pipeline_read or pipeline_write."""
+    c = DeepSpeedZeroConfig(offload_param=None, offload_optimizer=None)
+    assert c.offload_param is None and c.offload_optimizer is None
+    c = DeepSpeedZeroConfig(offload_param={}, offload_optimizer={})
+    assert isinstance(c.offload_param, DeepSpeedZeroOffloadParamConfig) and c.offload_param.device == "none"
+    assert isinstance(c.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig)
+    assert c.offload_param.buffer_count == 5 and c.offload_optimizer.buffer_count == 4
+    assert DeepSpeedZeroOffloadOptimizerConfig().pipeline is False
+    for r, w in [(True, False), (False, True), (True, True)]:
+        assert DeepSpeedZeroOffloadOptimizerConfig(pipeline_read=r, pipeline_write=w).pipeline is True
+    assert DeepSpeedZeroOffloadParamConfig(device=OffloadDeviceEnum.cpu).device is OffloadDeviceEnum.cpu
+    with pytest.raises(ValueError, match="unknown config key .pipline_read.*Did you mean .pipeline_read"):
+        DeepSpeedZeroOffloadOptimizerConfig(pipline_read=True)
+
+
+def test_every_deepspeed_zero_field_is_known():
+    """DeepSpeed's zero_optimization fields are attributes with DeepSpeed's defaults; switches
+    with nothing to switch take any value; a feature zspeed lacks is refused by name unless at
+    its default; a misspelling stays an unknown key."""
+    from zspeed.runtime.config import ConfigError, parse_config
+    c = DeepSpeedZeroConfig()
+    defaults = {"pipeline_loading_checkpoint": False, "override_module_apply": True, "legacy_stage1": False,
+                "use_multi_rank_bucket_allreduce": True, "use_all_reduce_for_fetch_params": False,
+                "allgather_sequential": False, "model_persistence_threshold": 2 ** 63 - 1,
+                "zero_hpz_partition_size": 1, "zero_quantized_weights": False, "zero_quantized_gradients": False,
+                "zero_quantized_nontrainable_weights": False, "zeropp_loco_param": None, "mics_shard_size": -1,
+                "mics_hierarchical_params_gather": False, "log_trace_cache_warnings": False,
+                "save_muon_momentum_buffer_in_memory": False, "zenflow": None, "cpu_offload_param": None,
+                "cpu_offload_use_pin_memory": None}
+    for k, v in defaults.items():
+        assert getattr(c, k) == v, k
+    assert DeepSpeedZeroConfig(stage3_allgather_sequential=True).allgather_sequential is True
+    run = {"train_batch_size": 1}
+    parse_config({**run, "zero_optimization": {"stage": 3, "use_multi_rank_bucket_allreduce": False,
+                                               "legacy_stage1": True, "zero_quantized_weights": False,
+                                               "mics_shard_size": -1}}, world_size=1)
+    for key, value, needle in [("zero_quantized_weights", True, "ZeRO++ quantized weight"),
+                               ("zero_hpz_partition_size", 2, "hierarchical"), ("mics_shard_size", 2, "MiCS"),
+                               ("override_module_apply", False, "Module.apply"),
+                               ("zeropp_loco_param", {"err_beta": 0.8}, "LoCo")]:
+        with pytest.raises(ConfigError, match=f"zero_optimization.{key}.*{re.escape(needle)}.*does not implement"):
+            parse_config({**run, "zero_optimization": {"stage": 3, key: value}}, world_size=1)
+    with pytest.raises(ConfigError, match="unknown config key 'mics_shard_sizes'"):
+        parse_config({**run, "zero_optimization": {"stage": 3, "mics_shard_sizes": 2}}, world_size=1)
 
 
 def test_get_zero_config():

@@ -69,6 +69,13 @@ _pos = lambda v: None if v > 0 else "must be > 0"          # noqa: E731
 _nonneg = lambda v: None if v >= 0 else "must be >= 0"     # noqa: E731
 
 
+def _ds_default(default, feature: str):
+    """A check accepting only DeepSpeed's default of a key that asks for a feature zspeed lacks."""
+    return lambda v: None if v == default else (
+        f"asks for {feature}, which zspeed does not implement; remove the key or set it to {json.dumps(default)} "
+        f"(DeepSpeed's default)")
+
+
 def _strings(v):
     if isinstance(v, str) or all(isinstance(x, str) for x in v):
         return None
@@ -356,6 +363,46 @@ SCHEMA: dict[str, S] = {
         "stage3_gather_fp16_weights_on_model_save": K(False, (bool,), "older name of "
                                                       "stage3_gather_16bit_weights_on_model_save", auto=AUTO_DEFAULT),
         "memory_efficient_linear": K(True, (bool,), "stage 3: accepted (no effect)"),
+        # DeepSpeed's remaining zero_optimization fields: performance switches with nothing to switch
+        # in zspeed are accepted with any value; a feature zspeed does not have is accepted at
+        # DeepSpeed's default only, and another value is refused by name.
+        "use_multi_rank_bucket_allreduce": K(True, (bool,), "accepted (no effect: zspeed's gradient "
+                                             "reductions are its own)"),
+        "stage3_use_all_reduce_for_fetch_params": K(False, (bool,), "stage 3: accepted (no effect: "
+                                                    "parameters are gathered with all-gather)"),
+        "stage3_allgather_sequential": K(False, (bool,), "stage 3: accepted (no effect)"),
+        "log_trace_cache_warnings": K(False, (bool,), "accepted (no effect: zspeed keeps no trace cache)"),
+        "legacy_stage1": K(False, (bool,), "accepted (no effect: DeepSpeed's old stage-1 code path)"),
+        "stage3_model_persistence_threshold": K(2 ** 63 - 1, NUM, "stage 3: DeepSpeed's cap on all "
+                                                "persistent elements (only the default, no cap)",
+                                                check=_ds_default(2 ** 63 - 1, "a cap on the model's persistent "
+                                                "parameters, which zspeed does not have (it persists every "
+                                                "parameter at or below stage3_param_persistence_threshold)")),
+        "override_module_apply": K(True, (bool,), "zero.Init: Module.apply sees whole parameters (only true)",
+                                   check=_ds_default(True, "zero.Init without whole parameters in Module.apply "
+                                   "(a parent's weight initialisation would then miss its children's "
+                                   "partitioned weights)")),
+        "pipeline_loading_checkpoint": K(False, (bool,), "DeepSpeed's pipeline-parallel loading (only false)",
+                                         check=_ds_default(False, "DeepSpeed's pipeline-parallel checkpoint "
+                                                           "loading; zspeed has no pipeline parallelism")),
+        "zero_hpz_partition_size": K(1, (int,), "ZeRO++ hierarchical partitioning (only 1)",
+                                     check=_ds_default(1, "ZeRO++ hierarchical weight partitioning (hpZ)")),
+        "zero_quantized_weights": K(False, (bool,), "ZeRO++ quantized weight gathers (only false)",
+                                    check=_ds_default(False, "ZeRO++ quantized weight all-gathers (qwZ)")),
+        "zero_quantized_nontrainable_weights": K(False, (bool,), "ZeRO++ quantized frozen weights (only false)",
+                                                 check=_ds_default(False, "ZeRO++ quantized frozen weights")),
+        "zero_quantized_gradients": K(False, (bool,), "ZeRO++ quantized gradient reduction (only false)",
+                                      check=_ds_default(False, "ZeRO++ quantized gradient reduction (qgZ)")),
+        "zeropp_loco_param": K(None, (dict, type(None)), "ZeRO++ LoCo error feedback (only null)",
+                               check=_ds_default(None, "ZeRO++ LoCo error feedback")),
+        "mics_shard_size": K(-1, (int,), "MiCS shard groups (only -1)",
+                             check=_ds_default(-1, "MiCS (sharding within sub-groups of ranks); zspeed "
+                                               "partitions over all ranks")),
+        "mics_hierarchical_params_gather": K(False, (bool,), "MiCS hierarchical gathers (only false)",
+                                             check=_ds_default(False, "MiCS hierarchical parameter gathers")),
+        "save_muon_momentum_buffer_in_memory": K(False, (bool,), "DeepSpeed's Muon momentum placement (only "
+                                                 "false)", check=_ds_default(False, "DeepSpeed's Muon momentum "
+                                                                             "buffer kept in memory")),
         "zenflow": K(None, (dict, type(None)), "DeepSpeed's ZenFlow (section; accepted, not implemented: "
                      "training runs as ordinary ZeRO-Offload)"),
     }, "zero_optimization"),
@@ -636,7 +683,8 @@ def _resolve_auto(path: str, spec: K, value: Any) -> tuple[Any, bool]:
 # pydantic model accepts both spellings (populate_by_name), so zspeed does too.
 _ZERO_FIELD_NAMES = {k: "stage3_" + k for k in (
     "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance",
-    "gather_16bit_weights_on_model_save", "module_granularity_threshold")}
+    "gather_16bit_weights_on_model_save", "module_granularity_threshold", "model_persistence_threshold",
+    "use_all_reduce_for_fetch_params", "allgather_sequential")}
 
 
 def _zero_spelled(given):
@@ -1149,7 +1197,9 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
         raise ConfigError(f"zero_optimization must be an object, got {type(section).__name__}.")
     autos: set = set()
     zero = _parse_section("zero_optimization", _zero_spelled(section), SCHEMA["zero_optimization"].keys, autos)
-    zero.pop("zenflow", None)
+    zf = zero.pop("zenflow", None)
+    zero["zenflow"] = None if zf is None else _parse_section("zero_optimization.zenflow", zf,
+                                                             SCHEMA["zero_optimization.zenflow"].keys, autos)
     zero["leaf_module"] = parse_leaf_module(zero.pop("leaf_module"), autos)
     off = _parse_section("zero_optimization.offload_optimizer", zero.pop("offload_optimizer") or {},
                          SCHEMA["zero_optimization.offload_optimizer"].keys, autos)

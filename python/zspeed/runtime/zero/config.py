@@ -7,8 +7,8 @@ read a config's ZeRO section. ``DeepSpeedZeroConfig(**section)`` validates the s
 zspeed's own schema (unknown keys and bad values are a ConfigError, a ValueError, naming the
 key; DeepSpeed's pydantic model raises its ValidationError, also a ValueError), and exposes
 every key as an attribute with its default filled in; ``offload_param`` and
-``offload_optimizer`` are the offload config objects of offload_config.py, or None when the
-section is absent or its device is "none"; ``leaf_module`` is a DeepSpeedZeroLeafModuleConfig
+``offload_optimizer`` are the offload config objects of offload_config.py (also with device
+"none"), or None when the section is absent or null, as DeepSpeed's; ``leaf_module`` is a DeepSpeedZeroLeafModuleConfig
 (leaf_module_config.py). DeepSpeed's deprecated spellings are accepted:
 ``cpu_offload`` (optimizer to cpu), ``cpu_offload_param`` (parameters to cpu) and
 ``cpu_offload_use_pin_memory``. As DeepSpeed's model, it checks each key, not the rules
@@ -39,10 +39,10 @@ class ZeroStageEnum(int, Enum):
 _DEPRECATED = {"cpu_offload_param": "offload_param", "cpu_offload": "offload_optimizer"}
 
 
-def _section_object(cls, values: dict):
-    """The offload section as its config object, or None where its device is "none" (DeepSpeed's
-    fields are None when the section is absent)."""
-    return cls(**values) if values["device"] != "none" else None
+def _section_object(cls, given, values: dict):
+    """The offload section as its config object (also with device "none"), or None where the
+    section is absent or null, as DeepSpeed's fields."""
+    return None if given is None else cls(**values)
 
 
 class DeepSpeedZeroConfig(ReadOnlyConfig):
@@ -53,14 +53,20 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
         from ..plan import overlap_comm
         section = dict(section)
         pin = section.pop("cpu_offload_use_pin_memory", None)
+        offload_param_flag = section.pop("cpu_offload_param", None)
         for old, new in _DEPRECATED.items():  # a deprecated boolean: its section on the cpu
-            if section.pop(old, False) and section.get(new) is None:
+            flag = offload_param_flag if old == "cpu_offload_param" else section.pop(old, None)
+            if flag and section.get(new) is None:
                 section[new] = {"device": "cpu"}
+            if old == "cpu_offload":
+                section["cpu_offload"] = bool(flag)
+        given = {k: section.get(k) for k in ("offload_param", "offload_optimizer")}
         if pin is not None:
             for key in ("offload_param", "offload_optimizer"):
                 if isinstance(section.get(key), dict):
                     section[key] = {"pin_memory": bool(pin), **section[key]}
         zero, off, offp = parse_zero_section(section)  # the schema checks the stage (0-3) too
+        zenflow = zero.pop("zenflow", None)
         values = dict(zero)
         for field, key in _ZERO_FIELD_NAMES.items():  # DeepSpeed's attribute names of the stage3_* keys
             values[field] = zero[key]
@@ -69,8 +75,11 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
                                                             zero["stage3_gather_fp16_weights_on_model_save"])
         values["stage"] = ZeroStageEnum(zero["stage"])
         values["overlap_comm"] = overlap_comm(zero)  # resolved as DeepSpeed's validator does
-        values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, offp)
-        values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig, off)
+        values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, given["offload_param"], offp)
+        values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig,
+                                                      given["offload_optimizer"], off)
+        values["cpu_offload_param"], values["cpu_offload_use_pin_memory"] = offload_param_flag, pin
+        values["zenflow"] = None if zenflow is None else ReadOnlyConfig(**zenflow)
         values["leaf_module"] = DeepSpeedZeroLeafModuleConfig(**zero["leaf_module"])
         super().__init__(**values)
 

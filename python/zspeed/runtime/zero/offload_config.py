@@ -45,11 +45,17 @@ class ReadOnlyConfig:
 
 
 class _Offload(ReadOnlyConfig):
-    """A validated offload section, ``device`` as OffloadDeviceEnum (built by DeepSpeedZeroConfig
-    from zspeed's schema)."""
+    """A validated offload section, ``device`` as OffloadDeviceEnum: each key checked and
+    defaulted by zspeed's schema (as DeepSpeedZeroConfig builds it, or directly)."""
+
+    _section = ""
 
     def __init__(self, **values):
-        super().__init__(**{**values, "device": OffloadDeviceEnum(values.get("device", "none"))})
+        from ..config import SCHEMA, _parse_section
+        if isinstance(values.get("device"), Enum):
+            values["device"] = values["device"].value
+        values = _parse_section(self._section, values, SCHEMA[self._section].keys, set())
+        super().__init__(**{**values, "device": OffloadDeviceEnum(values["device"])})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device.value!r})"
@@ -58,6 +64,15 @@ class _Offload(ReadOnlyConfig):
 class DeepSpeedZeroOffloadParamConfig(_Offload):
     """``zero_optimization.offload_param`` (DeepSpeed's name)."""
 
+    _section = "zero_optimization.offload_param"
+
 
 class DeepSpeedZeroOffloadOptimizerConfig(_Offload):
-    """``zero_optimization.offload_optimizer`` (DeepSpeed's name)."""
+    """``zero_optimization.offload_optimizer`` (DeepSpeed's name); ``pipeline`` is true when
+    pipeline_read or pipeline_write is, as DeepSpeed derives it."""
+
+    _section = "zero_optimization.offload_optimizer"
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        self._values["pipeline"] = bool(self.pipeline_read or self.pipeline_write)
