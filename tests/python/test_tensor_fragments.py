@@ -168,6 +168,34 @@ def test_reads_and_writes_follow_a_float64_reference(case, tmp_path):
 
 
 @pytest.mark.parametrize("case", list(CASES))
+def test_norm_groups_are_the_gradient_norms_the_step_sees(case, tmp_path):
+    """optimizer._get_norm_groups() (DeepSpeed's): per parameter group, the norm of the gradients
+    as safe_get_full_grad reads them, a write through the fragment API included; their combined
+    norm is the global norm the step clips with. Refused by name outside backward..step."""
+    e, _ = _engine(case, tmp_path)
+    if CASES[case][0] == 0 and CASES[case][3] == "fp32":  # the basic optimizer itself, as DeepSpeed's
+        assert isinstance(e.optimizer, torch.optim.AdamW) and not hasattr(e.optimizer, "_get_norm_groups")
+        return
+    with pytest.raises(FragmentError, match=r"_get_norm_groups\(\).*after the backward"):
+        e.optimizer._get_norm_groups()
+    e.backward(z3._loss(e, z3._data(1)[0]))
+    def expected():
+        per = [0.0] * len(e.optimizer.fp16_groups)
+        for gi, group in enumerate(e.optimizer.fp16_groups):  # (the model's parameters per group)
+            for p in group:
+                per[gi] += float(safe_get_full_grad(p).double().square().sum())
+        return [v ** 0.5 for v in per]
+    got = [float(t) for t in e.optimizer._get_norm_groups()]
+    assert got == pytest.approx(expected(), rel=1e-6)
+    p = _named(e)[0][1]
+    safe_set_full_grad(p, safe_get_full_grad(p) * 0.25)
+    after = [float(t) for t in e.optimizer._get_norm_groups()]
+    assert after == pytest.approx(expected(), rel=1e-6) and sum(after) < sum(got)
+    e.step()
+    assert sum(v * v for v in after) ** 0.5 == pytest.approx(e.get_global_grad_norm(), rel=1e-6)
+
+
+@pytest.mark.parametrize("case", list(CASES))
 def test_gradients_moved_between_engines_give_the_same_step_bit_for_bit(case, tmp_path):
     """Engine B's gradients (read whole) written into engine A, whose backward saw other data:
     A's step equals B's exactly, its global norm (the clip factor) included."""
@@ -304,9 +332,12 @@ for case in a["cases"]:
     local = {n: safe_get_local_grad(p).numel() for n, p in F._named(eb)} if case.startswith("s3") else {}
     for n, p in F._named(ea):
         safe_set_full_grad(p, gb[n])
+    groups = ([float(t) for t in ea.optimizer._get_norm_groups()]  # (a collective: every rank)
+              if hasattr(ea.optimizer, "_get_norm_groups") else None)  # (stage 0 fp32: the basic optimizer)
     ea.step()
     eb.step()
-    out = {"grads": gb, "local": local, "norm": (ea.get_global_grad_norm(), eb.get_global_grad_norm())}
+    out = {"grads": gb, "local": local, "norm": (ea.get_global_grad_norm(), eb.get_global_grad_norm()),
+           "groups": groups}
     for tag, e in (("a", ea), ("b", eb)):
         out[tag] = {n: (safe_get_full_fp32_param(p), safe_get_full_optimizer_state(p, "exp_avg_sq"))
                     for n, p in F._named(e)}
@@ -342,6 +373,10 @@ def test_two_ranks_assemble_full_values_and_move_gradients_bit_for_bit(tmp_path)
                 assert r0["local"][n] + r1["local"][n] == g.numel(), (case, n)
         for out in (r0, r1):
             assert out["norm"][0] == out["norm"][1], case
+            # DeepSpeed's per-group norms: of the gradients written, summed over the ranks' parts
+            assert out["groups"] == r0["groups"], case
+            if out["groups"] is not None:
+                assert sum(g * g for g in out["groups"]) ** 0.5 == pytest.approx(out["norm"][0], rel=1e-6), case
             for n, (w, v) in out["a"].items():
                 assert torch.equal(w, out["b"][n][0]) and torch.equal(v, out["b"][n][1]), (case, n)
                 assert torch.equal(w, r1["a"][n][0]), (case, n)

@@ -17,6 +17,7 @@ says to call ``engine.step()``, and ``zero_grad()`` is ``engine.zero_grad()``.
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -154,6 +155,22 @@ class EngineOptimizer(torch.optim.Optimizer):
     @property
     def _global_grad_norm(self):
         return self._engine.get_global_grad_norm()
+
+    def _get_norm_groups(self) -> list:
+        """DeepSpeed's per-group gradient norms: after the backward of an accumulation boundary and
+        before ``engine.step()``, one fp32 scalar tensor (on the engine's device) per parameter
+        group, the L2 norm of its gradients as the tensor-fragment API reads them (averaged over
+        ranks and micro-batches, the loss scale divided out, so a safe_set_*_grad shows in it).
+        With several ranks it is a collective (every rank calls it)."""
+        e = self._engine
+        e._grads_for_fragments("optimizer._get_norm_groups()")
+        factor = 1.0 / (e.loss_scaler.loss_scale * e.plan.grad_divisor)
+        out = []
+        for row in e.optimizer_path.grad_rows():
+            sumsq = sum(float(g.detach().double().square().sum()) for g in row if g is not None)
+            sumsq, _ = e._sync.stats(sumsq * factor * factor, False)
+            out.append(torch.tensor(math.sqrt(sumsq), dtype=torch.float32, device=e.device))
+        return out
 
     @property
     def fp16_groups(self) -> list:
