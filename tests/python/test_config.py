@@ -424,3 +424,14 @@ def test_a_section_given_as_true_says_what_to_write():
     err({"train_batch_size": 4, "bf16": True}, "config section 'bf16' must be an object", "got true",
         'Write "bf16": {"enabled": true}.')
     err({"train_batch_size": 4, "fp16": [1]}, "got list", "with the keys of section 'fp16'")
+
+
+@pytest.mark.parametrize("section,key", [("optimizer", "torch_adam"), ("optimizer", "lr"),
+                                         ("scheduler", "warmup_num_steps")])
+def test_a_parameter_beside_type_says_to_move_it_into_params(section, key):
+    """DeepSpeed reads optimizer/scheduler parameters only inside "params" (one beside "type" is
+    ignored there, so the run would silently use the default): refused, naming the fix."""
+    sec = {"type": "Adam" if section == "optimizer" else "WarmupLR", key: 3, "params": {}}
+    with pytest.raises(ConfigError, match=f"'{key}' in section '{section}' is a parameter.*"
+                                          f"only inside {section}.params.*Move it into"):
+        parse_config({"train_batch_size": 1, section: sec}, world_size=1)

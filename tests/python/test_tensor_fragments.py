@@ -262,6 +262,30 @@ def test_local_parts_of_a_zero3_parameter(case, tmp_path):
         assert torch.equal(safe_get_local_fp32_param(p), v)
 
 
+@pytest.mark.parametrize("case", ["s3-fp32", "s3-cpu-bf16", "s3-nvme-fp32", "s3-split-bf16"])
+def test_ds_tensor_is_a_live_view_of_this_ranks_part(case, tmp_path):
+    """DeepSpeed's p.ds_tensor under a ZeRO-3 engine: this rank's part of the parameter (the local
+    API's elements, in the model's dtype), the shard itself: after a step it holds the new weights
+    (the masters rounded), and an in-place write is what the next gather reads."""
+    e, _ = _engine(case, tmp_path)
+    e.backward(z3._loss(e, z3._data(1)[0]))
+    if case == "s3-cpu-bf16":  # gradients held in the host shards (docs/ZERO3.md): it holds them
+        for n, p in _named(e):
+            assert torch.equal(p.ds_tensor, safe_get_local_grad(p)), n
+    e.step()
+    for n, p in _named(e):
+        local = safe_get_local_fp32_param(p)
+        assert p.ds_tensor.shape == local.shape and p.ds_tensor.dtype == e.dtype, n
+        assert torch.equal(p.ds_tensor.cpu(), local.to(e.dtype).cpu()), n
+    n, p = _named(e)[0]
+    with torch.no_grad():
+        p.ds_tensor.fill_(0.5)
+    with zspeed.zero.GatheredParameters([p]):
+        assert torch.all(p == 0.5)
+    e.close()  # handed back (one rank): the parameter whole again, no ZeRO-3 attributes
+    assert not hasattr(p, "ds_tensor") and torch.all(p == 0.5)
+
+
 def test_what_is_not_served_is_refused_by_name(tmp_path):
     e, _ = _engine("s2-cpu-fp32", tmp_path)
     n, p = _named(e)[0]
@@ -397,6 +421,7 @@ def shapes(state):
     for n, p in e.module.named_parameters():
         t = safe_get_local_optimizer_state(p, "exp_avg") if state else safe_get_local_grad(p)
         f = safe_get_local_fp32_param(p)
+        assert p.ds_tensor.numel() == f.numel() and p.ds_tensor.dtype == p.dtype, n  # the live view of it
         out.append((n, None if t is None else t.numel(), f.numel()))
     return out
 loss = e(torch.randn(2, 16)).square().mean()

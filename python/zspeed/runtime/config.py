@@ -613,6 +613,11 @@ def _unknown_key(key: str, section: str, known: list[str]) -> ConfigError:
             f"DeepSpeed's '{key}' section is not supported by zspeed"
             + (f" ({hint})" if hint else "") + f"; remove '{key}' from the config"
             + (" or set it to {\"enabled\": false}" if hint is None else "") + ".")
+    if section in ("optimizer", "scheduler") and any(
+            key in ps for ps in (_OPTIMIZER_PARAMS if section == "optimizer" else _SCHEDULER_PARAMS).values()):
+        return ConfigError(f"config key '{key}' in section '{section}' is a parameter of the {section}: DeepSpeed "
+                           f"reads it only inside {section}.params (beside \"type\" it has no effect there). "
+                           f"Move it into \"params\".")
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if not close:  # catch case-only and separator differences ("Train_Batch_Size", "train-batch-size")
         norm = {k.lower().replace("-", "_"): k for k in known}

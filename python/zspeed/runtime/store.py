@@ -302,6 +302,20 @@ class PartitionedStore(ParamStore):
                     if pi not in done:  # no piece on this rank
                         empty_param(p, dtype, device)
         self._build_local()
+        self._expose_shards()
+
+    def _expose_shards(self) -> None:
+        """DeepSpeed's ``p.ds_tensor`` under the engine: this rank's part of each parameter (the
+        elements the safe_*_local_* calls read and write, without the shard's padding; empty on a
+        rank holding none of it), a live view of the store in the model's dtype. Writing into it in
+        place changes the weights the next gather reads, not the fp32 masters (the next step
+        writes them back), as DeepSpeed's; while the gradients are held in the shards
+        (GradsInShards) it holds gradients."""
+        for gi, gp in enumerate(self.plan.groups):
+            flat, parts = self.flat[gi], {pc.param: pc for pc in self.plan.pieces(gi)}
+            for pi, p in enumerate(self.layout.params[gi]):
+                pc = parts.get(pi)
+                p.ds_tensor = flat.narrow(0, 0, 0) if pc is None else flat.narrow(0, pc.at, pc.length)
 
     def shard(self, gi: int, ui: int) -> torch.Tensor:
         u = self.plan.groups[gi].units[ui]

@@ -260,7 +260,9 @@ class Init:
                 return fn
 
             def run(module):
-                mine = [p for p in module.parameters(recurse=False) if hasattr(p, "ds_tensor") and p.numel() == 0]
+                from ..zero3 import fetcher_of
+                mine = [p for p in module.parameters(recurse=False)  # zero.Init's (not an engine's) shards
+                        if hasattr(p, "ds_tensor") and p.numel() == 0 and fetcher_of(p) is None]
                 with torch.no_grad():
                     for p in mine:
                         init_gather(p)
