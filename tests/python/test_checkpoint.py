@@ -426,7 +426,8 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in (tmp_path / "best").iterdir()} == old
     assert (tmp_path / "latest").read_text() == "best" and leftovers(tmp_path) == []
-    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == ["best", "latest"]
+    # (zero_to_fp32.py: DeepSpeed's converter's place, written beside a ZeRO stage 1-3 checkpoint)
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == ["best", "latest", "zero_to_fp32.py"]
     f = make("bf16_offload")
     assert f.load_checkpoint(tmp_path)[0].endswith("best") and f.global_steps == 2
     e.save_checkpoint(tmp_path, tag="best")  # with space again, the save works
@@ -591,6 +592,40 @@ def test_deepspeeds_zero_to_fp32_functions(tmp_path):
     assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in merged.values())
     with pytest.raises(ValueError, match="max_shard_size"):
         z.convert_zero_checkpoint_to_fp32_state_dict(tmp_path, tmp_path / "x", max_shard_size="lots")
+
+
+def test_zero_checkpoints_carry_deepspeeds_zero_to_fp32_script(tmp_path, caplog):
+    """At ZeRO stages 1-3 rank 0 writes save_dir/zero_to_fp32.py (DeepSpeed's converter's name
+    and command line, running zspeed's), executable; at stage 0 nothing (as DeepSpeed)."""
+    import subprocess
+    from safetensors.torch import load_file
+    e = make("bf16_offload")
+    train(e, data(2), loss=lm_loss)
+    e.save_checkpoint(tmp_path / "ck")
+    script = tmp_path / "ck" / "zero_to_fp32.py"
+    assert script.is_file()
+    if os.name != "nt":
+        assert os.stat(script).st_mode & 0o100
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "out"),
+                          "--safe_serialization", "-t", "global_step2"], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    w = load_file(str(tmp_path / "out" / "model.safetensors"))
+    for k, m in e._master_named().items():
+        assert torch.equal(w[k], m.cpu()), k
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "nothing"), str(tmp_path / "o2")],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 1 and "zero_to_fp32.py:" in res.stderr and not (tmp_path / "o2").exists()
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "o3"),
+                          "--exclude_frozen_parameters"], capture_output=True, text=True, env=env)
+    assert res.returncode == 1 and "exclude_frozen_parameters" in res.stderr
+    make("fp32").save_checkpoint(tmp_path / "s0")
+    assert not (tmp_path / "s0" / "zero_to_fp32.py").exists()
+    # A file system that refuses the permission change (or a missing file) is logged, not raised.
+    import logging
+    with caplog.at_level(logging.INFO, logger="zspeed"):
+        e._change_recovery_script_permissions(str(tmp_path / "missing" / "zero_to_fp32.py"))
+    assert any("Could not change permissions" in r.getMessage() for r in caplog.records)
 
 
 def test_to_fp32_into_a_folder_and_failures_leave_no_temporary(tmp_path, monkeypatch, capsys):

@@ -889,8 +889,39 @@ class ZSpeedEngine(torch.nn.Module):
                 "checkpoint, build the engine with an optimizer")
         with self._collectives("save_checkpoint"):
             self._settle()  # a step that stopped partway or runs in the background completes first
-        return save_checkpoint(self._checkpoint_parts(), save_dir, tag=tag, client_state=client_state or {},
-                               save_latest=save_latest)
+        saved = save_checkpoint(self._checkpoint_parts(), save_dir, tag=tag, client_state=client_state or {},
+                                save_latest=save_latest)
+        if self.zero_optimization_stage() >= 1 and self.global_rank == 0:
+            self._copy_recovery_script(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
+        return saved
+
+    def _copy_recovery_script(self, save_path) -> None:
+        """``save_path/zero_to_fp32.py``, DeepSpeed's converter's place and command line, running
+        zspeed's (utils/zero_to_fp32.py); made executable. The checkpoint is complete without it:
+        a failure to write it is logged, not raised."""
+        from pathlib import Path
+
+        from ..utils.zero_to_fp32 import RECOVERY_SCRIPT
+        from .checkpoint import write_text_output
+        dst = Path(save_path) / "zero_to_fp32.py"
+        try:
+            write_text_output(dst, RECOVERY_SCRIPT)
+        except (ZSpeedError, OSError) as e:
+            log.warning("zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
+            return
+        self._change_recovery_script_permissions(str(dst))
+
+    def _change_recovery_script_permissions(self, dst) -> None:
+        """Makes the recovery script executable; where the file system refuses (file shares) or the
+        file is missing, says so and goes on (DeepSpeed's behaviour)."""
+        import stat
+
+        from ..utils.logging import logger
+        try:
+            os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
+        except (FileNotFoundError, PermissionError) as e:
+            logger.info(f"Warning: Could not change permissions for {dst} due to error: {e}. Continuing without "
+                        f"changing permissions.")
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,

@@ -14,7 +14,7 @@ import json
 import re
 
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
-           "convert_zero_checkpoint_to_fp32_state_dict"]
+           "convert_zero_checkpoint_to_fp32_state_dict", "main", "RECOVERY_SCRIPT"]
 
 _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
           "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
@@ -111,3 +111,60 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
         write_text_output(idx, json.dumps(index, indent=2) + "\n")
         written.append(idx)
     return [str(p) for p in written]
+
+
+# What zspeed writes beside its checkpoints at ZeRO stages 1-3 as ``zero_to_fp32.py``, where
+# DeepSpeed copies its own converter, so that ``python zero_to_fp32.py . out`` works in a
+# checkpoint folder as users know it (it runs zspeed's converter: zspeed must be installed).
+RECOVERY_SCRIPT = '''#!/usr/bin/env python
+# Written by zspeed beside its checkpoints, where DeepSpeed writes its zero_to_fp32.py:
+#   python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB] [-t TAG]
+# writes the whole model in fp32 into OUTPUT_DIR (pytorch_model.bin, or model.safetensors).
+# zspeed's checkpoints are safetensors: this needs zspeed installed (pip install zspeed).
+import sys
+
+try:
+    from zspeed.utils.zero_to_fp32 import main
+except ImportError as e:
+    sys.exit(f"zero_to_fp32.py: this checkpoint was written by zspeed; install zspeed to convert it ({e}).")
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def main(argv=None) -> int:
+    """DeepSpeed's zero_to_fp32.py command line: ``CHECKPOINT_DIR OUTPUT_DIR`` with
+    ``--max_shard_size``, ``--safe_serialization``, ``-t/--tag``, ``--exclude_frozen_parameters``
+    (refused, see the module docstring) and ``-d/--debug``; returns the exit status (0, or 1
+    with the reason on stderr)."""
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser(
+        prog="zero_to_fp32.py",
+        description="Writes the whole model of a zspeed checkpoint in fp32 (DeepSpeed's zero_to_fp32.py; "
+                    "also `zspeed to-fp32`).")
+    parser.add_argument("checkpoint_dir", help="the checkpoint folder (holding 'latest' and the tag folders)")
+    parser.add_argument("output_dir", help="the folder the fp32 state dict files go into")
+    parser.add_argument("--max_shard_size", default="5GB", help="largest file before the model is sharded")
+    parser.add_argument("--safe_serialization", action="store_true", help="write safetensors files")
+    parser.add_argument("-t", "--tag", default=None, help="the tag to convert (default: the one 'latest' names)")
+    parser.add_argument("--exclude_frozen_parameters", action="store_true", help="(refused by zspeed)")
+    parser.add_argument("-d", "--debug", action="store_true", help="accepted (no effect)")
+    args = parser.parse_args(argv)
+    from .._native import ZSpeedError
+    try:
+        written = convert_zero_checkpoint_to_fp32_state_dict(
+            args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
+            safe_serialization=args.safe_serialization, tag=args.tag,
+            exclude_frozen_parameters=args.exclude_frozen_parameters)
+    except (ZSpeedError, ValueError, OSError) as e:
+        print(f"zero_to_fp32.py: {e}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
