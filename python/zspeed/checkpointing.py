@@ -39,7 +39,7 @@ log = logging.getLogger("zspeed.checkpointing")
 
 __all__ = ["configure", "is_configured", "reset", "checkpoint", "set_num_layers",
            "partition_activations_in_checkpoint", "get_cuda_rng_tracker", "model_parallel_cuda_manual_seed",
-           "CudaRNGStatesTracker", "non_reentrant_checkpoint"]
+           "CudaRNGStatesTracker", "non_reentrant_checkpoint", "detach_variable"]
 
 _MODEL_PARALLEL_RNG = "model-parallel-rng"
 
@@ -82,6 +82,22 @@ def reset() -> None:
     """Forget what configure() set and the host copies' prefetch state."""
     _cfg.clear()
     _Prefetch.pending.clear()
+
+
+def detach_variable(inputs, device=None) -> tuple:
+    """DeepSpeed's helper: a tuple of ``inputs`` with each tensor detached (moved to ``device``
+    when given) and keeping its requires_grad; other items as they are. Only a tuple is
+    accepted (RuntimeError otherwise, as DeepSpeed)."""
+    if not isinstance(inputs, tuple):
+        raise RuntimeError(f"detach_variable takes a tuple of tensors, got {type(inputs).__name__}.")
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            y = (x if device is None else x.to(device=device)).detach()
+            y.requires_grad = x.requires_grad
+            x = y
+        out.append(x)
+    return tuple(out)
 
 
 def set_num_layers(nlayers) -> None:

@@ -93,3 +93,18 @@ def test_rng_tracker():
 def test_mpu_is_refused():
     with pytest.raises(Exception, match="model parallelism"):
         checkpointing.configure(object())
+
+
+def test_deepspeeds_module_path_is_the_same_module_and_detach_variable():
+    """deepspeed.runtime.activation_checkpointing.checkpointing (as scripts import it) is this
+    module: one configure() state; detach_variable as DeepSpeed's."""
+    from zspeed.runtime.activation_checkpointing import checkpointing as by_path
+    from zspeed.runtime.activation_checkpointing.checkpointing import checkpoint, detach_variable
+    assert by_path is checkpointing and checkpoint is checkpointing.checkpoint
+    a = torch.randn(3, requires_grad=True)
+    b = torch.randn(2)
+    x, n, y = detach_variable((a * 2, 5, b))
+    assert x.requires_grad and x.grad_fn is None and torch.equal(x, a * 2)
+    assert n == 5 and not y.requires_grad and torch.equal(y, b)
+    with pytest.raises(RuntimeError, match="tuple"):
+        detach_variable([a])
