@@ -196,3 +196,21 @@ def test_zero_init_refuses_a_one_rank_group_under_a_many_rank_launcher(monkeypat
             torch.nn.Linear(3, 3)
     assert not getattr(torch.nn.Linear.__init__, "_zspeed_wrapped", False)
     assert not hasattr(torch.nn.Linear(2, 2).weight, "ds_id")
+
+
+def test_one_rank_keeps_parameters_whole_with_deepspeeds_marks():
+    """One rank: zero.Init keeps each parameter whole (docs/COMPAT.md) but marks it as DeepSpeed's
+    does (ds_id, which scripts and DeepSpeed's tests read as "zero.Init processed it"; ds_status
+    AVAILABLE, as it is whole), also in nested contexts; a new id per parameter, kept by an engine."""
+    from zspeed.runtime.zero import ZeroParamStatus
+    with zspeed.zero.Init(dtype=torch.bfloat16):
+        with zspeed.zero.Init(dtype=torch.bfloat16):
+            m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    ps = list(m.parameters())
+    assert all(p.numel() > 0 and not hasattr(p, "ds_tensor") for p in ps)
+    assert all(p.ds_status == ZeroParamStatus.AVAILABLE and p.ds_persist is False for p in ps)
+    ids = [p.ds_id for p in ps]
+    assert len(set(ids)) == len(ids)
+    e, *_ = zspeed.initialize(model=m, config={"train_batch_size": 1, "bf16": {"enabled": True},
+                                               "zero_optimization": {"stage": 3}})
+    assert [p.ds_id for p in e.module.parameters()] == ids

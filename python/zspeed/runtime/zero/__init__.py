@@ -36,7 +36,7 @@ import torch.distributed as td
 from ..._native import ZSpeedError
 from ..partition import DEFAULT_ALIGN
 from . import offload_config  # noqa: F401
-from .status import ZeroParamStatus, mark_partitioned
+from .status import ZeroParamStatus, mark_partitioned, mark_whole
 from ...comm import _contradicting_single_rank_pg_error  # noqa: F401  (DeepSpeed's name here)
 
 log = logging.getLogger("zspeed.zero")
@@ -328,6 +328,7 @@ class Init:
                 dt = self.dtype if p.is_floating_point() else p.dtype
                 if self.ws == 1 or p.numel() == 0:
                     p.data = _to_host(p.data, dt)  # (converted where it was built: half the bytes to copy)
+                    mark_whole(p, sanity_checks=self._sanity)  # (DeepSpeed's marks; whole, so AVAILABLE)
                     continue
                 n, shape = p.numel(), p.shape
                 dev = _comm_device()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from enum import Enum
 
-__all__ = ["ZeroParamStatus", "mark_partitioned"]
+__all__ = ["ZeroParamStatus", "mark_partitioned", "mark_whole"]
 
 
 class ZeroParamStatus(Enum):
@@ -28,5 +28,17 @@ def mark_partitioned(p, persistent: bool = False, sanity_checks: bool | None = N
         p.ds_id = next(_PARAM_IDS)
     p.ds_persist = persistent
     p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    if sanity_checks is not None:
+        p.ds_enable_sanity_checks = bool(sanity_checks)
+
+
+def mark_whole(p, sanity_checks: bool | None = None) -> None:
+    """DeepSpeed's attributes of a parameter zero.Init processed but kept whole (one rank: zspeed
+    does not cut it, docs/COMPAT.md): ``ds_id`` (DeepSpeed's mark that zero.Init processed it),
+    ``ds_persist`` False and ``ds_status`` AVAILABLE (it is whole)."""
+    if not hasattr(p, "ds_id"):
+        p.ds_id = next(_PARAM_IDS)
+    p.ds_persist = False
+    p.ds_status = ZeroParamStatus.AVAILABLE
     if sanity_checks is not None:
         p.ds_enable_sanity_checks = bool(sanity_checks)
