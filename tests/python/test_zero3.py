@@ -195,7 +195,7 @@ def test_persistent_parameters_hold_the_stepped_weights_after_each_step_and_afte
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_empty_partition_cache_releases_gathered_parameters_and_changes_nothing(stage):
+def test_empty_partition_cache_releases_gathered_parameters_and_changes_nothing(stage, tmp_path):
     """DeepSpeed's engine.empty_partition_cache() between steps: every gathered parameter goes
     back to its shard, the persistent ones too (as DeepSpeed's does; the next forward gathers
     them again), and training goes on bit for bit as without it."""
@@ -212,6 +212,12 @@ def test_empty_partition_cache_releases_gathered_parameters_and_changes_nothing(
             assert not whole and any(p.ds_persist for p in e.module.parameters()), whole
     a, b = _whole(ref), _whole(e)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    if stage == 3:  # a save gathers the persistent ones again (DeepSpeed's checkpoint_event_epilogue)
+        e.empty_partition_cache()
+        e.save_checkpoint(tmp_path, tag="t")
+        persistent = [(n, p) for n, p in e.module.named_parameters() if p.ds_persist]
+        assert persistent and all(p.numel() == p.ds_numel for _, p in persistent)
+        assert all(p.numel() == 0 for p in e.module.parameters() if not p.ds_persist)
     e.close()
     with pytest.raises(EngineClosedError):
         e.empty_partition_cache()

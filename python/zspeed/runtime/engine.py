@@ -891,6 +891,9 @@ class ZSpeedEngine(torch.nn.Module):
             self._settle()  # a step that stopped partway or runs in the background completes first
         saved = save_checkpoint(self._checkpoint_parts(), save_dir, tag=tag, client_state=client_state or {},
                                 save_latest=save_latest)
+        if self._fetcher is not None:  # ZeRO-3: persistent parameters whole again (empty_partition_cache
+            with self._collectives("save_checkpoint"):  # may have released them), as DeepSpeed's
+                self._fetcher.refresh_persistent(wait=True)  # checkpoint_event_epilogue
         if self.zero_optimization_stage() >= 1 and self.global_rank == 0:
             self._copy_recovery_script(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
         return saved
