@@ -187,6 +187,8 @@ class ZSpeedEngine(torch.nn.Module):
         _take_from_earlier_engines(model)
         from ..utils.z3_leaf_module import apply_zero_leaf_module_config
         apply_zero_leaf_module_config(model, config.leaf_module)  # read by the ZeRO-3 fetcher
+        # rank 0 writes zero_to_fp32.py beside ZeRO (stage 1-3) checkpoints, as DeepSpeed
+        self._recovery_script = config.zero_stage >= 1 and self.global_rank == 0
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -894,7 +896,7 @@ class ZSpeedEngine(torch.nn.Module):
         if self._fetcher is not None:  # ZeRO-3: persistent parameters whole again (empty_partition_cache
             with self._collectives("save_checkpoint"):  # may have released them), as DeepSpeed's
                 self._fetcher.refresh_persistent(wait=True)  # checkpoint_event_epilogue
-        if self.zero_optimization_stage() >= 1 and self.global_rank == 0:
+        if self._recovery_script:
             self._copy_recovery_script(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
         return saved
 

@@ -53,13 +53,11 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
         from ..plan import overlap_comm
         section = dict(section)
         pin = section.pop("cpu_offload_use_pin_memory", None)
-        offload_param_flag = section.pop("cpu_offload_param", None)
+        flags = {old: section.pop(old, None) for old in _DEPRECATED}
         for old, new in _DEPRECATED.items():  # a deprecated boolean: its section on the cpu
-            flag = offload_param_flag if old == "cpu_offload_param" else section.pop(old, None)
-            if flag and section.get(new) is None:
+            if flags[old] and section.get(new) is None:
                 section[new] = {"device": "cpu"}
-            if old == "cpu_offload":
-                section["cpu_offload"] = bool(flag)
+        section["cpu_offload"] = bool(flags["cpu_offload"])  # (a field of the schema; the other one is not)
         given = {k: section.get(k) for k in ("offload_param", "offload_optimizer")}
         if pin is not None:
             for key in ("offload_param", "offload_optimizer"):
@@ -78,7 +76,7 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
         values["offload_param"] = _section_object(DeepSpeedZeroOffloadParamConfig, given["offload_param"], offp)
         values["offload_optimizer"] = _section_object(DeepSpeedZeroOffloadOptimizerConfig,
                                                       given["offload_optimizer"], off)
-        values["cpu_offload_param"], values["cpu_offload_use_pin_memory"] = offload_param_flag, pin
+        values["cpu_offload_param"], values["cpu_offload_use_pin_memory"] = flags["cpu_offload_param"], pin
         values["zenflow"] = None if zenflow is None else ReadOnlyConfig(**zenflow)
         values["leaf_module"] = DeepSpeedZeroLeafModuleConfig(**zero["leaf_module"])
         super().__init__(**values)
