@@ -141,3 +141,21 @@ def test_deepspeed_config_class(tmp_path):
             return 4
     d = DeepSpeedConfig({"train_batch_size": 32, "gradient_accumulation_steps": 2}, mpu=MPU())
     assert d.train_micro_batch_size_per_gpu == 4 and d.world_size == 4
+
+
+def test_the_compile_section_and_what_sum_reduction_cannot_combine_with():
+    """DeepSpeed's "compile" section (DeepCompile) is known: its settings are accepted without
+    deepcompile; deepcompile true is refused by name. gradient_allreduce_op "sum" with ZenFlow or
+    DeepCompile is DeepSpeed's ValueError, with its message."""
+    from zspeed.runtime.config import ConfigError, parse_config
+    base = {"train_batch_size": 1}
+    c = parse_config({**base, "compile": {"deepcompile": False, "free_activation": True, "passes": []}}, world_size=1)
+    assert c.compile["deepcompile"] is False and c.compile["double_buffer"] is True
+    with pytest.raises(ConfigError, match="compile.deepcompile.*not implemented.*set deepcompile to false"):
+        parse_config({**base, "compile": {"deepcompile": True}}, world_size=1)
+    with pytest.raises(ConfigError, match="unknown config key 'deepcompil' in section 'compile'"):
+        parse_config({**base, "compile": {"deepcompil": True}}, world_size=1)
+    for extra, feature in [({"zero_optimization": {"stage": 2, "zenflow": {}}}, "ZenFlow"),
+                           ({"zero_optimization": {"stage": 1}, "compile": {"deepcompile": True}}, "DeepCompile")]:
+        with pytest.raises(ValueError, match=f"gradient_allreduce_op='sum' is not supported with {feature}"):
+            parse_config({**base, "gradient_allreduce_op": "sum", **extra}, world_size=1)

@@ -523,6 +523,19 @@ SCHEMA: dict[str, S] = {
         "overlap_events": K(True, (bool,), "overlap submission and completion (nvme swapper, io_uring)"),
         "use_gds": K(False, (bool,), "GPUDirect Storage (not supported)"),
     }, "aio"),
+    "compile": S({
+        "deepcompile": K(False, (bool,), "DeepSpeed's DeepCompile (compiler-driven ZeRO): only false (zspeed "
+                         "does not implement it)"),
+        **{k: K(v, (bool,), "DeepCompile setting: accepted (no effect without deepcompile)") for k, v in (
+            ("free_activation", False), ("offload_activation", False), ("offload_activation_pin_memory", True),
+            ("offload_opt_states", False), ("double_buffer", True), ("symmetric_memory", False),
+            ("debug_log", False), ("offload_parameters", False), ("sync_before_reduce", False),
+            ("sync_after_reduce", False), ("sync_before_allgather", False), ("sync_after_allgather", False),
+            ("keep_int_input_tensors", True), ("keep_all_input_tensors", False))},
+        "free_activation_threshold": K(10 * 1024 * 1024, (int,), "DeepCompile setting: accepted (no effect "
+                                       "without deepcompile)", check=_nonneg),
+        "passes": K(None, (list, type(None)), "DeepCompile passes: accepted (no effect without deepcompile)"),
+    }, "compile"),
     "activation_checkpointing": S({
         "partition_activations": K(False, (bool,), "split saved activations across model-parallel ranks: no "
                                    "effect (zspeed has no model parallelism)"),
@@ -922,6 +935,7 @@ class ZSpeedConfig:
         self.aio = sec("aio")
         self.checkpoint = sec("checkpoint")
         self.activation_checkpointing = sec("activation_checkpointing")
+        self.compile = sec("compile")
         self.data_types = sec("data_types")
         self.torch_autocast = sec("torch_autocast")
         self.amp = sec("amp")
@@ -1052,6 +1066,15 @@ class ZSpeedConfig:
         check_param_dtype(self.data_types["param_dtype"],
                           "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32")
         self._grad_accum = self.data_types["grad_accum_dtype"]
+        summed = self.top["gradient_allreduce_op"] == "sum"
+        for feature, asked in (("ZenFlow", self.zenflow is not None), ("DeepCompile", self.compile["deepcompile"])):
+            if summed and asked:  # DeepSpeed's checks, its messages
+                raise ConfigError(f"gradient_allreduce_op='sum' is not supported with {feature}; use \"mean\" (the "
+                                  f"default).")
+        if self.compile["deepcompile"]:
+            raise ConfigError("compile.deepcompile: DeepSpeed's DeepCompile (compiler-driven ZeRO) is not implemented "
+                              "by zspeed; remove the compile section or set deepcompile to false (zspeed's ZeRO "
+                              "runs without it).")
         if self.zenflow is not None:
             self.warnings.append("zero_optimization.zenflow: DeepSpeed's ZenFlow (selective gradient updates "
                                  "with an overlapped CPU step) is not implemented by zspeed; training runs as "
