@@ -95,6 +95,7 @@ def test_every_deepspeed_zero_field_is_known():
     run = {"train_batch_size": 1}
     parse_config({**run, "zero_optimization": {"stage": 3, "use_multi_rank_bucket_allreduce": False,
                                                "legacy_stage1": True, "zero_quantized_weights": False,
+                                               "pipeline_loading_checkpoint": True,
                                                "mics_shard_size": -1}}, world_size=1)
     for key, value, needle in [("zero_quantized_weights", True, "ZeRO++ quantized weight"),
                                ("zero_hpz_partition_size", 2, "hierarchical"), ("mics_shard_size", 2, "MiCS"),

@@ -382,9 +382,9 @@ SCHEMA: dict[str, S] = {
                                    check=_ds_default(True, "zero.Init without whole parameters in Module.apply "
                                    "(a parent's weight initialisation would then miss its children's "
                                    "partitioned weights)")),
-        "pipeline_loading_checkpoint": K(False, (bool,), "DeepSpeed's pipeline-parallel loading (only false)",
-                                         check=_ds_default(False, "DeepSpeed's pipeline-parallel checkpoint "
-                                                           "loading; zspeed has no pipeline parallelism")),
+        "pipeline_loading_checkpoint": K(False, (bool,), "accepted (no effect: DeepSpeed's ZeRO-3 loads "
+                                         "checkpoints one local rank after another with it; zspeed's ranks load "
+                                         "their parts at the same time)"),
         "zero_hpz_partition_size": K(1, (int,), "ZeRO++ hierarchical partitioning (only 1)",
                                      check=_ds_default(1, "ZeRO++ hierarchical weight partitioning (hpZ)")),
         "zero_quantized_weights": K(False, (bool,), "ZeRO++ quantized weight gathers (only false)",
