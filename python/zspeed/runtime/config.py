@@ -400,9 +400,8 @@ SCHEMA: dict[str, S] = {
                                                "partitions over all ranks")),
         "mics_hierarchical_params_gather": K(False, (bool,), "MiCS hierarchical gathers (only false)",
                                              check=_ds_default(False, "MiCS hierarchical parameter gathers")),
-        "save_muon_momentum_buffer_in_memory": K(False, (bool,), "DeepSpeed's Muon momentum placement (only "
-                                                 "false)", check=_ds_default(False, "DeepSpeed's Muon momentum "
-                                                                             "buffer kept in memory")),
+        "save_muon_momentum_buffer_in_memory": K(False, (bool,), "accepted (no effect: it places DeepSpeed's Muon "
+                                                 "momentum under NVMe offload, and zspeed has no Muon)"),
         "zenflow": K(None, (dict, type(None)), "DeepSpeed's ZenFlow (section; accepted, not implemented: "
                      "training runs as ordinary ZeRO-Offload)"),
     }, "zero_optimization"),
