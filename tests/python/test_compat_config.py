@@ -53,9 +53,11 @@ def test_amp_torch_autocast_and_data_types():
     refused({"torch_autocast": {"enabled": True}}, "torch_autocast", "bf16")
     c = ok({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}})
     assert c.data_types["grad_accum_dtype"] == "bf16"
-    ok({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}})  # one micro-batch: no effect
+    # ZeRO 1-3 and one micro-batch: no effect; accumulating: refused (zspeed accumulates in bf16)
+    ok({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"}})
     refused({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
-             "data_types": {"grad_accum_dtype": "fp32"}}, "grad_accum_dtype", "'bf16'")
+             "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"}}, "grad_accum_dtype",
+            "'bf16'")
     refused({"data_types": {"param_dtype": "bf16"}}, "param_dtype", "fp32")
 
 
@@ -159,3 +161,24 @@ def test_the_compile_section_and_what_sum_reduction_cannot_combine_with():
                            ({"zero_optimization": {"stage": 1}, "compile": {"deepcompile": True}}, "DeepCompile")]:
         with pytest.raises(ValueError, match=f"gradient_allreduce_op='sum' is not supported with {feature}"):
             parse_config({**base, "gradient_allreduce_op": "sum", **extra}, world_size=1)
+
+
+@pytest.mark.parametrize("precision,gad,refused", [("fp16", "bf16", True), ("fp16", "fp32", True),
+                                                   ("bf16", "fp32", True), ("fp32", "fp16", True),
+                                                   ("fp16", "fp16", False), ("bf16", None, False)])
+def test_stage0_takes_only_the_models_dtype_for_gradient_accumulation(precision, gad, refused):
+    """DeepSpeed without ZeRO implements gradient accumulation in the model's dtype only and raises
+    NotImplementedError for another mix; zspeed refuses the same (stages 1-3 take any, one
+    micro-batch per step)."""
+    c = {"train_batch_size": 1, "zero_optimization": {"stage": 0}, "data_types": {"grad_accum_dtype": gad}}
+    if precision != "fp32":
+        c[precision] = {"enabled": True}
+    if refused:
+        with pytest.raises(NotImplementedError, match="unsupported mix of model_dtype=.*grad_accum_dtype="):
+            parse_config(c, world_size=1)
+        with pytest.raises(ConfigError):  # (a ConfigError too, naming the fix)
+            parse_config(c, world_size=1)
+    else:
+        parse_config(c, world_size=1)
+    c["zero_optimization"]["stage"] = 2
+    parse_config(c, world_size=1)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._native import ZSpeedError
-from .errors import ConfigAssertionError, ConfigError
+from .errors import ConfigAssertionError, ConfigError, ConfigNotImplementedError
 from .plan import Facts, check as check_combinations
 
 __all__ = ["ConfigError", "ZSpeedConfig", "parse_config", "parse_precision", "load_json_config", "SCHEMA",
@@ -885,6 +885,24 @@ def check_param_dtype(param_dtype: str | None, model: str) -> None:
                                    f"({model}, from the fp16/bf16 sections); remove it or make them agree.")
 
 
+def _no_rule(gad: str, model: str) -> None:
+    """At ZeRO stages 1-3 DeepSpeed's optimizers take any gradient accumulation dtype."""
+
+
+def _same_dtype_without_zero(gad: str, model: str) -> None:
+    """Without ZeRO (stage 0) DeepSpeed implements only the model's dtype for accumulation."""
+    torch_names = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
+    raise ConfigNotImplementedError(
+        f"unsupported mix of model_dtype={torch_names[model]} and grad_accum_dtype="
+        f"{torch_names[_DTYPE_NAMES[gad.lower()]]}: without ZeRO (stage 0) gradients accumulate in the model's "
+        f"dtype, as in DeepSpeed (NotImplementedError there too); set data_types.grad_accum_dtype to {model!r} or "
+        f"remove it.")
+
+
+# zero_optimization.stage -> DeepSpeed's rule for a grad_accum_dtype other than the model's
+_MIXED_ACCUM_RULES = {0: _same_dtype_without_zero}
+
+
 # Stages whose allgather_bucket_size must be even: DeepSpeed's stage 1-2 optimizer asserts it.
 _EVEN_ALLGATHER = {1: True, 2: True}
 
@@ -1115,7 +1133,10 @@ class ZSpeedConfig:
         dtype is refused unless nothing accumulates (one micro-batch per optimizer step)."""
         gad = self._grad_accum
         model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
-        if gad is None or _DTYPE_NAMES[gad.lower()] == model or self.gradient_accumulation_steps == 1:
+        if gad is None or _DTYPE_NAMES[gad.lower()] == model:
+            return
+        _MIXED_ACCUM_RULES.get(self.zero_stage, _no_rule)(gad, model)  # DeepSpeed's refusals by stage
+        if self.gradient_accumulation_steps == 1:
             return
         raise ConfigError(f"data_types.grad_accum_dtype = {gad!r}: zspeed accumulates gradients between "
                           f"accumulation boundaries in the model's dtype ({model}); with "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "ConfigAssertionError", "ZeRORuntimeException", "ZeRORuntimeConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
+__all__ = ["ConfigError", "ConfigAssertionError", "ConfigNotImplementedError", "ZeRORuntimeException", "ZeRORuntimeConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
 
 
 class ConfigError(ZSpeedError, ValueError):
@@ -13,6 +13,10 @@ class ConfigError(ZSpeedError, ValueError):
 
 class ConfigAssertionError(ConfigError, AssertionError):
     """A config DeepSpeed refuses with an assertion (scripts written for it catch AssertionError)."""
+
+
+class ConfigNotImplementedError(ConfigError, NotImplementedError):
+    """A config DeepSpeed refuses with NotImplementedError (a combination it does not implement)."""
 
 
 class ZeRORuntimeException(Exception):
