@@ -903,6 +903,12 @@ def _same_dtype_without_zero(gad: str, model: str) -> None:
 _MIXED_ACCUM_RULES = {0: _same_dtype_without_zero}
 
 
+# offload_optimizer.device -> why optimizer.params.torch_adam has no effect there
+_TORCH_ADAM_IGNORED = {"nvme": "optimizer.params.torch_adam has no effect with offload_optimizer.device \"nvme\": the "
+                               "NVMe swapper steps every partition with zspeed's own kernels (the same algorithm, "
+                               "computed in fp32, not torch's implementation, which DeepSpeed runs there)."}
+
+
 # Stages whose allgather_bucket_size must be even: DeepSpeed's stage 1-2 optimizer asserts it.
 _EVEN_ALLGATHER = {1: True, 2: True}
 
@@ -1092,6 +1098,9 @@ class ZSpeedConfig:
             raise ConfigError("compile.deepcompile: DeepSpeed's DeepCompile (compiler-driven ZeRO) is not implemented "
                               "by zspeed; remove the compile section or set deepcompile to false (zspeed's ZeRO "
                               "runs without it).")
+        ignored = _TORCH_ADAM_IGNORED.get(self.offload["device"])
+        if ignored and self.optimizer_params.get("torch_adam"):
+            self.warnings.append(ignored)
         if self.zenflow is not None:
             self.warnings.append("zero_optimization.zenflow: DeepSpeed's ZenFlow (selective gradient updates "
                                  "with an overlapped CPU step) is not implemented by zspeed; training runs as "

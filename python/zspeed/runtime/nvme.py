@@ -189,7 +189,8 @@ class NVMePath(OffloadedPath):
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):
         super().__init__(layout, buffers)
-        # A client optimizer of another kind and torch_adam were refused by the run plan (plan.py).
+        # A client optimizer of another kind was refused by the run plan (plan.py); torch_adam has no
+        # effect here (the config warns).
         from ..ops.swap import NVMeOptimizerSwapper
         from ..ops import grad_stats
         self._grad_stats = grad_stats
