@@ -182,3 +182,21 @@ def test_stage0_takes_only_the_models_dtype_for_gradient_accumulation(precision,
         parse_config(c, world_size=1)
     c["zero_optimization"]["stage"] = 2
     parse_config(c, world_size=1)
+
+
+@pytest.mark.parametrize("key,bad", [("loss_scale_window", 0), ("loss_scale_window", -1), ("min_loss_scale", 0),
+                                     ("min_loss_scale", -1)])
+def test_dynamic_scale_keys_are_checked_only_where_dynamic_scaling_uses_them(key, bad):
+    """DeepSpeed's rule: loss_scale_window and min_loss_scale must be positive under dynamic loss
+    scaling (fp16 on, loss_scale 0); with a static scale or fp16 off they are unused and any value
+    is kept. The same rule in the engine's parser and DeepSpeedFP16Config."""
+    from zspeed.runtime.precision_config import DeepSpeedFP16Config
+    with pytest.raises(ConfigError, match=f"fp16.{key}.*dynamic loss scaling"):
+        parse_config({"train_batch_size": 1, "fp16": {"enabled": True, key: bad}}, world_size=1)
+    with pytest.raises(ConfigError, match=f"fp16.{key}"):
+        DeepSpeedFP16Config(enabled=True, loss_scale=0, **{key: bad})
+    c = parse_config({"train_batch_size": 1, "fp16": {"enabled": True, "loss_scale": 128, key: bad}}, world_size=1)
+    assert c.fp16[key] == bad and c.fp16["loss_scale"] == 128
+    assert getattr(DeepSpeedFP16Config(enabled=False, **{key: bad}), key) == bad
+    with pytest.raises(ConfigError, match="wrong type"):
+        DeepSpeedFP16Config(enabled=True, **{key: True})

@@ -300,10 +300,11 @@ SCHEMA: dict[str, S] = {
                         check=lambda v: None if v == 0 or _SCALE_MIN <= v <= _SCALE_MAX else
                         "must be 0 (dynamic) or a static scale between 2^-24 and 2^64"),
         "initial_scale_power": K(16, (int,), "dynamic scaling starts at 2**power", check=_between(0, 64)),
-        "loss_scale_window": K(1000, (int,), "steps without overflow before the scale doubles", check=_pos),
+        "loss_scale_window": K(1000, (int,), "steps without overflow before the scale doubles (> 0 with "
+                               "dynamic scaling)"),
         "hysteresis": K(2, (int,), "overflows tolerated before the scale is lowered", check=_pos),
         "consecutive_hysteresis": K(False, (bool,), "refill hysteresis on every good step"),
-        "min_loss_scale": K(1, NUM, "lower bound of the dynamic scale", check=_between(_SCALE_MIN, _SCALE_MAX)),
+        "min_loss_scale": K(1, NUM, "lower bound of the dynamic scale (2^-24 to 2^64 with dynamic scaling)"),
         "fp16_master_weights_and_grads": K(False, (bool,), "fp16 master weights (not supported)"),
     }, "fp16"),
     "bf16": S({
@@ -740,7 +741,30 @@ def _parse_section(section: str, given: dict, keys: dict, autos: set, extra_know
             out[key] = None
             continue
         out[key] = _check_value(path, spec, value)
+    rule = _SECTION_RULES.get(section)
+    if rule is not None:
+        rule(out)
     return out
+
+
+def _dynamic_scale_rule(fp16: dict) -> None:
+    """loss_scale_window and min_loss_scale matter only to dynamic loss scaling (fp16 enabled with
+    loss_scale 0): there they must be positive (and min_loss_scale a usable scale); otherwise any
+    value is kept, as DeepSpeed's validator does."""
+    if not fp16["enabled"] or fp16["loss_scale"] != 0:
+        return
+    window, floor = fp16["loss_scale_window"], fp16["min_loss_scale"]
+    if window is not None and window <= 0:
+        raise ConfigError(f"config key 'fp16.loss_scale_window' = {window!r} must be > 0 with dynamic loss "
+                          f"scaling (fp16.loss_scale 0; default 1000).")
+    if floor is not None and not _SCALE_MIN <= floor <= _SCALE_MAX:
+        raise ConfigError(f"config key 'fp16.min_loss_scale' = {floor!r} must be between {_SCALE_MIN:g} and "
+                          f"{_SCALE_MAX:g} with dynamic loss scaling (fp16.loss_scale 0; default 1).")
+
+
+# section -> a rule between its keys, applied whenever the section is read (also by the
+# DeepSpeed-named config classes and zero.Init)
+_SECTION_RULES = {"fp16": _dynamic_scale_rule}
 
 
 def _derive_batch(tb, mb, gas, ws: int, autos: set) -> tuple[int, int, int]:
