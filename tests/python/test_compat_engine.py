@@ -653,3 +653,39 @@ def test_engine_passes_public_attributes_through_to_the_model():
     e.backward(loss)
     e.step()
     assert e.global_steps == 1
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_one_loss_over_several_engines_with_deepspeeds_backward_epilogue(stage):
+    """DeepSpeed's multiple-models pattern: one loss over two engines' models, loss.backward() by
+    the script, then each engine's internal _backward_epilogue() and step(). zspeed ends such a
+    backward itself, so the calls change nothing: the weights equal a run without them, and each
+    engine's steps are those of its model trained alone on its part of the loss (to fp32 rounding:
+    autograd sums the two parts' graphs in another order)."""
+    import torch.nn.functional as F
+
+    def run(epilogue):
+        engines = [zspeed.initialize(model=mlp(seed=i), config=cfg(zero_optimization={"stage": stage}))[0]
+                   for i in range(2)]
+        for x, y in batches(3):
+            losses = [F.mse_loss(e(x), y) for e in engines]
+            sum(l / (i + 1) for i, l in enumerate(losses)).backward()
+            for e in engines:
+                if epilogue:
+                    e._backward_epilogue()
+            for e in engines:
+                e.step()
+        return [_params(e) for e in engines]
+
+    with_calls, without = run(True), run(False)
+    for a, b in zip(with_calls, without):
+        for p, q in zip(a, b):
+            assert torch.equal(p, q)
+    # each model trained alone through engine.backward on its part of the loss: the same steps
+    for i, got in enumerate(with_calls):
+        alone = zspeed.initialize(model=mlp(seed=i), config=cfg(zero_optimization={"stage": stage}))[0]
+        for x, y in batches(3):
+            alone.backward(F.mse_loss(alone(x), y) / (i + 1))
+            alone.step()
+        for p, q in zip(got, _params(alone)):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)

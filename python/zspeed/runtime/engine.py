@@ -713,6 +713,13 @@ class ZSpeedEngine(torch.nn.Module):
         if self._fetcher is not None:
             self._fetcher.release_all()
 
+    def _backward_epilogue(self) -> None:
+        """DeepSpeed's internal end of a backward, which scripts that run ``loss.backward()``
+        themselves over several engines (one loss over their models) call on each engine: zspeed
+        ends such a backward by itself when autograd finishes (``_end_direct_backward``, queued at
+        its start: the gradients are where the step reads them), so nothing is left to do here."""
+        self._check_open()
+
     def _refuse_if_unfinished(self, what: str) -> None:
         if self._unfinished is not None:
             raise StepIncompleteError(
