@@ -19,7 +19,8 @@ class ZeroParamStatus(Enum):
 _PARAM_IDS = itertools.count()  # DeepSpeed's p.ds_id: unique per partitioned parameter in the process
 
 
-def mark_partitioned(p, persistent: bool = False, sanity_checks: bool | None = None) -> None:
+def mark_partitioned(p, persistent: bool = False, sanity_checks: bool | None = None,
+                     status: ZeroParamStatus = ZeroParamStatus.NOT_AVAILABLE) -> None:
     """DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate):
     ``ds_id`` (kept once given), ``ds_persist`` and ``ds_status`` (NOT_AVAILABLE: shards only);
     ``ds_enable_sanity_checks`` (zero_optimization.enable_sanity_checks, read by
@@ -27,7 +28,7 @@ def mark_partitioned(p, persistent: bool = False, sanity_checks: bool | None = N
     if not hasattr(p, "ds_id"):
         p.ds_id = next(_PARAM_IDS)
     p.ds_persist = persistent
-    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    p.ds_status = status
     if sanity_checks is not None:
         p.ds_enable_sanity_checks = bool(sanity_checks)
 
@@ -36,9 +37,4 @@ def mark_whole(p, sanity_checks: bool | None = None) -> None:
     """DeepSpeed's attributes of a parameter zero.Init processed but kept whole (one rank: zspeed
     does not cut it, docs/COMPAT.md): ``ds_id`` (DeepSpeed's mark that zero.Init processed it),
     ``ds_persist`` False and ``ds_status`` AVAILABLE (it is whole)."""
-    if not hasattr(p, "ds_id"):
-        p.ds_id = next(_PARAM_IDS)
-    p.ds_persist = False
-    p.ds_status = ZeroParamStatus.AVAILABLE
-    if sanity_checks is not None:
-        p.ds_enable_sanity_checks = bool(sanity_checks)
+    mark_partitioned(p, False, sanity_checks, ZeroParamStatus.AVAILABLE)
