@@ -1110,8 +1110,7 @@ class ZSpeedConfig:
                 f"DeepSpeed's rule: it aligns its all-gather buffers to 4 bytes of fp16 elements); "
                 f"zero_optimization.allgather_bucket_size is {agb!r}: use an even count such as "
                 f"{2 * -(-int(float(agb)) // 2)}, or remove the key.")
-        check_param_dtype(self.data_types["param_dtype"],
-                          "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32")
+        check_param_dtype(self.data_types["param_dtype"], _model_dtype(self.fp16, self.bf16))
         self._grad_accum = self.data_types["grad_accum_dtype"]
         summed = self.top["gradient_allreduce_op"] == "sum"
         for feature, asked in (("ZenFlow", self.zenflow is not None), ("DeepCompile", self.compile["deepcompile"])):
@@ -1165,7 +1164,7 @@ class ZSpeedConfig:
         """data_types.grad_accum_dtype: zspeed accumulates gradients in the model's dtype; another
         dtype is refused unless nothing accumulates (one micro-batch per optimizer step)."""
         gad = self._grad_accum
-        model = "fp16" if self.fp16["enabled"] else "bf16" if self.bf16["enabled"] else "fp32"
+        model = _model_dtype(self.fp16, self.bf16)
         if gad is None or _DTYPE_NAMES[gad.lower()] == model:
             return
         _MIXED_ACCUM_RULES.get(self.zero_stage, _no_rule)(gad, model)  # DeepSpeed's refusals by stage

@@ -164,7 +164,7 @@ class EngineOptimizer(torch.optim.Optimizer):
         With several ranks it is a collective (every rank calls it)."""
         e = self._engine
         e._grads_for_fragments("optimizer._get_norm_groups()")
-        factor = 1.0 / (e.loss_scaler.loss_scale * e.plan.grad_divisor)
+        factor = e._fragments._grad_factor(e)  # (the fragment API's unscaling)
         out = []
         for row in e.optimizer_path.grad_rows():
             sumsq = sum(float(g.detach().double().square().sum()) for g in row if g is not None)
