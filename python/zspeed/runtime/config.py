@@ -257,7 +257,8 @@ SCHEMA: dict[str, S] = {
                                "default since 0.19.3 is 1.0)", check=_nonneg),
         "steps_per_print": K(10, NUM, "log progress every N optimizer steps (infinity, as HF accelerate "
                              "writes, or 0: never)", auto=AUTO_DEFAULT, check=_steps_per_print, allow_inf=True),
-        "wall_clock_breakdown": K(False, (bool,), "log forward/backward/step times", auto=AUTO_DEFAULT),
+        "wall_clock_breakdown": K(False, (bool,), "time each forward, backward and step (engine.timers) and print "
+                                  "the times on rank 0 at every step() call, as DeepSpeed", auto=AUTO_DEFAULT),
         "dump_state": K(False, (bool,), "log the engine state after initialize"),
         "log_level": K(None, (str, type(None)), "level of zspeed's logger (deepspeed.utils.logger) and its "
                        "handlers, set at initialize: debug, info, warning, error or critical (null: unchanged)",
@@ -536,6 +537,16 @@ SCHEMA: dict[str, S] = {
                                        "without deepcompile)", check=_nonneg),
         "passes": K(None, (list, type(None)), "DeepCompile passes: accepted (no effect without deepcompile)"),
     }, "compile"),
+    "timers": S({
+        "throughput": K(None, (dict, type(None)), "engine.tput_timer, the samples-per-second timer (section)"),
+    }, "timers"),
+    "timers.throughput": S({
+        "enabled": K(True, (bool,), "measure samples per second (engine.tput_timer; logged every steps_per_print "
+                     "steps)"),
+        "synchronized": K(True, (bool,), "wait for the current CUDA stream at each timer start and stop, so that "
+                          "a time covers the device work and not only its launch (DeepSpeed waits for the "
+                          "whole device)"),
+    }, "timers.throughput"),
     "activation_checkpointing": S({
         "partition_activations": K(False, (bool,), "split saved activations across model-parallel ranks: no "
                                    "effect (zspeed has no model parallelism)"),
@@ -983,6 +994,8 @@ class ZSpeedConfig:
         self.checkpoint = sec("checkpoint")
         self.activation_checkpointing = sec("activation_checkpointing")
         self.compile = sec("compile")
+        thr = sec("timers").pop("throughput") or {}
+        self.throughput_timer = _parse_section("timers.throughput", thr, SCHEMA["timers.throughput"].keys, autos)
         self.data_types = sec("data_types")
         self.torch_autocast = sec("torch_autocast")
         self.amp = sec("amp")

@@ -47,6 +47,7 @@ from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
 from .trace import tracer_from
+from .timing import EngineTiming
 from .store import full_numel, full_shape
 from .summary import log_summary
 from .layout import FlatLayout
@@ -287,6 +288,10 @@ class ZSpeedEngine(torch.nn.Module):
         # the ranks whatever it says (see allreduce_gradients).
         self.enable_backward_allreduce = True
         self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
+        # DeepSpeed's throughput timer and wall-clock timers (timing.py)
+        self._timing = EngineTiming(config, self.train_batch_size(), self.global_rank)
+        self.tput_timer = self._timing.tput
+        self.timers = self._timing.timers
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
         attach_fragments(self, [p for ps in self._model_params for p in ps])
@@ -454,6 +459,14 @@ class ZSpeedEngine(torch.nn.Module):
 
     def gradient_accumulation_steps(self) -> int:
         return self._gas
+
+    def get_wall_clock_timers(self) -> dict:
+        """With wall_clock_breakdown true: {timer name: milliseconds} of the last step() call's
+        forward, backward and step timers (timing.py); {} otherwise, or before the first step()."""
+        return dict(self._timing.snapshot)
+
+    def wall_clock_breakdown(self) -> bool:
+        return bool(self._config.top["wall_clock_breakdown"])
 
     def gradient_clipping(self) -> float:
         """The global gradient norm the step clips to (0: no clipping; DeepSpeed's default 1.0)."""
@@ -627,7 +640,8 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_open()
         if self._config.fp16["auto_cast"]:
             inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
-        with self._collectives("forward"):  # ZeRO-3 gathers and a step in the background communicate
+        self.tput_timer.start()
+        with self._collectives("forward"), self._timing.phase("fwd"):  # ZeRO-3 gathers and a step in the background communicate
             if not torch.is_grad_enabled():  # evaluation sees the newest weights (delayed update: cpu.py)
                 self._settle()
             if self.dtype == torch.float32:
@@ -672,19 +686,25 @@ class ZSpeedEngine(torch.nn.Module):
         if scale_wrt_gas and self._gas > 1:
             loss = loss / self._gas
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
+        with self._timing.phase("bwd"):
+            self._engine_backward(scaled, retain_graph)
+        return loss
+
+    def _engine_backward(self, scaled: torch.Tensor, retain_graph: bool) -> None:
         with self._collectives("backward"):  # a step still in the background finishes first
             self.optimizer_path.before_backward(self._backward_boundary())
         self._in_engine_backward = True
         failed = True
         try:
-            with self._collectives("backward"), self._trace.span("backward"):
+            with self._collectives("backward"), self._trace.span("backward"), self._timing.phase("bwd_inner"):
                 scaled.backward(retain_graph=retain_graph)
             failed = False
             self._boundary_grads = self._backward_boundary()
         finally:
             self._in_engine_backward = False
             try:
-                self.optimizer_path.after_backward()
+                with self._timing.phase("bwd_reduce"):
+                    self.optimizer_path.after_backward()
                 if self._fetcher is not None:
                     self._fetcher.release_all()
             except BaseException:
@@ -693,7 +713,6 @@ class ZSpeedEngine(torch.nn.Module):
                 # The backward's own error is what the script must see (a peer that died during
                 # it fails the clean-up's collectives too).
                 log.debug("zspeed: clean-up after a failed backward raised too", exc_info=True)
-        return loss
 
     def _begin_direct_backward(self) -> None:
         """The first output hook of a backward the script started (loss.backward()): what
@@ -789,7 +808,7 @@ class ZSpeedEngine(torch.nn.Module):
             raise NoSyncError(f"It is illegal to call Engine.step() inside {kind} context manager (as in "
                               f"DeepSpeed): call it after the block.")
         boundary = self._unfinished is not None or self.is_gradient_accumulation_boundary()
-        with interrupts_deferred():
+        with interrupts_deferred(), self._timing.phase("step"):
             if boundary:
                 try:
                     with self._collectives("step"), self._trace.span("optimizer step", step=self.global_steps):
@@ -800,6 +819,7 @@ class ZSpeedEngine(torch.nn.Module):
                         self._unfinished_error = f"{type(e).__name__}: {text}" if text else type(e).__name__
                     raise
             self.micro_steps += 1
+        self._timing.after_step(boundary)
         if boundary and self._trace.enabled and self.global_steps % 20 == 0:
             self._trace.flush()
 
