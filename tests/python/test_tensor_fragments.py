@@ -93,6 +93,7 @@ def _named(e):
 def _ref_grads(ref, idx):
     ref.zero_grad()
     logits = ref(idx)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the loss in fp32 at least, as z3._loss
     torch.nn.functional.cross_entropy(logits.reshape(-1, z3.V), idx.reshape(-1)).backward()
     return {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
 
@@ -332,6 +333,111 @@ def test_gradients_mid_accumulation_are_refused_then_served_at_the_boundary(tmp_
     assert safe_get_full_grad(p) is not None
     e.step()
     assert e.global_steps == 1
+
+
+
+# stage, optimizer offload, precision: the paths engine.no_sync() runs on (ZeRO stages 0-1)
+NO_SYNC = {"s0-fp32": (0, "none", "fp32"), "s1-fp32": (1, "none", "fp32"), "s1-cpu-fp32": (1, "cpu", "fp32"),
+           "s1-nvme-fp32": (1, "nvme", "fp32"), "s0-bf16": (0, "none", "bf16"), "s1-cpu-fp16": (1, "cpu", "fp16")}
+
+
+def _no_sync_engine(case, tmp):
+    stage, opt, precision = NO_SYNC[case]
+    torch.manual_seed(0)
+    model = z3.Model()
+    # bf16's 8-bit mantissa makes a float64 model's gradients too far from a bf16 forward's to
+    # check the accumulation: its reference is the same model in bf16, run by plain torch
+    ref = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float64)
+    return zspeed.initialize(model=model, config=z3._cfg(stage, opt=opt, precision=precision, tmp=tmp))[0], ref
+
+
+@pytest.mark.parametrize("case", list(NO_SYNC))
+def test_inside_no_sync_gradients_are_this_ranks_accumulation(case, tmp_path):
+    """Inside no_sync the gradient read is the sum of the backwards so far (one rank: float64
+    reference for fp32; the loss scale divided out under fp16); a write replaces it, and the
+    boundary backward after the block adds its own gradient to what was written."""
+    e, ref = _no_sync_engine(case, tmp_path)
+    data = z3._data(3)
+    precision = NO_SYNC[case][2]
+    fp32 = precision == "fp32"
+    with e.no_sync():
+        e.backward(z3._loss(e, data[0]))
+        first = {n: safe_get_full_grad(p) for n, p in _named(e)}
+        e.backward(z3._loss(e, data[1]))
+        got = {n: safe_get_full_grad(p) for n, p in _named(e)}
+        with pytest.raises(FragmentError, match="ZeRO-3"):
+            safe_get_local_grad(_named(e)[0][1])
+    r0, r1 = _ref_grads(ref, data[0]), _ref_grads(ref, data[1])
+    for n, g in got.items():
+        assert g.shape == dict(_named(e))[n].shape and g.dtype != torch.float16, n
+        if fp32:
+            torch.testing.assert_close(first[n].double(), r0[n], **GRAD_TOL, msg=n)
+            torch.testing.assert_close(g.double(), r0[n] + r1[n], **GRAD_TOL, msg=n)
+        elif precision == "bf16":  # the same bf16 gradients, summed in bf16: one rounding (2^-8) apart
+            torch.testing.assert_close(g.double(), r0[n].double() + r1[n].double(), rtol=2 ** -7, atol=1e-5, msg=n)
+        else:  # fp16 with a loss scale against float64: the sum within fp16 forward rounding
+            torch.testing.assert_close(g.double(), r0[n] + r1[n], rtol=0.05, atol=0.02, msg=n)
+    # a write inside the block: the boundary backward adds to it, and the step reads the sum
+    with e.no_sync():
+        written = {n: torch.full_like(g, 0.25, dtype=torch.float32) for n, g in got.items()}
+        for n, p in _named(e):
+            safe_set_full_grad(p, written[n])
+        back = {n: safe_get_full_grad(p) for n, p in _named(e)}
+    for n, g in back.items():
+        torch.testing.assert_close(g.float(), written[n], rtol=0, atol=0, msg=n)
+    e.backward(z3._loss(e, data[2]))
+    r2 = _ref_grads(ref, data[2])
+    after = {n: safe_get_full_grad(p) for n, p in _named(e)}
+    if fp32:
+        for n, g in after.items():
+            torch.testing.assert_close(g.double(), r2[n] + 0.25, **GRAD_TOL, msg=n)
+    e.step()
+    assert e.global_steps == 1
+
+
+NO_SYNC_WORKER = r"""
+import os, sys
+sys.path.insert(0, HERE)
+from pathlib import Path
+import torch, zspeed
+import test_zero3 as T
+import test_tensor_fragments as F
+from zspeed.utils import safe_get_full_grad
+zspeed.init_distributed()
+rank = zspeed.comm.get_rank()
+data = T._data(4)
+out = {}
+for case in ("s0-fp32", "s1-cpu-fp32"):
+    e, _ = F._no_sync_engine(case, Path(os.environ["ZS_TMP"]) / case)
+    with e.no_sync():
+        e.backward(T._loss(e, data[rank]))
+        local = {n: safe_get_full_grad(p) for n, p in F._named(e)}
+    e.backward(T._loss(e, data[2 + rank]))   # the boundary: reduces the block's sum with its own
+    out[case] = (local, {n: safe_get_full_grad(p) for n, p in F._named(e)})
+    e.step()
+    e.close()
+torch.save(out, os.path.join(os.environ["ZS_TMP"], f"ns.{rank}.pt"))
+""".replace("HERE", repr(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.skipif(z3.DEVICE != "cpu", reason="the multi-rank cases run on the CPU (Gloo)")
+def test_two_ranks_inside_no_sync_read_their_own_gradients(tmp_path):
+    """Two Gloo ranks: inside no_sync each rank reads the gradient of its own data (not the
+    mean); at the boundary after the block, both read the mean of the four backwards."""
+    res = run_ranks(2, NO_SYNC_WORKER, env={"ZS_TMP": str(tmp_path)}, timeout=300)
+    for r in res:
+        assert r.returncode == 0, r
+    torch.manual_seed(0)
+    ref = z3.Model().double()
+    data = z3._data(4)
+    g = [_ref_grads(ref, d) for d in data]
+    for rank in range(2):
+        out = torch.load(tmp_path / f"ns.{rank}.pt")
+        for case, (local, boundary) in out.items():
+            for n, t in local.items():
+                torch.testing.assert_close(t.double(), g[rank][n], **GRAD_TOL, msg=f"{case} {rank} {n}")
+                mean = (g[0][n] + g[1][n] + g[2][n] + g[3][n]) / 2
+                torch.testing.assert_close(boundary[n].double(), mean, **GRAD_TOL, msg=f"{case} {rank} {n}")
 
 
 WORKER = r'''

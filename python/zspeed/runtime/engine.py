@@ -762,7 +762,8 @@ class ZSpeedEngine(torch.nn.Module):
             raise FragmentError(
                 f"{what}: gradients are readable after the backward of an accumulation boundary (micro-batch "
                 f"{self._gas} of {self._gas}) and before engine.step(); there is none now (no backward since the "
-                f"last step, or the accumulation is not at its boundary).")
+                f"last step, or the accumulation is not at its boundary). Inside engine.no_sync() they are readable "
+                f"too: each rank's own, not reduced.")
         if not self._grads_gathered:
             with self._collectives(what):
                 self._collect_grads()

@@ -14,6 +14,11 @@ What is read and written, and when it is valid:
 
 - the fp32 master: at any time after ``initialize`` (a step under way finishes first). A write
   also refreshes the model's weights from the masters (the next forward sees it).
+- the gradient inside ``engine.no_sync()`` (ZeRO stages 0-1): this rank's gradient accumulated
+  by the backwards so far, not reduced over the ranks (nothing is, inside the block), the
+  fp16 loss scale divided out (fp32 for fp16, else the gradient's dtype); None for a parameter
+  that got none. A write replaces it; the first boundary backward after the block adds to it
+  and reduces the sum. (DeepSpeed returns the parameter's ``.grad`` itself, the loss scale in it.)
 - the gradient: after the backward of an accumulation boundary and before ``step()``. It is
   the gradient as the step applies it before clipping: averaged over the ranks (with
   ``gradient_allreduce_op`` "mean") and the micro-batches, the fp16 loss scale divided out,
@@ -246,8 +251,19 @@ class Fragments:
         """Stored gradient * this = the gradient the docstring describes."""
         return 1.0 / (e.loss_scaler.loss_scale * e.plan.grad_divisor)
 
+    @staticmethod
+    def _in_no_sync(e) -> bool:
+        """Inside engine.no_sync() (ZeRO stages 0-1): each rank's gradients accumulate unreduced
+        in the parameters' .grad, where the tensor-fragment API reads and writes them."""
+        return e._local_backward == "no_sync"
+
     def get_grad(self, p, local: bool = False) -> torch.Tensor:
         e, gi, pi, what, _ = self._begin(p, "get_{}_grad", local)
+        if self._in_no_sync(e):  # this rank's accumulation so far, the loss scale divided out
+            g = p.grad
+            if g is None:
+                return None
+            return g.to(torch.float32 if g.dtype == torch.float16 else g.dtype) / e.loss_scaler.loss_scale
         rows = self._grad_rows(e, what)
         dtype = next((rows[gi][ei].dtype for ei, _o, _k in self._entries(e, gi, pi) if rows[gi][ei] is not None),
                      e.dtype)
@@ -258,6 +274,14 @@ class Fragments:
 
     def set_grad(self, p, value, local: bool = False) -> None:
         e, gi, pi, what, v = self._begin(p, "set_{}_grad", local, value)
+        if self._in_no_sync(e):  # replaces this rank's accumulation so far
+            with torch.no_grad():
+                g = (v.to(p.device, torch.float32) * e.loss_scaler.loss_scale).view(p.shape)
+                if p.grad is None:
+                    p.grad = g.to(p.dtype)
+                else:
+                    p.grad.copy_(g)
+            return
         rows = self._grad_rows(e, what)
         scale = 1.0 / self._grad_factor(e)
         with torch.no_grad():
