@@ -427,7 +427,7 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
     assert {p.name: p.read_bytes() for p in (tmp_path / "best").iterdir()} == old
     assert (tmp_path / "latest").read_text() == "best" and leftovers(tmp_path) == []
     # (zero_to_fp32.py: DeepSpeed's converter's place, written beside a ZeRO stage 1-3 checkpoint)
-    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == ["best", "latest", "zero_to_fp32.py"]
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == ["best", "latest", "zero_to_fp32.py", "zero_to_torch.py"]
     f = make("bf16_offload")
     assert f.load_checkpoint(tmp_path)[0].endswith("best") and f.global_steps == 2
     e.save_checkpoint(tmp_path, tag="best")  # with space again, the save works
@@ -594,9 +594,58 @@ def test_deepspeeds_zero_to_fp32_functions(tmp_path):
         z.convert_zero_checkpoint_to_fp32_state_dict(tmp_path, tmp_path / "x", max_shard_size="lots")
 
 
+def test_deepspeeds_convert_to_state_dict_in_a_dtype(tmp_path):
+    """convert_zero_checkpoint_to_state_dict (DeepSpeed 0.19.8): floating-point tensors in the dtype
+    asked (a name of OUTPUT_DTYPE_NAMES in any case, or a torch dtype), others as saved; tied
+    names one tensor in the torch file; shard sizes counted in the output dtype; max_shard_size
+    None writes one file; an unknown dtype is DeepSpeed's ValueError, before anything is written."""
+    import zspeed.utils.zero_to_fp32 as z
+    from safetensors.torch import load_file
+
+    class WithSteps(TinyLM):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("seen", torch.arange(5))  # integers: never cast
+
+    c = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+         "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    e, *_ = zspeed.initialize(model=WithSteps(), config=c)
+    train(e, data(2), loss=lm_loss)
+    e.save_checkpoint(tmp_path)
+    masters = {k: m.cpu() for k, m in e._master_named().items()}
+    for dtype, want in (("BF16", torch.bfloat16), ("float16", torch.float16), (torch.float32, torch.float32)):
+        out = tmp_path / f"out-{want}"
+        files = z.convert_zero_checkpoint_to_state_dict(tmp_path, out, dtype=dtype)
+        got = torch.load(files[0])
+        assert [os.path.basename(f) for f in files] == ["pytorch_model.bin"]
+        for k, m in masters.items():
+            assert got[k].dtype == want and torch.equal(got[k], m.to(want)), (dtype, k)
+        assert got["out.weight"] is got["emb.weight"] and got["calls"].dtype == want
+        assert got["seen"].dtype == torch.int64 and torch.equal(got["seen"], torch.arange(5))
+    # shards are sized in the output dtype: half as many bytes in bf16 as in fp32 for the same limit
+    n32 = len(z.convert_zero_checkpoint_to_state_dict(tmp_path, tmp_path / "s32", "fp32", max_shard_size=600,
+                                                      safe_serialization=True))
+    files = z.convert_zero_checkpoint_to_state_dict(tmp_path, tmp_path / "s16", "bf16", max_shard_size=600,
+                                                    safe_serialization=True)
+    assert 2 < len(files) < n32, (len(files), n32)
+    index = json.loads(open(files[-1]).read())
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size()
+                                                  for f in files[:-1] for t in load_file(f).values())
+    assert z.convert_zero_checkpoint_to_state_dict(tmp_path, tmp_path / "one", "fp16", max_shard_size=None,
+                                                   safe_serialization=True)[0].endswith("model.safetensors")
+    assert z.convert_zero_checkpoint_to_fp32_state_dict(tmp_path, tmp_path / "one32", max_shard_size=None)[0] \
+        .endswith("pytorch_model.bin")
+    with pytest.raises(ValueError, match="Unsupported output dtype 'int8'. Choose one of: bf16, bfloat16"):
+        z.convert_zero_checkpoint_to_state_dict(tmp_path, tmp_path / "bad", dtype="int8")
+    with pytest.raises(ValueError, match="Unsupported output dtype"):
+        z.convert_zero_checkpoint_to_state_dict(tmp_path, tmp_path / "bad", dtype=torch.float64)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_zero_checkpoints_carry_deepspeeds_zero_to_fp32_script(tmp_path, caplog):
-    """At ZeRO stages 1-3 rank 0 writes save_dir/zero_to_fp32.py (DeepSpeed's converter's name
-    and command line, running zspeed's), executable; at stage 0 nothing (as DeepSpeed)."""
+    """At ZeRO stages 1-3 rank 0 writes save_dir/zero_to_fp32.py and zero_to_torch.py (DeepSpeed's
+    converters' names and command lines, running zspeed's), executable; at stage 0 nothing (as
+    DeepSpeed)."""
     import subprocess
     from safetensors.torch import load_file
     e = make("bf16_offload")
@@ -619,8 +668,22 @@ def test_zero_checkpoints_carry_deepspeeds_zero_to_fp32_script(tmp_path, caplog)
     res = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "o3"),
                           "--exclude_frozen_parameters"], capture_output=True, text=True, env=env)
     assert res.returncode == 1 and "exclude_frozen_parameters" in res.stderr
+    # zero_to_torch.py (DeepSpeed 0.19.8): the same with --dtype, which it requires
+    torch_script = tmp_path / "ck" / "zero_to_torch.py"
+    assert torch_script.is_file()
+    if os.name != "nt":
+        assert os.stat(torch_script).st_mode & 0o100
+    res = subprocess.run([sys.executable, str(torch_script), str(tmp_path / "ck"), str(tmp_path / "bf"),
+                          "--dtype", "bf16"], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    w = torch.load(str(tmp_path / "bf" / "pytorch_model.bin"))
+    for k, m in e._master_named().items():
+        assert torch.equal(w[k], m.cpu().to(torch.bfloat16)), k
+    res = subprocess.run([sys.executable, str(torch_script), str(tmp_path / "ck"), str(tmp_path / "o4")],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and "--dtype" in res.stderr and not (tmp_path / "o4").exists()
     make("fp32").save_checkpoint(tmp_path / "s0")
-    assert not (tmp_path / "s0" / "zero_to_fp32.py").exists()
+    assert not (tmp_path / "s0" / "zero_to_fp32.py").exists() and not (tmp_path / "s0" / "zero_to_torch.py").exists()
     # A file system that refuses the permission change (or a missing file) is logged, not raised.
     import logging
     with caplog.at_level(logging.INFO, logger="zspeed"):

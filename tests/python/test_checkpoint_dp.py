@@ -380,13 +380,13 @@ def test_failures_during_save_and_load_fail_every_rank_and_change_nothing(tmp_pa
         assert "rank 0" in g["client"][0] and "client_state value at 'client_state.x'" in g["client"][0]
         assert "failed on rank 1 of 2" in g["write"][0] and "RuntimeError: disk controller on fire" in g["write"][0]
         # the previous checkpoint and `latest` are intact, nothing of the failed saves is visible
-        assert g["after"] == [[".zspeed-lock", "a", "latest", "nvme", "zero_to_fp32.py"], "a"]
+        assert g["after"] == [[".zspeed-lock", "a", "latest", "nvme", "zero_to_fp32.py", "zero_to_torch.py"], "a"]
         assert "rank 1 asked for tag 'c1', rank 0 for 'c0'" in g["tags"][0]
         assert g["tags"][1] is True  # an AssertionError too, as DeepSpeed's tag_validation "Fail" raises
         assert "rank 1 found no checkpoint" in g["differ"][0] and "Nothing was loaded" in g["differ"][0]
         assert "failed on rank 1 of 2" in g["corrupt"][0] and "optim.rank1.safetensors' is corrupt" in g["corrupt"][0]
         assert g["unchanged"] == [True]
-    assert sorted(os.listdir(tmp_path)) == [".zspeed-lock", "a", "latest", "nvme", "zero_to_fp32.py"]
+    assert sorted(os.listdir(tmp_path)) == [".zspeed-lock", "a", "latest", "nvme", "zero_to_fp32.py", "zero_to_torch.py"]
 
 
 KILL = PROLOGUE + """
@@ -421,7 +421,7 @@ def test_a_rank_killed_during_a_save(tmp_path, victim, point):
     path, _ = e.load_checkpoint(tmp_path)
     assert path.endswith("a")  # `latest` was not moved yet at any of these points
     tags = sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")
-                  and n not in ("latest", "nvme", "zero_to_fp32.py"))
+                  and n not in ("latest", "nvme", "zero_to_fp32.py", "zero_to_torch.py"))
     assert tags == (["a", "b"] if committed else ["a"])
     for t in tags:  # every visible tag is complete
         assert e.load_checkpoint(tmp_path, tag=t)[0].endswith(t) and e.global_steps == (1 if t == "a" else 2)

@@ -929,20 +929,22 @@ class ZSpeedEngine(torch.nn.Module):
         return saved
 
     def _copy_recovery_script(self, save_path) -> None:
-        """``save_path/zero_to_fp32.py``, DeepSpeed's converter's place and command line, running
-        zspeed's (utils/zero_to_fp32.py); made executable. The checkpoint is complete without it:
-        a failure to write it is logged, not raised."""
+        """``save_path/zero_to_fp32.py`` and ``zero_to_torch.py``: DeepSpeed's converters' places and
+        command lines, running zspeed's (utils/zero_to_fp32.py, utils/zero_to_torch.py); made
+        executable. The checkpoint is complete without them: a failure to write one is logged, not
+        raised."""
         from pathlib import Path
 
-        from ..utils.zero_to_fp32 import RECOVERY_SCRIPT
+        from ..utils.zero_to_fp32 import RECOVERY_SCRIPTS
         from .checkpoint import write_text_output
-        dst = Path(save_path) / "zero_to_fp32.py"
-        try:
-            write_text_output(dst, RECOVERY_SCRIPT)
-        except (ZSpeedError, OSError) as e:
-            log.warning("zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
-            return
-        self._change_recovery_script_permissions(str(dst))
+        for name, text in RECOVERY_SCRIPTS.items():
+            dst = Path(save_path) / name
+            try:
+                write_text_output(dst, text)
+            except (ZSpeedError, OSError) as e:
+                log.warning("zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
+                continue
+            self._change_recovery_script_permissions(str(dst))
 
     def _change_recovery_script_permissions(self, dst) -> None:
         """Makes the recovery script executable; where the file system refuses (file shares) or the

@@ -3,6 +3,10 @@ from a checkpoint of any stage and world size (the masters where trained), as a 
 into a model, or as files. The command line does the same: ``zspeed to-fp32`` (streaming one
 tensor at a time, so it also fits models larger than memory).
 
+``convert_zero_checkpoint_to_state_dict`` writes the same weights in fp32, fp16 or bf16
+(``dtype``; DeepSpeed 0.19.8's, with its ``zero_to_torch.py`` command line: see
+``zspeed.utils.zero_to_torch``).
+
 ``checkpoint_dir`` is the folder that holds ``latest`` and the tag folders (``tag`` picks one;
 default: the tag ``latest`` names), or a tag folder itself. What differs from DeepSpeed:
 ``exclude_frozen_parameters=True`` is refused (a zspeed checkpoint does not record which of
@@ -13,8 +17,15 @@ from __future__ import annotations
 import json
 import re
 
+import torch
+
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
-           "convert_zero_checkpoint_to_fp32_state_dict", "main", "RECOVERY_SCRIPT"]
+           "convert_zero_checkpoint_to_state_dict", "convert_zero_checkpoint_to_fp32_state_dict",
+           "OUTPUT_DTYPE_NAMES", "main", "run_converter", "RECOVERY_SCRIPTS"]
+
+# The output dtypes DeepSpeed's converter takes, by the names it takes (any letter case).
+OUTPUT_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+                      "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
           "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
@@ -48,29 +59,44 @@ def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
 
 
 def _shard_bytes(max_shard_size) -> int:
+    """The largest shard in bytes; None: no limit (one file), as DeepSpeed."""
+    if max_shard_size is None:
+        return 0
     if isinstance(max_shard_size, int) and not isinstance(max_shard_size, bool):
         n = max_shard_size
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(max_shard_size).upper())
         if m is None or m.group(2) not in _UNITS:
             raise ValueError(f"max_shard_size={max_shard_size!r}: give bytes (an integer) or a size such as "
-                             f"'5GB' or '500MB'.")
+                             f"'5GB' or '500MB' (None: one file).")
         n = int(float(m.group(1)) * _UNITS[m.group(2)])
     if n <= 0:
-        raise ValueError(f"max_shard_size={max_shard_size!r} must be positive.")
+        raise ValueError(f"max_shard_size={max_shard_size!r} must be positive (None: one file).")
     return n
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
-                                               safe_serialization=False, tag=None, exclude_frozen_parameters=False):
-    """DeepSpeed's: writes the fp32 model into ``output_dir`` (created if needed) as
-    ``pytorch_model.bin`` (torch.save) or, with ``safe_serialization``, ``model.safetensors``;
-    a model above ``max_shard_size`` is cut into Hugging Face's numbered shards
+def _output_dtype(dtype):
+    """The torch dtype a converter writes floating-point tensors in: a torch dtype or one of
+    OUTPUT_DTYPE_NAMES (any letter case); anything else is DeepSpeed's ValueError."""
+    got = OUTPUT_DTYPE_NAMES.get(dtype.lower()) if isinstance(dtype, str) else dtype
+    if got not in OUTPUT_DTYPE_NAMES.values():
+        raise ValueError(f"Unsupported output dtype {dtype!r}. Choose one of: {', '.join(sorted(OUTPUT_DTYPE_NAMES))}")
+    return got
+
+
+def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype="float32", max_shard_size="5GB",
+                                          safe_serialization=False, tag=None, exclude_frozen_parameters=False):
+    """DeepSpeed's: writes the model into ``output_dir`` (created if needed) with its
+    floating-point tensors in ``dtype`` (float32, float16 or bfloat16, as a torch dtype or one of
+    OUTPUT_DTYPE_NAMES; other tensors keep theirs), as ``pytorch_model.bin`` (torch.save) or,
+    with ``safe_serialization``, ``model.safetensors``; a model above ``max_shard_size`` (bytes in
+    the output dtype; None: never) is cut into Hugging Face's numbered shards
     (``model-00001-of-00003.safetensors``, ...) with their ``.index.json``. Tied weights are
     kept under each name in the torch file and stored once in safetensors (which cannot hold
     shared tensors; the model ties them again on load). Each file appears complete or not at
-    all. Returns the list of files written."""
+    all. Returns the list of files written (DeepSpeed returns None)."""
     _no_frozen_exclusion(exclude_frozen_parameters)
+    out_dtype = _output_dtype(dtype)
     limit = _shard_bytes(max_shard_size)
     from pathlib import Path
 
@@ -85,8 +111,8 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
             if not safe_serialization:
                 seen[key][name] = t
             continue
-        n = t.numel() * t.element_size()
-        if cur and size + n > limit:
+        n = t.numel() * (out_dtype.itemsize if t.is_floating_point() else t.element_size())
+        if cur and limit and size + n > limit:
             shards.append(cur)
             cur, size = {}, 0
         cur[name] = t
@@ -99,6 +125,9 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
         [f"{stem}-{i + 1:05d}-of-{len(shards):05d}{ext}" for i in range(len(shards))]
     written = []
     for fname, shard in zip(names, shards):
+        cast: dict = {}  # one cast per tensor, so tied names stay one tensor in the torch file
+        shard = {k: cast.setdefault(id(t), t.to(out_dtype) if t.is_floating_point() else t)
+                 for k, t in shard.items()}
         if safe_serialization:
             write_safetensors_output(out / fname, shard)
         else:
@@ -113,39 +142,57 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
     return [str(p) for p in written]
 
 
-# What zspeed writes beside its checkpoints at ZeRO stages 1-3 as ``zero_to_fp32.py``, where
-# DeepSpeed copies its own converter, so that ``python zero_to_fp32.py . out`` works in a
-# checkpoint folder as users know it (it runs zspeed's converter: zspeed must be installed).
-RECOVERY_SCRIPT = '''#!/usr/bin/env python
-# Written by zspeed beside its checkpoints, where DeepSpeed writes its zero_to_fp32.py:
-#   python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB] [-t TAG]
-# writes the whole model in fp32 into OUTPUT_DIR (pytorch_model.bin, or model.safetensors).
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
+                                               safe_serialization=False, tag=None, exclude_frozen_parameters=False):
+    """DeepSpeed's: ``convert_zero_checkpoint_to_state_dict`` in float32."""
+    return convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, "float32", max_shard_size,
+                                                 safe_serialization, tag, exclude_frozen_parameters)
+
+
+# What zspeed writes beside its checkpoints at ZeRO stages 1-3 under DeepSpeed's converters' names
+# (zero_to_fp32.py and DeepSpeed 0.19.8's zero_to_torch.py), where DeepSpeed copies its own, so that
+# ``python zero_to_fp32.py . out`` works in a checkpoint folder as users know it (it runs zspeed's
+# converter: zspeed must be installed).
+_SCRIPT = """#!/usr/bin/env python
+# Written by zspeed beside its checkpoints, where DeepSpeed writes its {name}:
+#   python {name} CHECKPOINT_DIR OUTPUT_DIR {usage}
+# writes the whole model into OUTPUT_DIR (pytorch_model.bin, or model.safetensors).
 # zspeed's checkpoints are safetensors: this needs zspeed installed (pip install zspeed).
 import sys
 
 try:
-    from zspeed.utils.zero_to_fp32 import main
+    from zspeed.utils.{module} import main
 except ImportError as e:
-    sys.exit(f"zero_to_fp32.py: this checkpoint was written by zspeed; install zspeed to convert it ({e}).")
+    sys.exit(f"{name}: this checkpoint was written by zspeed; install zspeed to convert it ({{e}}).")
 
 if __name__ == "__main__":
     sys.exit(main())
-'''
+"""
+_OPTIONS = "[--safe_serialization] [--max_shard_size 5GB] [-t TAG]"
+RECOVERY_SCRIPTS = {
+    "zero_to_fp32.py": _SCRIPT.format(name="zero_to_fp32.py", module="zero_to_fp32", usage=_OPTIONS),
+    "zero_to_torch.py": _SCRIPT.format(name="zero_to_torch.py", module="zero_to_torch",
+                                       usage="--dtype {fp32,fp16,bf16} " + _OPTIONS),
+}
 
 
-def main(argv=None) -> int:
-    """DeepSpeed's zero_to_fp32.py command line: ``CHECKPOINT_DIR OUTPUT_DIR`` with
-    ``--max_shard_size``, ``--safe_serialization``, ``-t/--tag``, ``--exclude_frozen_parameters``
-    (refused, see the module docstring) and ``-d/--debug``; returns the exit status (0, or 1
-    with the reason on stderr)."""
+def run_converter(prog: str, argv=None, with_dtype: bool = False) -> int:
+    """DeepSpeed's converter command lines (zero_to_fp32.py; zero_to_torch.py with ``--dtype``,
+    required as in DeepSpeed): ``CHECKPOINT_DIR OUTPUT_DIR`` with ``--max_shard_size``,
+    ``--safe_serialization``, ``-t/--tag``, ``--exclude_frozen_parameters`` (refused, see the
+    module docstring) and ``-d/--debug``; returns the exit status (0, or 1 with the reason on
+    stderr)."""
     import argparse
     import sys
+    what = "in float32, float16 or bfloat16" if with_dtype else "in fp32"
     parser = argparse.ArgumentParser(
-        prog="zero_to_fp32.py",
-        description="Writes the whole model of a zspeed checkpoint in fp32 (DeepSpeed's zero_to_fp32.py; "
-                    "also `zspeed to-fp32`).")
+        prog=prog, description=f"Writes the whole model of a zspeed checkpoint {what} (DeepSpeed's {prog}; "
+                               f"also `zspeed to-fp32`).")
     parser.add_argument("checkpoint_dir", help="the checkpoint folder (holding 'latest' and the tag folders)")
-    parser.add_argument("output_dir", help="the folder the fp32 state dict files go into")
+    parser.add_argument("output_dir", help="the folder the state dict files go into")
+    if with_dtype:
+        parser.add_argument("--dtype", required=True, choices=sorted(OUTPUT_DTYPE_NAMES),
+                            help="the dtype of the floating-point tensors written")
     parser.add_argument("--max_shard_size", default="5GB", help="largest file before the model is sharded")
     parser.add_argument("--safe_serialization", action="store_true", help="write safetensors files")
     parser.add_argument("-t", "--tag", default=None, help="the tag to convert (default: the one 'latest' names)")
@@ -154,16 +201,21 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from .._native import ZSpeedError
     try:
-        written = convert_zero_checkpoint_to_fp32_state_dict(
-            args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
-            safe_serialization=args.safe_serialization, tag=args.tag,
+        written = convert_zero_checkpoint_to_state_dict(
+            args.checkpoint_dir, args.output_dir, dtype=args.dtype if with_dtype else "float32",
+            max_shard_size=args.max_shard_size, safe_serialization=args.safe_serialization, tag=args.tag,
             exclude_frozen_parameters=args.exclude_frozen_parameters)
     except (ZSpeedError, ValueError, OSError) as e:
-        print(f"zero_to_fp32.py: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
     for path in written:
         print(path)
     return 0
+
+
+def main(argv=None) -> int:
+    """DeepSpeed's zero_to_fp32.py command line (see run_converter)."""
+    return run_converter("zero_to_fp32.py", argv)
 
 
 if __name__ == "__main__":
