@@ -198,8 +198,19 @@ def test_manifest_problems(tmp_path):
     with pytest.raises(CheckpointError, match="malformed"):
         make("fp32").load_checkpoint(tmp_path, tag="b")
     m.unlink()
-    with pytest.raises(CheckpointError, match="no manifest.json"):
+    with pytest.raises(CheckpointError, match="no manifest.json: it holds meta.json without a manifest"):
         make("fp32").load_checkpoint(tmp_path, tag="b")
+    # A DeepSpeed checkpoint (its pickled files in a tag folder): the error says how to bring its weights over.
+    ds = tmp_path / "ds" / "global_step1"
+    ds.mkdir(parents=True)
+    (tmp_path / "ds" / "latest").write_text("global_step1")
+    torch.save({"module": {}}, ds / "mp_rank_00_model_states.pt")
+    e = make("fp32")
+    before = {k: v.clone() for k, v in e.module.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"DeepSpeed's checkpoint files \(mp_rank_00_model_states.pt\).*"
+                                              r"zero_to_fp32.py.*load_state_dict"):
+        e.load_checkpoint(tmp_path / "ds")
+    assert all(torch.equal(v, e.module.state_dict()[k]) for k, v in before.items())  # nothing loaded
 
 
 # -- all-or-nothing loads that name the problem (item 4) --------------------------------------------

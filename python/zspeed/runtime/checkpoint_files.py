@@ -938,9 +938,18 @@ class CheckpointReader:
         self._ids: dict = {}        # verified file -> the identity of what was verified (see _same_file)
         mp = path / MANIFEST
         if not os.path.lexists(mp):
-            detail = ("it holds meta.json without a manifest: it was written by an older zspeed, whose "
-                      "checkpoints cannot be verified; re-save it with that version's weights loaded"
-                      if (path / "meta.json").is_file() else "it is not a zspeed checkpoint folder")
+            ds = sorted(path.glob("*model_states.pt")) if path.is_dir() else []
+            if (path / "meta.json").is_file():
+                detail = ("it holds meta.json without a manifest: it was written by an older zspeed, whose "
+                          "checkpoints cannot be verified; re-save it with that version's weights loaded")
+            elif ds:  # DeepSpeed's pickled files: say how to bring the weights over
+                detail = (f"it holds DeepSpeed's checkpoint files ({ds[0].name}), which zspeed does not read "
+                          f"(its checkpoints are safetensors: docs/COMPAT.md). To start from those weights, run "
+                          f"DeepSpeed's zero_to_fp32.py from '{path.parent}' with DeepSpeed installed, load the "
+                          f"written state dict into the model (model.load_state_dict) before zspeed.initialize, "
+                          f"and train on without load_checkpoint (the optimizer state is not carried over)")
+            else:
+                detail = "it is not a zspeed checkpoint folder"
             raise CheckpointError(f"checkpoint '{path}' has no {MANIFEST}: {detail}.")
         m = _json_file(mp, "the manifest")
         files = m.get("files") if isinstance(m, dict) else None
