@@ -379,6 +379,101 @@ def test_unwrap_model_for_generation_gathers_a_zero3_model_once():
     assert all(p.numel() == 0 for p in e.module.parameters())  # partitioned again after
 
 
+def _trl_remove_hooks(engine):
+    """What TRL's remove_hooks does with a DeepSpeed ZeRO-3 engine (its calls, written here)."""
+    off = engine.optimizer.parameter_offload
+    for m in off.module.modules():
+        for p in list(m.parameters(recurse=False)) + [q for _, q in m.ds_external_parameters()]:
+            p.ds_active_sub_modules.clear()
+    for h in off.forward_hooks:
+        h.remove()
+    for h in off.backward_hooks:
+        h.remove()
+    off.forward_hooks = []
+    off.backward_hooks = []
+
+
+def test_trl_generation_context_takes_the_zero3_hooks_off_and_puts_them_back():
+    """TRL's unwrap_model_for_generation with a ZeRO-3 engine: GatheredParameters, the hooks off
+    through engine.optimizer.parameter_offload, a forward on the whole model, the hooks back with
+    _register_deepspeed_module; training on gives bit for bit the weights of an engine that never
+    left. The hooks are installed once however often they are put back."""
+    from zspeed.runtime.zero import GatheredParameters
+    c = cfg(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    data = batches(4, seed=3)
+    ref, *_ = zspeed.initialize(model=mlp(), config=c)
+    _run(ref, data)
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    _run(e, data[:2])
+    off = e.optimizer.parameter_offload
+    assert off.module is e.module and off.forward_hooks and off.backward_hooks
+    counts = (len(off.forward_hooks), len(off.backward_hooks))
+    x = torch.randn(3, 13)
+    with torch.no_grad(), GatheredParameters(list(e.parameters())):
+        whole = {n: p.detach().clone() for n, p in e.module.named_parameters()}
+        _trl_remove_hooks(e)
+        assert (off.forward_hooks, off.backward_hooks) == ([], [])
+        got = e(x)
+        off._register_deepspeed_module(off.module)
+    plain = mlp()
+    plain.load_state_dict(whole)
+    with torch.no_grad():
+        assert torch.equal(got, plain(x))
+    assert (len(off.forward_hooks), len(off.backward_hooks)) == counts
+    off._register_hooks_recursively(off.module)  # DeepSpeed's older name; again: still once
+    assert (len(off.forward_hooks), len(off.backward_hooks)) == counts
+    assert all(p.numel() == 0 for p in e.module.parameters())  # partitioned again
+    _run(e, data[2:])
+    for a, b in zip(_params(ref), _params(e)):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="whole model"):
+        off._register_deepspeed_module(e.module[0])
+    below, *_ = zspeed.initialize(model=mlp(), config=cfg(zero_optimization={"stage": 2}))
+    assert not hasattr(below.optimizer, "parameter_offload")
+
+
+def test_zero3_modules_and_parameters_carry_deepspeeds_bookkeeping():
+    """Every module of a ZeRO-3 model has ds_id and ds_external_parameters(); a parameter's
+    ds_active_sub_modules holds the ds_id of the modules running with it whole (empty once it is
+    released); a close() takes the module attributes away with the hooks."""
+    from zspeed.runtime.zero import register_external_parameter
+    c = cfg(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    first, last = e.module[0], e.module[-1]
+    assert isinstance(first.ds_id, int) and first.ds_id != last.ds_id
+    assert first.ds_external_parameters() == []
+    register_external_parameter(last, first.weight)
+    assert last.ds_external_parameters() == [(id(first.weight), first.weight)]
+    seen = {}
+    h = last.register_forward_pre_hook(lambda m, a: seen.update(  # runs after zspeed's own pre-hook
+        w=set(m.weight.ds_active_sub_modules), ext=set(first.weight.ds_active_sub_modules)))
+    with torch.no_grad():
+        e(torch.randn(2, 13))
+    h.remove()
+    assert seen == {"w": {last.ds_id}, "ext": {last.ds_id}}  # first.weight: gathered again for last
+    assert all(p.ds_active_sub_modules == set() for p in e.module.parameters())
+    e.close()
+    assert not hasattr(first, "ds_id") and not hasattr(first, "ds_external_parameters")
+
+
+def test_unwrap_model_for_generation_runs_without_the_hooks():
+    """DeepSpeed's unwrap_model_for_generation takes the ZeRO-3 hooks off inside (the whole model
+    runs with no hook per module) and puts them back on leaving, also after an exception."""
+    from zspeed.runtime.zero.stage3 import unwrap_model_for_generation
+    c = cfg(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    off = e.optimizer.parameter_offload
+    n = len(off.forward_hooks)
+    with unwrap_model_for_generation(e):
+        assert off.forward_hooks == [] and off.backward_hooks == []
+    assert len(off.forward_hooks) == n
+    with pytest.raises(RuntimeError, match="inside"):
+        with unwrap_model_for_generation(e):
+            raise RuntimeError("inside")
+    assert len(off.forward_hooks) == n and all(p.numel() == 0 for p in e.module.parameters())
+    _run(e, batches(2, seed=5))  # trains on
+
+
 # -- the accumulation boundary -------------------------------------------------------------------
 def test_set_gradient_accumulation_boundary_as_accelerate_drives_it():
     data = batches(8, seed=2)

@@ -173,6 +173,19 @@ class EngineOptimizer(torch.optim.Optimizer):
         return out
 
     @property
+    def parameter_offload(self):
+        """ZeRO-3: the object that gathers and releases the partitioned parameters around the
+        modules (DeepSpeed's DeepSpeedZeRoOffload), with DeepSpeed's names scripts use to take its
+        hooks off and put them back (TRL's generation context): ``module``, ``forward_hooks``,
+        ``backward_hooks``, ``_register_deepspeed_module(module)`` (``_register_hooks_recursively``
+        before DeepSpeed 0.16.4) and ``_remove_module_hooks()``. Below stage 3 there is none
+        (AttributeError, so ``hasattr`` answers False, as for DeepSpeed's stage 1-2 optimizers)."""
+        fetcher = self._engine._fetcher
+        if fetcher is None:
+            raise AttributeError("parameter_offload: the engine is not at ZeRO stage 3 (its parameters are whole)")
+        return fetcher
+
+    @property
     def fp16_groups(self) -> list:
         """Per parameter group, the model's trained parameters in the training dtype (DeepSpeed's
         fp16 and ZeRO-3 optimizers' name; at ZeRO-3 they are the partitioned parameters)."""

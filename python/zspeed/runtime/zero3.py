@@ -197,9 +197,15 @@ class ParamFetcher:
         self._recording: list | None = []
         self._cursor = 0
         self._bw_cursor = None
-        self._handles = []
+        # DeepSpeed's names (its DeepSpeedZeRoOffload's), which scripts use to take the hooks off
+        # and put them back (TRL's generation context): the handles of the module hooks, and of
+        # the hooks that release a parameter once its gradient is accumulated.
+        self.forward_hooks: list = []
+        self.backward_hooks: list = []
         self.module = module
-        for m in _hooked_modules(module):
+        self._hooked = _hooked_modules(module)
+        ref = weakref.ref(self)
+        for i, m in enumerate(self._hooked):
             leaf = bool(getattr(m, "_z3_leaf", False))  # set_z3_leaf_modules: its subtree gathered at once
             own = [self.states[id(p)] for p in dict.fromkeys(m.parameters(recurse=leaf)) if id(p) in self.states]
             if own:
@@ -207,16 +213,9 @@ class ParamFetcher:
             if leaf:
                 for st in own:
                     st.p.ds_z3_leaf_module = m
-            self._handles.append(m.register_forward_pre_hook(self._pre_forward))
-            self._handles.append(m.register_forward_hook(self._post_forward, always_call=True))
-        # The root's enter runs after its own _pre_forward (the root's parameters are gathered
-        # outside the recorded order); if that raises (a failed NVMe read) the enter never
-        # runs, and the exit, which runs even then, must find nothing to undo (_root_exit).
-        self._handles.append(module.register_forward_pre_hook(self._root_enter))
-        self._handles.append(module.register_forward_hook(self._root_exit, always_call=True))
-        for st in self.states.values():
-            if st.p.requires_grad:
-                self._handles.append(st.p.register_post_accumulate_grad_hook(self._grad_done))
+            m.ds_id = i  # DeepSpeed's module numbering (p.ds_active_sub_modules holds these)
+            m.ds_external_parameters = _ExternalParameters(ref, id(m))
+        self._register_deepspeed_module(module)
         for store in stores:
             store.fetcher = self
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
@@ -226,6 +225,40 @@ class ParamFetcher:
         self._gate = None
         self._busy = 0
         _FETCHERS.add(self)
+
+    # -- the hooks, under DeepSpeed's names ---------------------------------------------------------
+    def _register_deepspeed_module(self, module=None, count=None) -> None:
+        """Installs the fetcher's hooks on every module of the model (DeepSpeed's
+        DeepSpeedZeRoOffload method, which scripts call to put the hooks back after taking them
+        off), after removing any it holds, so a second call installs them once. ``module`` must
+        be the model the fetcher partitions (``self.module``); ``count`` is DeepSpeed's and unused."""
+        del count
+        if module is not None and module is not self.module:
+            raise ValueError("zspeed's ZeRO-3 hooks belong to the engine's whole model: pass "
+                             "optimizer.parameter_offload.module (the hooks of a part cannot be installed alone).")
+        self._remove_module_hooks()
+        for m in self._hooked:
+            self.forward_hooks.append(m.register_forward_pre_hook(self._pre_forward))
+            self.forward_hooks.append(m.register_forward_hook(self._post_forward, always_call=True))
+        # The root's enter runs after its own _pre_forward (the root's parameters are gathered
+        # outside the recorded order); if that raises (a failed NVMe read) the enter never
+        # runs, and the exit, which runs even then, must find nothing to undo (_root_exit).
+        root = self.module
+        self.forward_hooks.append(root.register_forward_pre_hook(self._root_enter))
+        self.forward_hooks.append(root.register_forward_hook(self._root_exit, always_call=True))
+        for st in self.states.values():
+            if st.p.requires_grad:
+                self.backward_hooks.append(st.p.register_post_accumulate_grad_hook(self._grad_done))
+
+    # DeepSpeed's name before 0.16.4 (TRL calls it under older DeepSpeed versions).
+    _register_hooks_recursively = _register_deepspeed_module
+
+    def _remove_module_hooks(self) -> None:
+        """Takes every hook off (DeepSpeed's method): until they are installed again, a forward
+        gathers nothing (inside GatheredParameters the model runs on its whole parameters)."""
+        for h in self.forward_hooks + self.backward_hooks:
+            h.remove()
+        self.forward_hooks, self.backward_hooks = [], []
 
     # A module holding this fetcher's hooks (a submodule of a ZeRO-3 model) cannot be copied
     # whole: its parameters are shards.
@@ -366,6 +399,7 @@ class ParamFetcher:
                 st.waited = True
             st.p.data = torch.empty(0, dtype=st.sm.dtype, device=self.device)
             st.p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+            st.p.ds_active_sub_modules.clear()
             st.full = None
             st.ready = None
             st.hold = False
@@ -386,9 +420,10 @@ class ParamFetcher:
         rank's shard in host memory, beside ``ds_shape``/``ds_numel``), so that another engine
         can take the model. Needs no other rank."""
         self.settle()
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._remove_module_hooks()
+        for m in self._hooked:
+            for a in ("ds_id", "ds_external_parameters"):
+                m.__dict__.pop(a, None)
         _FETCHERS.discard(self)
         with torch.no_grad():
             for store in (self.sm, self.frozen):
@@ -403,7 +438,8 @@ class ParamFetcher:
                              else torch.empty(0, dtype=store.dtype))
                         if ws == 1:
                             p.data = w[:n].view(shape)
-                            for a in ("ds_shape", "ds_numel", "ds_status", "ds_persist", "ds_tensor"):
+                            for a in ("ds_shape", "ds_numel", "ds_status", "ds_persist", "ds_tensor",
+                                      "ds_active_sub_modules"):
                                 if hasattr(p, a):
                                     delattr(p, a)
                         else:
@@ -483,6 +519,8 @@ class ParamFetcher:
             return None
         self._busy += 1
         try:
+            for st in sts:
+                st.p.ds_active_sub_modules.add(m.ds_id)
             self.need(sts)
             pos = None
             if self._mode is not None:  # the model's forward (not a recomputation in backward)
@@ -526,6 +564,8 @@ class ParamFetcher:
             return None
         self._busy += 1
         try:
+            for st in sts:
+                st.p.ds_active_sub_modules.discard(m.ds_id)
             if torch.is_grad_enabled():
                 self._hook_outputs(out, m)
             keep = self._keep_at[pos] if pos is not None and self._keep_at and pos < len(self._keep_at) else ()
@@ -556,6 +596,7 @@ class ParamFetcher:
         sts = self._of(m)
         for st in sts:
             st.hold = True
+            st.p.ds_active_sub_modules.add(m.ds_id)
         self.need(sts)
         self._prefetch_backward(sts)
 
@@ -701,9 +742,22 @@ class ParamFetcher:
 
     def close(self) -> None:
         self.settle()
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self._remove_module_hooks()
+
+
+class _ExternalParameters:
+    """``module.ds_external_parameters()``, as DeepSpeed gives every module of a ZeRO-3 model: the
+    parameters of other modules that this module's forward uses (found in the first forward, or
+    declared with register_external_parameter), as (id, parameter) pairs."""
+    __slots__ = ("_fetcher", "_module_id")
+
+    def __init__(self, fetcher_ref, module_id: int):
+        self._fetcher, self._module_id = fetcher_ref, module_id
+
+    def __call__(self) -> list:
+        f = self._fetcher()
+        ext = f._external.get(self._module_id, ()) if f is not None else ()
+        return [(id(st.p), st.p) for st in ext]
 
 
 class _GateHandle:

@@ -581,8 +581,22 @@ def unregister_external_parameter(module, parameter) -> None:
 def unwrap_model_for_generation(model):
     """DeepSpeed's context for generating with a ZeRO-3 model (as TRL does; also
     ``runtime.zero.stage3.unwrap_model_for_generation``): inside it every parameter is whole on
-    every rank (GatheredParameters over the model, read-only), so ``model.generate`` runs
-    without a gather per module; it yields the model. Every rank must enter it. Below stage 3
-    the parameters are whole already and it just yields the model."""
+    every rank (GatheredParameters over the model, read-only) and, for an engine, the ZeRO-3
+    hooks are off (``engine.optimizer.parameter_offload.forward_hooks`` is empty), so
+    ``model.generate`` runs without a gather or a hook per module; they are back on leaving it,
+    also on an exception. It yields the model. Every rank must enter it. Below stage 3 the
+    parameters are whole already and it just yields the model."""
+    from ..zero3 import ParamFetcher
+    fetcher = getattr(model, "_fetcher", None)  # an engine's (a plain module has none)
+    fetcher = fetcher if isinstance(fetcher, ParamFetcher) else None
     with GatheredParameters(list(model.parameters())):
-        yield model
+        if fetcher is None:
+            yield model
+            return
+        fetcher._remove_module_hooks()
+        for st in fetcher.states.values():
+            st.p.ds_active_sub_modules.clear()
+        try:
+            yield model
+        finally:
+            fetcher._register_deepspeed_module(fetcher.module)

@@ -21,12 +21,16 @@ _PARAM_IDS = itertools.count()  # DeepSpeed's p.ds_id: unique per partitioned pa
 
 def mark_partitioned(p, persistent: bool = False, sanity_checks: bool | None = None,
                      status: ZeroParamStatus = ZeroParamStatus.NOT_AVAILABLE) -> None:
-    """DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate):
-    ``ds_id`` (kept once given), ``ds_persist`` and ``ds_status`` (NOT_AVAILABLE: shards only);
+    """DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate, TRL):
+    ``ds_id`` (kept once given), ``ds_persist``, ``ds_status`` (NOT_AVAILABLE: shards only) and
+    ``ds_active_sub_modules`` (the set of the ``ds_id`` of the modules whose forward or backward is
+    running with it whole; TRL clears it, zspeed's releases do not depend on it);
     ``ds_enable_sanity_checks`` (zero_optimization.enable_sanity_checks, read by
     GatheredParameters) when given."""
     if not hasattr(p, "ds_id"):
         p.ds_id = next(_PARAM_IDS)
+    if not hasattr(p, "ds_active_sub_modules"):  # the ds_ids of the modules running with it whole
+        p.ds_active_sub_modules = set()
     p.ds_persist = persistent
     p.ds_status = status
     if sanity_checks is not None:
