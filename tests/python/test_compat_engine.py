@@ -474,6 +474,54 @@ def test_unwrap_model_for_generation_runs_without_the_hooks():
     _run(e, batches(2, seed=5))  # trains on
 
 
+class _SparseEmb(torch.nn.Module):
+    def __init__(self, sparse: bool, bag: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = (torch.nn.EmbeddingBag(11, 5, mode="sum", sparse=sparse) if bag
+                    else torch.nn.Embedding(11, 5, sparse=sparse))
+        self.lin = torch.nn.Linear(5, 2)
+
+    def forward(self, ids):
+        h = self.emb(ids) if isinstance(self.emb, torch.nn.EmbeddingBag) else self.emb(ids).sum(1)
+        return self.lin(h).pow(2).mean()
+
+
+@pytest.mark.parametrize("case", ["s0", "s0-bf16", "s1-cpu", "s2-cpu-bag", "s3-cpu", "s2-direct"])
+def test_sparse_embedding_gradients_train_as_dense(case):
+    """An nn.Embedding / EmbeddingBag built with sparse=True: its sparse gradient is made dense as
+    it is accumulated (every zspeed path steps dense gradients), so the weights are bit for bit
+    those of the same model with sparse=False, at every stage, with gradient accumulation and with
+    a backward the script starts itself (loss.backward())."""
+    stage = int(case[1])
+    z = {"stage": stage}
+    if "cpu" in case:
+        z["offload_optimizer"] = {"device": "cpu"}
+    if stage == 3:
+        z.update(offload_param={"device": "cpu"}, stage3_param_persistence_threshold=0)
+    extra = {"bf16": {"enabled": True}} if "bf16" in case else {}
+    ids = torch.tensor([[1, 2, 1], [7, 7, 3]])  # repeated ids: the sparse gradient has duplicates
+    out = []
+    for sparse in (True, False):
+        e, *_ = zspeed.initialize(model=_SparseEmb(sparse, "bag" in case),
+                                  config=cfg(gradient_accumulation_steps=2, zero_optimization=z, **extra))
+        for _ in range(6):
+            loss = e(ids)
+            if "direct" in case:
+                loss.backward()
+            else:
+                e.backward(loss)
+            e.step()
+        from zspeed.runtime.zero import GatheredParameters
+        with GatheredParameters(list(e.module.parameters())):
+            out.append([t.float().clone() for t in _params(e)])
+    for a, b in zip(*out):
+        assert a.numel() and torch.equal(a, b)
+    assert not torch.equal(out[0][0], _SparseEmb(False, "bag" in case).emb.weight.float())  # it trained
+    with pytest.raises(ConfigError, match="sparse_gradients.*DeepSpeed 0.19.8 removed it too.*sparse=True"):
+        zspeed.initialize(model=_SparseEmb(True, False), config=cfg(sparse_gradients=True))
+
+
 # -- the accumulation boundary -------------------------------------------------------------------
 def test_set_gradient_accumulation_boundary_as_accelerate_drives_it():
     data = batches(8, seed=2)

@@ -255,6 +255,8 @@ class ZSpeedEngine(torch.nn.Module):
         for ps in self._model_params:
             for p in ps:
                 p.register_hook(hook)
+        for p in _sparse_grad_params(self.module):  # first of the accumulation hooks: they see it dense
+            p.register_post_accumulate_grad_hook(_densify_grad)
         self._check_ranks_agree()
         broadcast_module(self.module, self.collectives)  # every rank starts from rank 0's weights
         self._sync = grad_sync(self.plan, self._layout, self.collectives)
@@ -1291,6 +1293,20 @@ class _ParamGradHook(EngineHook):
         if e is not None and e._direct_backward_active and e._gas > 1:
             return grad / e._gas
         return None
+
+
+def _densify_grad(p: torch.Tensor) -> None:
+    """A sparse gradient (nn.Embedding / EmbeddingBag built with sparse=True) made dense as it is
+    accumulated, before any other hook reads it: every zspeed path reduces and steps dense
+    gradients, so the training is that of sparse=False."""
+    if p.grad is not None and p.grad.is_sparse:
+        p.grad = p.grad.to_dense()
+
+
+def _sparse_grad_params(model: torch.nn.Module) -> list:
+    """The parameters of ``model`` whose gradients autograd makes sparse."""
+    return [m.weight for m in model.modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad]
 
 
 _DTYPE_ERRORS = ("same dtype", "dtype", "scalar type", "same type", "Input type")
