@@ -673,7 +673,9 @@ def _check_value(path: str, spec: K, value: Any) -> Any:
             ok = True
             break
     if not ok:
-        raise ConfigError(f"config key '{path}' = {value!r} has the wrong type: expected "
+        numeric = set(spec.types) <= {int, float}  # (DeepSpeed's words for these: "must be a number")
+        raise ConfigError(f"config key '{path}' = {value!r} has the wrong type: "
+                          + ("it must be a number, " if numeric else "") + f"expected "
                           f"{_type_name(spec.types)} (default {spec.default!r}).")
     if isinstance(value, float) and not math.isfinite(value) and not (spec.allow_inf and value > 0):
         raise ConfigError(f"config key '{path}' = {value!r} is not a finite number; give a number "

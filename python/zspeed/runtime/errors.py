@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._native import ZSpeedError
 
-__all__ = ["ConfigError", "ConfigAssertionError", "ConfigNotImplementedError", "ZeRORuntimeException", "ZeRORuntimeConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
+__all__ = ["as_validation_error", "validates_like_pydantic", "ConfigError", "ConfigAssertionError", "ConfigNotImplementedError", "ZeRORuntimeException", "ZeRORuntimeConfigError", "UnusedParametersError", "FragmentError", "NotPartitionedError", "NoSyncError", "NoOptimizerError"]
 
 
 class ConfigError(ZSpeedError, ValueError):
@@ -53,3 +53,29 @@ class NoOptimizerError(ZSpeedError, RuntimeError):
     """A training call (backward, step, a checkpoint of the optimizer) on an engine built without
     an optimizer (zspeed.initialize with neither optimizer= nor an 'optimizer' section: the
     engine runs the model's forward only, as DeepSpeed's ZeRO-Inference does)."""
+
+
+def as_validation_error(title: str, err: Exception) -> Exception:
+    """What DeepSpeed's pydantic config classes raise for a bad section: pydantic's ValidationError
+    (a ValueError) titled ``title`` and carrying ``err``'s message, where pydantic is installed
+    (DeepSpeed depends on it, zspeed does not); ``err`` itself otherwise."""
+    try:
+        from pydantic_core import ValidationError
+    except ImportError:
+        return err
+    return ValidationError.from_exception_data(title, [{"type": "value_error", "loc": (), "input": None,
+                                                        "ctx": {"error": err}}])
+
+
+def validates_like_pydantic(init):
+    """Decorates the ``__init__`` of a class named as one of DeepSpeed's config models: a
+    ConfigError it raises becomes :func:`as_validation_error`'s, as the class scripts catch."""
+    import functools
+
+    @functools.wraps(init)
+    def wrapped(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except ConfigError as e:
+            raise as_validation_error(type(self).__name__, e) from None
+    return wrapped

@@ -2,13 +2,16 @@
 objects (``get_bfloat16_config``, ``get_float16_config``), for libraries that read a config's
 precision the way DeepSpeed's engine does.
 
-Each is validated by zspeed's schema (an unknown key or a bad value is a ConfigError, a
-ValueError, naming the key), with every key as a read-only attribute and its default filled
-in. ``get_bfloat16_config`` reads ``bf16`` or, when it is absent, the old spelling
-``bfloat16``, as DeepSpeed does.
+Each is validated by zspeed's schema, with every key as a read-only attribute and its default
+filled in. An unknown key or a bad value raises what DeepSpeed's pydantic classes raise,
+pydantic's ValidationError (a ValueError) carrying zspeed's message that names the key, where
+pydantic is installed (DeepSpeed depends on it; zspeed does not), and zspeed's ConfigError (a
+ValueError too) otherwise. ``get_bfloat16_config`` reads ``bf16`` or, when it is absent, the
+old spelling ``bfloat16``, as DeepSpeed does.
 """
 from __future__ import annotations
 
+from .errors import validates_like_pydantic
 from .zero.offload_config import ReadOnlyConfig
 
 __all__ = ["DeepSpeedBF16Config", "DeepSpeedFP16Config", "get_bfloat16_config", "get_float16_config"]
@@ -17,6 +20,7 @@ __all__ = ["DeepSpeedBF16Config", "DeepSpeedFP16Config", "get_bfloat16_config", 
 class _Precision(ReadOnlyConfig):
     _section = ""
 
+    @validates_like_pydantic
     def __init__(self, **section):
         from .config import parse_precision_section
         super().__init__(**parse_precision_section(self._section, section))

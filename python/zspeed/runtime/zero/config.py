@@ -4,8 +4,9 @@
 Scripts import these to name stages (``ZeroStageEnum.weights``), to register DeepSpeed's types
 with ``torch.serialization.add_safe_globals`` before resuming a Trainer checkpoint, and to
 read a config's ZeRO section. ``DeepSpeedZeroConfig(**section)`` validates the section with
-zspeed's own schema (unknown keys and bad values are a ConfigError, a ValueError, naming the
-key; DeepSpeed's pydantic model raises its ValidationError, also a ValueError), and exposes
+zspeed's own schema (unknown keys and bad values raise pydantic's ValidationError carrying
+zspeed's message naming the key, as DeepSpeed's pydantic model does, where pydantic is
+installed, and zspeed's ConfigError where not; both are ValueErrors), and exposes
 every key as an attribute with its default filled in; ``offload_param`` and
 ``offload_optimizer`` are the offload config objects of offload_config.py (also with device
 "none"), or None when the section is absent or null, as DeepSpeed's; ``leaf_module`` is a DeepSpeedZeroLeafModuleConfig
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..errors import validates_like_pydantic
 from .leaf_module_config import DeepSpeedZeroLeafModuleConfig
 from .offload_config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig, ReadOnlyConfig
 
@@ -48,6 +50,7 @@ def _section_object(cls, given, values: dict):
 class DeepSpeedZeroConfig(ReadOnlyConfig):
     """A validated ``zero_optimization`` section (see the module docstring)."""
 
+    @validates_like_pydantic
     def __init__(self, **section):
         from ..config import _ZERO_FIELD_NAMES, parse_zero_section
         from ..plan import overlap_comm

@@ -4,6 +4,7 @@ zspeed.utils.z3_leaf_module) as a read-only object, and DeepSpeed's defaults."""
 from __future__ import annotations
 
 from ..config import DEFAULT_LEAF_MODULE_CLASSES as _CLASSES
+from ..errors import validates_like_pydantic
 from .offload_config import ReadOnlyConfig
 
 __all__ = ["DeepSpeedZeroLeafModuleConfig", "DEFAULT_LEAF_MODULE_CLASSES", "DEFAULT_LEAF_MODULE_NAMES",
@@ -19,6 +20,7 @@ class DeepSpeedZeroLeafModuleConfig(ReadOnlyConfig):
     ``name_suffixes``, each a list of strings (a string alone is a list of one; duplicates are
     dropped), DeepSpeed's defaults where absent."""
 
+    @validates_like_pydantic
     def __init__(self, **section):
         from ..config import parse_leaf_module
         super().__init__(**parse_leaf_module(section, set()))

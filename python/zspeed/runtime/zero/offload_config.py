@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..errors import validates_like_pydantic
+
 __all__ = ["OffloadDeviceEnum", "OffloadStateTypeEnum", "DeepSpeedZeroOffloadParamConfig",
            "DeepSpeedZeroOffloadOptimizerConfig"]
 
@@ -50,6 +52,7 @@ class _Offload(ReadOnlyConfig):
 
     _section = ""
 
+    @validates_like_pydantic
     def __init__(self, **values):
         from ..config import SCHEMA, _parse_section
         if isinstance(values.get("device"), Enum):
@@ -73,6 +76,7 @@ class DeepSpeedZeroOffloadOptimizerConfig(_Offload):
 
     _section = "zero_optimization.offload_optimizer"
 
+    @validates_like_pydantic
     def __init__(self, **values):
         super().__init__(**values)
         self._values["pipeline"] = bool(self.pipeline_read or self.pipeline_write)
