@@ -569,6 +569,14 @@ SCHEMA: dict[str, S] = {
     }, "checkpoint"),
 }
 
+# Keys (beside the stage3_* ones) that only ZeRO stage 3 reads, and what a config of another stage
+# gets from them (the warning's words).
+_STAGE3_ONLY = {
+    "memory_efficient_linear": "it has no effect",
+    "offload_param": "the parameters stay whole on the device and offload_param (device {device!r}) has no "
+                     "effect, as in DeepSpeed; set \"stage\": 3 to offload them",
+}
+
 # DeepSpeed features that exist but that zspeed does not implement. Monitoring
 # sections are accepted when disabled, since generated configs often carry them.
 _DS_UNSUPPORTED_TOP = {
@@ -1090,12 +1098,15 @@ class ZSpeedConfig:
         stage = self.zero["stage"]
         if stage == 3 or not isinstance(given, dict):
             return
-        for key in sorted(k for k in given if k.startswith("stage3_") or k == "memory_efficient_linear"):
+        at_rest = {"offload_param": self.offload_param["device"] == "none"}  # given, but asking for nothing
+        for key in sorted(k for k in given if k.startswith("stage3_") or k in _STAGE3_ONLY):
             spec = SCHEMA["zero_optimization"].keys.get(key)
-            if spec is None or given[key] == "auto" or given[key] == spec.default:
+            if spec is None or given[key] == "auto" or given[key] == spec.default or at_rest.get(key):
                 continue
+            what = _STAGE3_ONLY.get(key, "it has no effect").format(device=self.offload_param["device"])
             warnings.warn(f"zero_optimization.{key} is used only by ZeRO stage 3; this config runs stage {stage}, "
-                          f"so it has no effect.", RuntimeWarning, stacklevel=4)
+                          f"so {what}.", RuntimeWarning, stacklevel=4)
+        self.offload_param["device"] = "none"  # DeepSpeed ignores it below stage 3 (accelerate writes it there)
 
     def _validate_features(self):
         self._warn_stage3_keys()

@@ -38,7 +38,6 @@ class Facts:
     config time."""
     stage: int
     offload: str             # offload_optimizer.device: none | cpu | nvme
-    param_offload: str       # offload_param.device: none | cpu | nvme
     delayed: bool
     overlap: bool
     ratio: object            # 1.0 (no split), a float in (0, 1), or "auto"
@@ -63,7 +62,7 @@ class Facts:
 
     @classmethod
     def from_config(cls, cfg, *, world_size: int | None = None, client: str | None = None) -> "Facts":
-        return cls(stage=cfg.zero_stage, offload=cfg.offload_device, param_offload=cfg.offload_param["device"],
+        return cls(stage=cfg.zero_stage, offload=cfg.offload_device,
                    delayed=bool(cfg.offload["delayed_update"]), overlap=bool(cfg.offload["overlap_forward"]),
                    ratio=cfg.offload["ratio"], optimizer=cfg.optimizer_name,
                    torch_adam=bool((cfg.optimizer_params or {}).get("torch_adam")),
@@ -138,12 +137,6 @@ FEATURES: tuple = (
                   "as in DeepSpeed, whose ZeRO-3 rejects it", "Use \"mean\" (the default) at stage 3.", "0-2",
                   "ZeRO stages"),),
             shown=lambda f: ' "sum"'),
-    Feature("parameter offload", "zero_optimization.offload_param.device",
-            lambda f: f.param_offload != "none",
-            (_req("stage", {3}, "needs zero_optimization.stage 3",
-                  "only stage 3 partitions and offloads parameters", "Set \"stage\": 3, or remove offload_param.",
-                  "3", "ZeRO stages"),),
-            shown=lambda f: f" {f.param_offload!r}"),
     Feature("optimizer offload", "zero_optimization.offload_optimizer.device",
             lambda f: f.offload != "none",
             (_req("stage", {1, 2, 3}, "needs zero_optimization.stage 1, 2 or 3", "DeepSpeed offloads only under ZeRO",
