@@ -87,3 +87,52 @@ def test_the_wheel_installs_the_hook():
     r = subprocess.run([sys.executable, "-c", "import deepspeed; print(deepspeed.__name__)"], capture_output=True,
                        text=True, env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "zspeed", r.stderr
+
+
+ACCELERATE_SCRIPT = r'''
+import torch
+from accelerate import Accelerator
+import deepspeed
+acc = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(1)
+data = torch.utils.data.TensorDataset(torch.randn(32, 6, generator=g), torch.randn(32, 2, generator=g))
+model, opt, dl = acc.prepare(model, opt, torch.utils.data.DataLoader(data, batch_size=4))
+losses = []
+for x, y in dl:
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    acc.backward(loss)
+    opt.step()
+    opt.zero_grad()
+    losses.append(loss.item())
+print("TRAINED", deepspeed.__name__, type(model).__name__, model.zero_optimization_stage(), losses[-1] < losses[0])
+'''
+
+
+def test_accelerate_launch_use_deepspeed_runs_on_zspeed(tmp_path):
+    """``accelerate launch --use_deepspeed`` (what the variable is for): the launcher imports
+    deepspeed.launcher.runner, starts the worker through torchrun, and the worker trains with
+    zspeed's engine at the ZeRO stage the command line gave. The hook is the wheel's .pth, made
+    active in every process (launcher and worker) through a sitecustomize."""
+    pytest.importorskip("accelerate", reason="accelerate is not installed (requirements-dev.txt has it)")
+    pytest.importorskip("torch")
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    shutil.copy(PTH, site_dir / PTH.name)
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site_dir)!r})\n")
+    (tmp_path / "train.py").write_text(ACCELERATE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(ZSPEED_AS_DEEPSPEED="1", ZSPEED_DEVICE="cpu", PYTHONPATH=os.pathsep.join([str(boot), PKG_PARENT]))
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
+                        "--offload_optimizer_device", "cpu", "--num_processes", "1", "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "--gradient_accumulation_steps", "1",
+                        str(tmp_path / "train.py")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TRAINED zspeed ZSpeedEngine 2 True" in r.stdout, (r.stdout, r.stderr[-2000:])
+    from zspeed.launcher import runner
+    assert runner.DEEPSPEED_ENVIRONMENT_NAME == os.environ.get("DS_ENV_FILE", ".deepspeed_env")
