@@ -452,6 +452,10 @@ def test_zero3_modules_and_parameters_carry_deepspeeds_bookkeeping():
     h.remove()
     assert seen == {"w": {last.ds_id}, "ext": {last.ds_id}}  # first.weight: gathered again for last
     assert all(p.ds_active_sub_modules == set() for p in e.module.parameters())
+    c2 = cfg(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 10 ** 6})  # all persistent
+    p2, *_ = zspeed.initialize(model=mlp(), config=c2)
+    _run(p2, batches(1, seed=4))  # a forward and a backward: empty again after them
+    assert all(p.ds_active_sub_modules == set() for p in p2.module.parameters())
     e.close()
     assert not hasattr(first, "ds_id") and not hasattr(first, "ds_external_parameters")
 

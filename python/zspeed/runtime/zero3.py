@@ -410,6 +410,7 @@ class ParamFetcher:
         holds); the persistent ones too with ``persistent_too`` (the next use gathers them)."""
         for st in self.states.values():
             st.hold = False
+            st.p.ds_active_sub_modules.clear()  # (no module runs now; a persistent one stays gathered)
             if persistent_too or not st.persistent:
                 self.release([st], persistent_too=persistent_too)
 
