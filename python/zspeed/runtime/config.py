@@ -341,7 +341,7 @@ SCHEMA: dict[str, S] = {
         "enable_sanity_checks": K(False, (bool,), "ZeRO-3: an in-place edit inside GatheredParameters without "
                                   "modifier_rank raises RuntimeError (false: it is discarded with a warning)"),
         "elastic_checkpoint": K(False, (bool,), "accepted (no effect: zspeed's checkpoints load on any number "
-                                "of ranks)"),
+                                "of ranks; at stage 3 it logs DeepSpeed's deprecation warning)"),
         "ignore_unused_parameters": K(True, (bool,), "true: trained parameters without a gradient step with zero "
                                       "gradients; false: at stages 1-2 with offload_optimizer cpu such a step raises "
                                       "an AssertionError naming them (as DeepSpeed; elsewhere no check, as there)"),
@@ -1110,6 +1110,7 @@ class ZSpeedConfig:
 
     def _validate_features(self):
         self._warn_stage3_keys()
+        _warn_elastic_checkpoint(self.zero)
         _model_dtype(self.fp16, self.bf16)
         if self.bf16["bf16_master_weights_and_grads"]:
             raise ConfigError("bf16.bf16_master_weights_and_grads (bf16 master weights and gradients) is a "
@@ -1295,6 +1296,17 @@ def parse_leaf_module(section, autos: set) -> dict:
     return {k: list(dict.fromkeys([v] if isinstance(v, str) else v)) for k, v in out.items()}
 
 
+def _warn_elastic_checkpoint(zero: dict) -> None:
+    """DeepSpeed logs that ZeRO-3 elastic checkpointing is deprecated when a stage-3 config asks for
+    it; zspeed says so through its logger too, and what the key does here (nothing: every zspeed
+    checkpoint loads on any number of ranks)."""
+    if zero["stage"] == 3 and zero["elastic_checkpoint"]:
+        from ..utils.logging import logger
+        logger.warning("zero_optimization.elastic_checkpoint: ZeRO-3 elastic checkpointing is deprecated (as in "
+                       "DeepSpeed, which points to universal checkpointing); it has no effect in zspeed, whose "
+                       "checkpoints load on any number of ranks at every stage. Remove the key.")
+
+
 def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
     """(zero_optimization, its offload_optimizer, its offload_param), each key checked and
     defaulted by the schema alone, without the rules between keys and sections that a whole
@@ -1312,6 +1324,7 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
                          SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
     offp = _parse_section("zero_optimization.offload_param", zero.pop("offload_param") or {},
                           SCHEMA["zero_optimization.offload_param"].keys, autos)
+    _warn_elastic_checkpoint(zero)
     return zero, off, offp
 
 
