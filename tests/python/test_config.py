@@ -97,8 +97,8 @@ def test_platform_keys(key, where):
 
 def test_unsupported_deepspeed_sections():
     err({"train_batch_size": 4, "amp": {"enabled": True}}, "'amp'", "not supported by zspeed")
-    err({"train_batch_size": 4, "tensorboard": {"enabled": True}}, "tensorboard", "\"enabled\": false")
-    ok({"train_batch_size": 4, "tensorboard": {"enabled": False}, "wandb": {"enabled": False}})
+    err({"train_batch_size": 4, "flops_profiler": {"enabled": True}}, "flops_profiler", "\"enabled\": false")
+    ok({"train_batch_size": 4, "flops_profiler": {"enabled": False}, "comms_logger": {"enabled": False}})
     err({"train_batch_size": 4, "pipeline": {}}, "'pipeline'", "not supported")
 
 

@@ -547,6 +547,37 @@ SCHEMA: dict[str, S] = {
                           "a time covers the device work and not only its launch (DeepSpeed waits for the "
                           "whole device)"),
     }, "timers.throughput"),
+    # DeepSpeed's monitors (zspeed.monitor): rank 0 writes the engine's events (the learning rate, the
+    # fp16 loss scale, with wall_clock_breakdown the step's timers) at each optimizer step, and what a
+    # script passes to engine.monitor.write_events.
+    "tensorboard": S({
+        "enabled": K(False, (bool,), "write the engine's events with TensorBoard's SummaryWriter (needs the "
+                     "tensorboard package)"),
+        "output_path": K("", (str,), "folder under which the job's folder is made (\"\": the working folder)"),
+        "job_name": K("DeepSpeedJobName", (str,), "the job's folder inside output_path"),
+    }, "tensorboard"),
+    "csv_monitor": S({
+        "enabled": K(False, (bool,), "write the engine's events to CSV files, one per event name (step, value)"),
+        "output_path": K("", (str,), "folder under which the job's folder is made (\"\": the working folder)"),
+        "job_name": K("DeepSpeedJobName", (str,), "the job's folder inside output_path"),
+    }, "csv_monitor"),
+    "wandb": S({
+        "enabled": K(False, (bool,), "log the engine's events to Weights & Biases (needs the wandb package)"),
+        "group": K(None, (str, type(None)), "the wandb run group"),
+        "team": K(None, (str, type(None)), "the wandb entity (team)"),
+        "project": K("deepspeed", (str,), "the wandb project"),
+    }, "wandb"),
+    "comet": S({
+        "enabled": K(False, (bool,), "log the engine's events to Comet (needs comet_ml >= 3.41.0)"),
+        "samples_log_interval": K(100, (int,), "an event name is sent again only after this many more samples",
+                                  check=_nonneg),
+        **{k: K(None, (str, type(None)), f"Comet {what} (None: Comet's own configuration or environment)")
+           for k, what in (("project", "project name"), ("workspace", "workspace"), ("api_key", "API key"),
+                           ("experiment_name", "experiment name"), ("experiment_key", "experiment key"))},
+        "online": K(None, (bool, type(None)), "false: an offline experiment (None: Comet's default, online)"),
+        "mode": K(None, (str, type(None)), "how the experiment starts (None: Comet's default, get_or_create)",
+                  choices=(None, "get", "create", "get_or_create")),
+    }, "comet"),
     "activation_checkpointing": S({
         "partition_activations": K(False, (bool,), "split saved activations across model-parallel ranks: no "
                                    "effect (zspeed has no model parallelism)"),
@@ -569,6 +600,9 @@ SCHEMA: dict[str, S] = {
     }, "checkpoint"),
 }
 
+# DeepSpeed's monitor sections, in the order MonitorMaster writes to them (zspeed.monitor).
+MONITORS = ("tensorboard", "wandb", "csv_monitor", "comet")
+
 # Keys (beside the stage3_* ones) that only ZeRO stage 3 reads, and what a config of another stage
 # gets from them (the warning's words).
 _STAGE3_ONLY = {
@@ -577,11 +611,10 @@ _STAGE3_ONLY = {
                      "effect, as in DeepSpeed; set \"stage\": 3 to offload them",
 }
 
-# DeepSpeed features that exist but that zspeed does not implement. Monitoring
-# sections are accepted when disabled, since generated configs often carry them.
+# DeepSpeed features that exist but that zspeed does not implement. Those marked None (the
+# profilers) are accepted when disabled, since generated configs often carry them.
 _DS_UNSUPPORTED_TOP = {
-    "flops_profiler": None, "tensorboard": None, "wandb": None, "csv_monitor": None,
-    "comet": None, "comms_logger": None,
+    "flops_profiler": None, "comms_logger": None,
     "compression_training": "", "data_efficiency": "", "pipeline": "",
     "sparse_attention": "", "elasticity": "", "autotuning": "", "curriculum_learning": "",
     "sparse_gradients": "DeepSpeed 0.19.8 removed it too; an embedding built with sparse=True needs no flag: zspeed "
@@ -1005,6 +1038,7 @@ class ZSpeedConfig:
         self.checkpoint = sec("checkpoint")
         self.activation_checkpointing = sec("activation_checkpointing")
         self.compile = sec("compile")
+        self.monitor = {name: sec(name) for name in MONITORS}
         thr = sec("timers").pop("throughput") or {}
         self.throughput_timer = _parse_section("timers.throughput", thr, SCHEMA["timers.throughput"].keys, autos)
         self.data_types = sec("data_types")
@@ -1110,7 +1144,7 @@ class ZSpeedConfig:
 
     def _validate_features(self):
         self._warn_stage3_keys()
-        _warn_elastic_checkpoint(self.zero)
+        _warn_deprecated_zero_keys(self.zero)
         _model_dtype(self.fp16, self.bf16)
         if self.bf16["bf16_master_weights_and_grads"]:
             raise ConfigError("bf16.bf16_master_weights_and_grads (bf16 master weights and gradients) is a "
@@ -1296,15 +1330,20 @@ def parse_leaf_module(section, autos: set) -> dict:
     return {k: list(dict.fromkeys([v] if isinstance(v, str) else v)) for k, v in out.items()}
 
 
-def _warn_elastic_checkpoint(zero: dict) -> None:
+# zero_optimization keys DeepSpeed logs as deprecated at a stage: {stage: {key: the warning}}
+_DEPRECATED_AT_STAGE = {3: {
+    "elastic_checkpoint": "zero_optimization.elastic_checkpoint: ZeRO-3 elastic checkpointing is deprecated (as in "
+                          "DeepSpeed, which points to universal checkpointing); it has no effect in zspeed, whose "
+                          "checkpoints load on any number of ranks at every stage. Remove the key."}}
+
+
+def _warn_deprecated_zero_keys(zero: dict) -> None:
     """DeepSpeed logs that ZeRO-3 elastic checkpointing is deprecated when a stage-3 config asks for
-    it; zspeed says so through its logger too, and what the key does here (nothing: every zspeed
-    checkpoint loads on any number of ranks)."""
-    if zero["stage"] == 3 and zero["elastic_checkpoint"]:
-        from ..utils.logging import logger
-        logger.warning("zero_optimization.elastic_checkpoint: ZeRO-3 elastic checkpointing is deprecated (as in "
-                       "DeepSpeed, which points to universal checkpointing); it has no effect in zspeed, whose "
-                       "checkpoints load on any number of ranks at every stage. Remove the key.")
+    it; zspeed says so through its logger too, and what the key does here."""
+    from ..utils.logging import logger
+    for key, text in _DEPRECATED_AT_STAGE.get(zero["stage"], {}).items():
+        if zero[key]:
+            logger.warning(text)
 
 
 def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
@@ -1324,7 +1363,7 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
                          SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
     offp = _parse_section("zero_optimization.offload_param", zero.pop("offload_param") or {},
                           SCHEMA["zero_optimization.offload_param"].keys, autos)
-    _warn_elastic_checkpoint(zero)
+    _warn_deprecated_zero_keys(zero)
     return zero, off, offp
 
 

@@ -20,7 +20,8 @@ class DeepSpeedConfig(ZSpeedConfig):
     gradient_accumulation_steps (derived for the data-parallel world size: ``mpu``'s, else the
     process group's, else WORLD_SIZE's), gradient_allreduce_op, zero_config (a
     DeepSpeedZeroConfig), zero_optimization_stage, zero_enabled, fp16_enabled,
-    bfloat16_enabled, gradient_clipping, steps_per_print, wall_clock_breakdown, log_level and
+    bfloat16_enabled, gradient_clipping, steps_per_print, wall_clock_breakdown, log_level,
+    monitor_config (a zspeed.monitor DeepSpeedMonitorConfig) and
     ``_param_dict`` (the dict as given). Invalid configs raise ConfigError (a ValueError) naming
     the key, as zspeed.initialize does; batch sizes that do not add up raise an AssertionError
     (DeepSpeed asserts there)."""
@@ -54,6 +55,8 @@ class DeepSpeedConfig(ZSpeedConfig):
         self.bfloat16_enabled = self.bf16_enabled
         self.steps_per_print = self.top["steps_per_print"]
         self.wall_clock_breakdown = self.top["wall_clock_breakdown"]
+        from ..monitor.config import DeepSpeedMonitorConfig
+        self.monitor_config = DeepSpeedMonitorConfig(**self.monitor)
 
     def _configure_train_batch_size(self) -> None:
         """DeepSpeed's: the three batch attributes re-derived from those set (None: derive it) for

@@ -48,6 +48,7 @@ from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
 from .trace import tracer_from
 from .timing import EngineTiming
+from ..monitor import DeepSpeedMonitorConfig, MonitorMaster
 from .store import full_numel, full_shape
 from .summary import log_summary
 from .layout import FlatLayout
@@ -190,6 +191,9 @@ class ZSpeedEngine(torch.nn.Module):
         apply_zero_leaf_module_config(model, config.leaf_module)  # read by the ZeRO-3 fetcher
         # rank 0 writes zero_to_fp32.py beside ZeRO (stage 1-3) checkpoints, as DeepSpeed
         self._recovery_script = config.zero_stage >= 1 and self.global_rank == 0
+        # DeepSpeed's monitors (zspeed.monitor): made first, so that a monitor whose package is
+        # missing stops initialize() before anything is allocated
+        self.monitor = MonitorMaster(DeepSpeedMonitorConfig(**config.monitor))
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -822,9 +826,20 @@ class ZSpeedEngine(torch.nn.Module):
                         self._unfinished_error = f"{type(e).__name__}: {text}" if text else type(e).__name__
                     raise
             self.micro_steps += 1
+        if boundary and self.monitor.enabled and self.global_rank == 0:
+            self._write_monitor_events()
         self._timing.after_step(boundary)
         if boundary and self._trace.enabled and self.global_steps % 20 == 0:
             self._trace.flush()
+
+    def _write_monitor_events(self) -> None:
+        """DeepSpeed's events of an optimizer step (zspeed.monitor): the learning rate, the fp16
+        loss scale and, with wall_clock_breakdown, the step's summed timers, at global_samples."""
+        at = self.global_samples
+        events = [("Train/Samples/lr", self.get_lr()[0], at)]
+        if self._config.fp16_enabled:
+            events.append(("Train/Samples/loss_scale", self.loss_scaler.loss_scale, at))
+        self.monitor.write_events(events + self._timing.monitor_events(at))
 
     def _take_model_step(self, lr_kwargs) -> None:
         path = self.optimizer_path

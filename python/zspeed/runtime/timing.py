@@ -23,6 +23,8 @@ __all__ = ["EngineTiming"]
 
 _MICRO = {"fwd": T.FORWARD_MICRO_TIMER, "bwd": T.BACKWARD_MICRO_TIMER, "bwd_inner": T.BACKWARD_INNER_MICRO_TIMER,
           "bwd_reduce": T.BACKWARD_REDUCE_MICRO_TIMER, "step": T.STEP_MICRO_TIMER}
+# the monitor's names of the global timers, in _GLOBAL's order
+_MONITOR_LABELS = ("forward", "backward", "backward_inner", "backward_allreduce", "step")
 _GLOBAL = {"fwd": T.FORWARD_GLOBAL_TIMER, "bwd": T.BACKWARD_GLOBAL_TIMER, "bwd_inner": T.BACKWARD_INNER_GLOBAL_TIMER,
            "bwd_reduce": T.BACKWARD_REDUCE_GLOBAL_TIMER, "step": T.STEP_GLOBAL_TIMER}
 
@@ -57,6 +59,12 @@ class EngineTiming:
                 t = self.timers(n)
                 if t.started_:
                     t.stop()
+
+    def monitor_events(self, step: int) -> list:
+        """The optimizer step's summed times as DeepSpeed's monitor events (milliseconds, at
+        ``step``); none with the breakdown off."""
+        return [(f"Train/Samples/elapsed_time_ms_{label}", self.timers(name).elapsed(reset=False), step)
+                for label, name in zip(_MONITOR_LABELS, self._global)]
 
     def after_step(self, boundary: bool) -> None:
         """The end of a step() call: the throughput timer's span closes, and with the breakdown
