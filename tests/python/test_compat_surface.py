@@ -26,6 +26,52 @@ def test_repeating_loader_restarts_each_pass():
     assert got == [[0, 1], [2, 3], [4], [0, 1], [2, 3], [4], [0, 1]]
 
 
+def test_instrument_w_nvtx_wraps_each_call_in_a_range(monkeypatch):
+    from zspeed.utils import nvtx
+    calls = []
+
+    class Plain:  # zspeed's accelerators: range_push(msg) / range_pop()
+        def range_push(self, msg):
+            calls.append(("push", msg))
+
+        def range_pop(self):
+            calls.append(("pop",))
+
+    class WithDomain(Plain):
+        supports_nvtx_domain = True
+
+        def range_push(self, msg, domain=None):
+            calls.append(("push", msg, domain))
+
+        def range_pop(self, domain=None):
+            calls.append(("pop", domain))
+
+    def work(x):
+        if x < 0:
+            raise ValueError("negative")
+        return x * 2
+
+    monkeypatch.setattr(nvtx, "get_accelerator", Plain)
+    monkeypatch.setattr(nvtx, "is_compiling", lambda: False)
+    f = utils.instrument_w_nvtx(work)
+    assert f(3) == 6 and f.__name__ == "work"
+    with pytest.raises(ValueError):
+        f(-1)  # the range is closed on the way out
+    q = "test_instrument_w_nvtx_wraps_each_call_in_a_range.<locals>.work"
+    assert calls == [("push", q), ("pop",), ("push", q), ("pop",)]
+    calls.clear()
+    monkeypatch.setattr(nvtx, "get_accelerator", WithDomain)
+    assert f(1) == 2 and calls == [("push", q, "DeepSpeed"), ("pop", "DeepSpeed")]
+    calls.clear()
+    monkeypatch.setattr(nvtx, "is_compiling", lambda: True)  # no range while torch.compile traces
+    assert f(1) == 2 and calls == []
+    monkeypatch.setattr(nvtx, "is_compiling", lambda: False)
+    monkeypatch.setattr(nvtx, "enable_nvtx", False)
+    assert f(1) == 2 and calls == []
+    monkeypatch.undo()
+    assert utils.instrument_w_nvtx(work)(2) == 4  # this machine's own accelerator
+
+
 def test_repeating_loader_of_nothing_stops():
     with pytest.raises(StopIteration):
         next(utils.RepeatingLoader([]))

@@ -21,6 +21,7 @@ from .tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad, safe
 from .tensor_fragment import __all__ as _FRAGMENT_NAMES
 from .logging import (get_current_level, get_dist_msg, get_log_level_from_string, log_dist, log_dist_once, logger,
                       print_dist, set_log_level_from_string, should_log_le)
+from .nvtx import instrument_w_nvtx
 from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules, set_z3_leaf_modules_by_name,
                              set_z3_leaf_modules_by_suffix, unset_z3_leaf_modules, z3_leaf_module,
                              z3_leaf_parameter)
@@ -28,7 +29,8 @@ from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules, set_z3_le
 __all__ = ["logger", "log_dist", "log_dist_once", "print_dist", "set_log_level_from_string",
            "get_log_level_from_string", "get_current_level", "should_log_le", "RepeatingLoader", "get_dist_msg", "required_torch_version",
            "set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "set_z3_leaf_modules_by_name",
-           "set_z3_leaf_modules_by_suffix", "z3_leaf_module", "z3_leaf_parameter", *_FRAGMENT_NAMES]
+           "set_z3_leaf_modules_by_suffix", "z3_leaf_module", "z3_leaf_parameter", "instrument_w_nvtx",
+           *_FRAGMENT_NAMES]
 
 def _release(version: str) -> tuple:
     """(release numbers, 0 for a pre-release or dev build else 1) of a version string such as
