@@ -5,20 +5,13 @@ pydantic models do."""
 from __future__ import annotations
 
 from ..runtime.errors import ConfigError, validates_like_pydantic
-from ..runtime.zero.offload_config import ReadOnlyConfig
+from ..runtime.zero.offload_config import ReadOnlyConfig, SchemaSection
 
 __all__ = ["TensorBoardConfig", "WandbConfig", "CSVConfig", "CometConfig", "DeepSpeedMonitorConfig",
            "get_monitor_config"]
 
 
-class _Section(ReadOnlyConfig):
-    _section = ""
-
-    @validates_like_pydantic
-    def __init__(self, **values):
-        from ..runtime.config import SCHEMA, _parse_section
-        super().__init__(**_parse_section(self._section, values, SCHEMA[self._section].keys, set()))
-
+class _Section(SchemaSection):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items() if k != 'api_key')})"
 

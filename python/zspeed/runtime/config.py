@@ -1367,16 +1367,6 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
     return zero, off, offp
 
 
-def parse_precision_section(name: str, section) -> dict:
-    """The ``fp16`` or ``bf16`` section, each key checked and defaulted by the schema alone
-    (runtime/precision_config.py's DeepSpeedFP16Config / DeepSpeedBF16Config read one so)."""
-    if section is None:
-        section = {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"{name} must be an object, got {type(section).__name__}.")
-    return _parse_section(name, dict(section), SCHEMA[name].keys, set())
-
-
 def parse_config(config: Any = None, args: Any = None, world_size: int | None = None) -> ZSpeedConfig:
     """Accepts a dict, a JSON path, or ``args.deepspeed_config`` / ``args.deepspeed_config_dict``.
 

@@ -11,20 +11,12 @@ old spelling ``bfloat16``, as DeepSpeed does.
 """
 from __future__ import annotations
 
-from .errors import validates_like_pydantic
-from .zero.offload_config import ReadOnlyConfig
+from .zero.offload_config import SchemaSection
 
 __all__ = ["DeepSpeedBF16Config", "DeepSpeedFP16Config", "get_bfloat16_config", "get_float16_config"]
 
 
-class _Precision(ReadOnlyConfig):
-    _section = ""
-
-    @validates_like_pydantic
-    def __init__(self, **section):
-        from .config import parse_precision_section
-        super().__init__(**parse_precision_section(self._section, section))
-
+class _Precision(SchemaSection):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(enabled={self.enabled!r})"
 

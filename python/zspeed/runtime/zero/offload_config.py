@@ -8,7 +8,7 @@ from enum import Enum
 
 from ..errors import validates_like_pydantic
 
-__all__ = ["OffloadDeviceEnum", "OffloadStateTypeEnum", "DeepSpeedZeroOffloadParamConfig",
+__all__ = ["OffloadDeviceEnum", "OffloadStateTypeEnum", "SchemaSection", "DeepSpeedZeroOffloadParamConfig",
            "DeepSpeedZeroOffloadOptimizerConfig"]
 
 
@@ -46,19 +46,29 @@ class ReadOnlyConfig:
                              f"section")
 
 
-class _Offload(ReadOnlyConfig):
-    """A validated offload section, ``device`` as OffloadDeviceEnum: each key checked and
-    defaulted by zspeed's schema (as DeepSpeedZeroConfig builds it, or directly)."""
+class SchemaSection(ReadOnlyConfig):
+    """A config section checked and defaulted by zspeed's schema alone (``SCHEMA[_section]``), as
+    DeepSpeed's pydantic section classes are built from a dict: the offload sections here,
+    runtime/precision_config.py's and zspeed.monitor's."""
 
     _section = ""
 
     @validates_like_pydantic
     def __init__(self, **values):
         from ..config import SCHEMA, _parse_section
+        super().__init__(**_parse_section(self._section, values, SCHEMA[self._section].keys, set()))
+
+
+class _Offload(SchemaSection):
+    """A validated offload section, ``device`` as OffloadDeviceEnum: each key checked and
+    defaulted by zspeed's schema (as DeepSpeedZeroConfig builds it, or directly)."""
+
+    @validates_like_pydantic
+    def __init__(self, **values):
         if isinstance(values.get("device"), Enum):
             values["device"] = values["device"].value
-        values = _parse_section(self._section, values, SCHEMA[self._section].keys, set())
-        super().__init__(**{**values, "device": OffloadDeviceEnum(values["device"])})
+        super().__init__(**values)
+        self._values["device"] = OffloadDeviceEnum(self._values["device"])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device.value!r})"
