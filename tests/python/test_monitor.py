@@ -233,3 +233,23 @@ def test_only_rank_0_writes(tmp_path):
     assert read_csv(os.path.join(out, "job", "rank.csv")) == [["step", "rank"], ["1", "0.0"]]
     rows = read_csv(os.path.join(out, "job", "Train_Samples_lr.csv"))
     assert [int(r[0]) for r in rows[1:]] == [12, 24, 36]  # 2 ranks x micro-batch 6 per step
+
+
+MISSING = """
+import sys, torch, zspeed
+sys.path.insert(0, {helpers!r})
+sys.modules["tensorboard"] = None  # the package is not installed on any rank
+from engine_helpers import config, mlp
+from zspeed.monitor.utils import MonitorUnavailableError
+try:
+    zspeed.initialize(model=mlp(), config=config(tensorboard={{"enabled": True}}))
+except MonitorUnavailableError as e:
+    print("REFUSED", "pip install tensorboard" in str(e))
+"""
+
+
+def test_a_missing_package_stops_every_rank(tmp_path):
+    # checked on every rank, not only on rank 0 (which alone writes): no rank is left waiting
+    res = run_ranks(2, MISSING.format(helpers=os.path.dirname(__file__)), timeout=180, fresh=True)
+    for r in res:
+        assert r.returncode == 0 and "REFUSED True" in r.stdout, r

@@ -7,6 +7,7 @@ from ._base import Monitor, _events, _rank
 from .comet import CometMonitor
 from .csv_monitor import csvMonitor
 from .tensorboard import TensorBoardMonitor
+from .utils import check_comet_availability, check_tb_availability, check_wandb_availability
 from .wandb import WandbMonitor
 
 __all__ = ["Monitor", "MonitorMaster"]
@@ -21,6 +22,13 @@ class MonitorMaster(Monitor):
         super().__init__(monitor_config)
         self.tb_monitor = self.wandb_monitor = self.csv_monitor = self.comet_monitor = None
         self.enabled = bool(monitor_config.enabled)
+        # every rank checks the packages of the enabled monitors, so that a missing one stops
+        # initialize() on all ranks alike (not rank 0 alone, leaving the others in a collective)
+        for section, check in ((monitor_config.tensorboard, check_tb_availability),
+                               (monitor_config.wandb, check_wandb_availability),
+                               (monitor_config.comet, check_comet_availability)):
+            if section.enabled:
+                check()
         if _rank() == 0:
             if monitor_config.tensorboard.enabled:
                 self.tb_monitor = TensorBoardMonitor(monitor_config.tensorboard)
