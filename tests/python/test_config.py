@@ -371,11 +371,16 @@ def test_stage3_keys_in_a_stage2_config_warn():
         warnings.simplefilter("error")
         ok({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "none"}}})
 
+
 def test_elastic_checkpoint_at_stage3_logs_deprecation(caplog):
     """DeepSpeed logs that ZeRO-3 elastic checkpointing is deprecated (its zero config's validator);
-    zspeed logs it once per parse through its logger, from a whole config and from DeepSpeedZeroConfig,
-    and stays silent below stage 3 and with the key off."""
+    zspeed logs it once through its logger: at initialize (from the config's warnings), from
+    DeepSpeedZeroConfig and from DeepSpeedConfig (which builds one); silent below stage 3 and with
+    the key off."""
     import logging
+    import torch
+    import zspeed
+    from zspeed.runtime.ds_config import DeepSpeedConfig
     from zspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     def logged(make):
@@ -384,13 +389,16 @@ def test_elastic_checkpoint_at_stage3_logs_deprecation(caplog):
             make()
         return [r.getMessage() for r in caplog.records if "elastic checkpointing is deprecated" in r.getMessage()]
 
-    msgs = logged(lambda: ok({"train_batch_size": 4, "zero_optimization": {"stage": 3, "elastic_checkpoint": True}}))
+    cfg = {"train_batch_size": 4, "zero_optimization": {"stage": 3, "elastic_checkpoint": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    assert logged(lambda: ok(cfg)) == [] and any("no effect in zspeed" in w for w in ok(cfg).warnings)
+    msgs = logged(lambda: zspeed.initialize(model=torch.nn.Linear(3, 2), config=cfg))
     assert len(msgs) == 1 and "no effect in zspeed" in msgs[0]
+    assert len(logged(lambda: DeepSpeedConfig(cfg))) == 1
     assert len(logged(lambda: DeepSpeedZeroConfig(stage=3, elastic_checkpoint=True))) == 1
     assert logged(lambda: DeepSpeedZeroConfig(stage=2, elastic_checkpoint=True)) == []
     assert logged(lambda: ok({"train_batch_size": 4, "zero_optimization": {"stage": 3}})) == []
-    assert logged(lambda: ok({"train_batch_size": 4, "zero_optimization": {"stage": 1, "elastic_checkpoint": True}})) == []
-
+    assert not ok({"train_batch_size": 4, "zero_optimization": {"stage": 1, "elastic_checkpoint": True}}).warnings
 
 
 def test_activation_checkpointing_section():

@@ -1144,7 +1144,7 @@ class ZSpeedConfig:
 
     def _validate_features(self):
         self._warn_stage3_keys()
-        _warn_deprecated_zero_keys(self.zero)
+        self.warnings.extend(deprecated_zero_keys(self.zero))
         _model_dtype(self.fp16, self.bf16)
         if self.bf16["bf16_master_weights_and_grads"]:
             raise ConfigError("bf16.bf16_master_weights_and_grads (bf16 master weights and gradients) is a "
@@ -1337,13 +1337,12 @@ _DEPRECATED_AT_STAGE = {3: {
                           "checkpoints load on any number of ranks at every stage. Remove the key."}}
 
 
-def _warn_deprecated_zero_keys(zero: dict) -> None:
-    """DeepSpeed logs that ZeRO-3 elastic checkpointing is deprecated when a stage-3 config asks for
-    it; zspeed says so through its logger too, and what the key does here."""
-    from ..utils.logging import logger
-    for key, text in _DEPRECATED_AT_STAGE.get(zero["stage"], {}).items():
-        if zero[key]:
-            logger.warning(text)
+def deprecated_zero_keys(zero: dict) -> list:
+    """The deprecation warnings DeepSpeed gives a parsed zero_optimization section (ZeRO-3 elastic
+    checkpointing), each saying what the key does in zspeed: a whole config adds them to its
+    warnings (the engine logs them once, on rank 0); DeepSpeedZeroConfig logs them, as DeepSpeed's
+    zero config validator does."""
+    return [text for key, text in _DEPRECATED_AT_STAGE.get(zero["stage"], {}).items() if zero[key]]
 
 
 def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
@@ -1363,7 +1362,6 @@ def parse_zero_section(section: dict) -> tuple[dict, dict, dict]:
                          SCHEMA["zero_optimization.offload_optimizer"].keys, autos)
     offp = _parse_section("zero_optimization.offload_param", zero.pop("offload_param") or {},
                           SCHEMA["zero_optimization.offload_param"].keys, autos)
-    _warn_deprecated_zero_keys(zero)
     return zero, off, offp
 
 

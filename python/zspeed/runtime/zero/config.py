@@ -52,7 +52,7 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
 
     @validates_like_pydantic
     def __init__(self, **section):
-        from ..config import _ZERO_FIELD_NAMES, parse_zero_section
+        from ..config import _ZERO_FIELD_NAMES, deprecated_zero_keys, parse_zero_section
         from ..plan import overlap_comm
         section = dict(section)
         pin = section.pop("cpu_offload_use_pin_memory", None)
@@ -67,6 +67,10 @@ class DeepSpeedZeroConfig(ReadOnlyConfig):
                 if isinstance(section.get(key), dict):
                     section[key] = {"pin_memory": bool(pin), **section[key]}
         zero, off, offp = parse_zero_section(section)  # the schema checks the stage (0-3) too
+        if deprecated_zero_keys(zero):
+            from ...utils.logging import logger
+            for text in deprecated_zero_keys(zero):
+                logger.warning(text)
         zenflow = zero.pop("zenflow", None)
         values = dict(zero)
         for field, key in _ZERO_FIELD_NAMES.items():  # DeepSpeed's attribute names of the stage3_* keys
