@@ -184,10 +184,9 @@ def run_converter(prog: str, argv=None, with_dtype: bool = False) -> int:
     stderr)."""
     import argparse
     import sys
-    what = "in float32, float16 or bfloat16" if with_dtype else "in fp32"
+    what = "in float32, float16 or bfloat16" if with_dtype else "in fp32 (also `zspeed to-fp32`)"
     parser = argparse.ArgumentParser(
-        prog=prog, description=f"Writes the whole model of a zspeed checkpoint {what} (DeepSpeed's {prog}; "
-                               f"also `zspeed to-fp32`).")
+        prog=prog, description=f"Writes the whole model of a zspeed checkpoint {what}; DeepSpeed's {prog}.")
     parser.add_argument("checkpoint_dir", help="the checkpoint folder (holding 'latest' and the tag folders)")
     parser.add_argument("output_dir", help="the folder the state dict files go into")
     if with_dtype:
