@@ -64,6 +64,7 @@ import torch
 from .._version import __version__
 from .store import full_numel, per_element
 from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, CheckpointError, CheckpointReader, Deferred,
+                               LoadIncompleteError,
                                is_tensor, materialized, reading, real,
                                SaveTransaction, StagingWriter, TagMismatchError, _Dir, _oserror, json_depth,
                                open_for_load, validate_tag)
@@ -959,7 +960,7 @@ def _apply(ck, plan: _Plan, where: Path) -> None:
 
 
 def load_checkpoint(ck, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
-                    load_lr_scheduler_states=True, load_counters=True):
+                    load_lr_scheduler_states=True, load_counters=True, before_apply=None):
     """Restores a checkpoint; returns (path, client_state), or (None, None) when there is none
     (no folder, no ``latest``, or an explicit tag that does not exist). Every problem with
     the checkpoint is a CheckpointError, raised before the engine changes. With several
@@ -967,12 +968,18 @@ def load_checkpoint(ck, load_dir, tag=None, load_module_strict=True, load_optimi
     all raise the same CheckpointError and none changes (a disk error while the tensors are
     read, after every check passed, is the one exception: checkpoint_files.reading). ``load_counters``: the step counters
     (global_steps, global_samples, micro_steps, skipped_steps), restored also without the
-    optimizer states, as DeepSpeed does; only a module-only load leaves them."""
+    optimizer states, as DeepSpeed does; only a module-only load leaves them. ``before_apply()``
+    runs once the checkpoint is found and checked on every rank, just before the engine starts
+    changing (the engine abandons a torn step there: a load that finds nothing, or refuses the
+    checkpoint, leaves it pending). A failure while the checkpoint is put in place (a disk error
+    reading it, or writing the NVMe swap files) is a :class:`LoadIncompleteError`: the engine
+    then holds part of the checkpoint."""
     return _load_ranks(ck, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
-                       load_counters)
+                       load_counters, before_apply)
 
 
-def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states, load_counters):
+def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states, load_counters,
+                before_apply=None):
     """The load of any number of ranks (one is the case without exchanges). Every rank plans its
     load (checks what it needs on the files' checksums and headers, with the folder locked for
     reading, and keeps the files open), the ranks compare (after the lock is released: on
@@ -981,11 +988,11 @@ def _load_ranks(ck, load_dir, tag, strict, load_optimizer_states, load_lr_schedu
     doing = "the checkpoint load"
     with contextlib.ExitStack() as files:  # the checkpoint's files, open until the load is applied
         return _load_opened(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states,
-                            load_counters, files, doing)
+                            load_counters, files, doing, before_apply)
 
 
 def _load_opened(ck, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states, load_counters,
-                 files, doing):
+                 files, doing, before_apply=None):
     plan = path = save_id = err = own = None
     try:
         with open_for_load(load_dir, tag) as r:
@@ -1006,7 +1013,18 @@ def _load_opened(ck, load_dir, tag, strict, load_optimizer_states, load_lr_sched
                               f"was another job saving into '{load_dir}' meanwhile? Nothing was loaded.")
     if plan is None:
         return None, None
-    _apply(ck, plan, Path(path))
+    try:
+        if before_apply is not None:
+            before_apply()
+        _apply(ck, plan, Path(path))
+    except LoadIncompleteError:
+        raise
+    except Exception as e:  # the engine has begun changing: it holds part of the checkpoint
+        raise LoadIncompleteError(
+            f"{doing} of '{path}' failed while putting it in place ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"this engine now holds part of the checkpoint and part of its earlier state, and refuses to train or "
+            f"save until a load succeeds: load a checkpoint again (after fixing the cause: disk space, I/O "
+            f"errors of the disk under the checkpoint or nvme_path).") from e
     log.info("zspeed: loaded checkpoint %s", path)
     return path, plan.client
 

@@ -101,6 +101,12 @@ class CheckpointError(ZSpeedError, RuntimeError):
     """A checkpoint cannot be written or is incomplete, corrupt or incompatible."""
 
 
+class LoadIncompleteError(CheckpointError):
+    """A checkpoint load failed after it had begun putting the checkpoint in place (a disk error
+    reading it after its checks passed, or writing the NVMe swap files): the engine holds part
+    of it, and refuses to train or save until a load succeeds."""
+
+
 class TagMismatchError(CheckpointError, AssertionError):
     """Ranks asked to save under different tags (an AssertionError too, as DeepSpeed's
     checkpoint.tag_validation "Fail" raises; zspeed refuses it in every mode: docs/COMPAT.md)."""

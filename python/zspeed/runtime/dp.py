@@ -231,7 +231,21 @@ class GradReducer:
     def after_backward(self) -> None:
         if self.accumulate and self._armed:
             self._flush()
+            self._landed()
         self._armed = False
+
+    def _landed(self) -> None:
+        """Stage 3, at the end of each backward: every reduced shard is in its destination when
+        engine.backward returns, as after DeepSpeed's (whose ZeRO-3 backward ends with a device
+        synchronize). Destinations in host memory (the parameter shards with grads_in_shards:
+        ``p.ds_tensor``) are read by the CPU, which must not see them before the copies that
+        fill them are done; on the device, the training stream waits for the side stream."""
+        self._finish_all()
+        if self.side is not None:
+            done = torch.cuda.Event()
+            done.record(self.side)
+            torch.cuda.current_stream(self.device).wait_event(done)
+            done.synchronize()
 
     # -- the step --------------------------------------------------------------------------------------
     def gather(self) -> None:
@@ -255,7 +269,13 @@ class GradReducer:
         return self._norms
 
     def reset(self) -> None:
-        """Ready for the next boundary: every unit waits for all its gradients again."""
+        """Ready for the next boundary: every unit waits for all its gradients again. Reductions
+        still in flight (a backward's, dropped by engine.zero_grad before any step read them)
+        complete first, so that nothing lands in a destination afterwards."""
+        for work, _finish, _keep in getattr(self, "_works", ()):
+            work.wait()
+        if self.side is not None and getattr(self, "_works", None) is not None:
+            self.side.synchronize()
         self._begin_pass()
         self._works: list = []      # Gloo: (work, copy to dest or None, input kept alive), in order
         self._norms: list = []      # CUDA: fp32 norms of the reduced shards, on the device

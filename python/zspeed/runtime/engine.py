@@ -50,6 +50,7 @@ from .trace import tracer_from
 from .timing import EngineTiming
 from ..monitor import DeepSpeedMonitorConfig, MonitorMaster
 from .store import full_numel, full_shape
+from .checkpoint_files import LoadIncompleteError
 from .summary import log_summary
 from .layout import FlatLayout
 from .paths import NoOptimizerPath
@@ -200,9 +201,14 @@ class ZSpeedEngine(torch.nn.Module):
         self.skipped_steps = 0
         self._global_grad_norm: float | None = None
         self._last_overflow = False
-        # The factor of an optimizer step that raised partway (see step()), and what it raised.
+        # The factor of an optimizer step that raised partway (see step(); _SKIPPED for an overflow
+        # skip whose release raised), what it raised, and where its retry resumes (_take_model_step).
         self._unfinished: float | None = None
         self._unfinished_error = ""
+        self._step_phase = "apply"
+        # Why the engine refuses to train and save (a checkpoint load that failed partway), or None.
+        self._load_failed: str | None = None
+        self._loading = False  # inside load_checkpoint
         self._closed = False
         self.loss_scaler = build_loss_scaler(config.fp16, config.zero_stage)
         # The accumulation boundary as set_gradient_accumulation_boundary() fixed it (None:
@@ -220,6 +226,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._boundary_grads = False
         self._local_backward = None  # "no_sync" / "coalesce_grad_reduction" inside those contexts
         self._grads_gathered = False
+        self._grads_pending = False  # a backward ran since the last step (engine.zero_grad drops its gradients)
 
         # Without an optimizer (none passed, none in the config) the engine runs the forward only
         # (DeepSpeed's ZeRO-Inference: Hugging Face's Trainer.evaluate() before any training):
@@ -700,6 +707,7 @@ class ZSpeedEngine(torch.nn.Module):
         with self._collectives("backward"):  # a step still in the background finishes first
             self.optimizer_path.before_backward(self._backward_boundary())
         self._in_engine_backward = True
+        self._grads_pending = True
         failed = True
         try:
             with self._collectives("backward"), self._trace.span("backward"), self._timing.phase("bwd_inner"):
@@ -709,7 +717,7 @@ class ZSpeedEngine(torch.nn.Module):
         finally:
             self._in_engine_backward = False
             try:
-                with self._timing.phase("bwd_reduce"):
+                with self._collectives("backward"), self._timing.phase("bwd_reduce"):
                     self.optimizer_path.after_backward()
                 if self._fetcher is not None:
                     self._fetcher.release_all()
@@ -727,6 +735,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._refuse_if_unfinished("loss.backward()")
         self._refuse_if_collected("loss.backward()")
         self._direct_backward_active = True
+        self._grads_pending = True
         self.optimizer_path.before_backward(self._backward_boundary())
         torch.autograd.Variable._execution_engine.queue_callback(self._end_direct_backward)
 
@@ -745,12 +754,26 @@ class ZSpeedEngine(torch.nn.Module):
         its start: the gradients are where the step reads them), so nothing is left to do here."""
         self._check_open()
 
+    def _refuse_if_load_failed(self, what: str) -> None:
+        if self._load_failed is not None:
+            raise LoadIncompleteError(
+                f"{what}: the last load_checkpoint failed partway ({self._load_failed}): this engine holds part of "
+                f"a checkpoint and part of its earlier state. Load a checkpoint again (engine.load_checkpoint) "
+                f"before training or saving.")
+
     def _refuse_if_unfinished(self, what: str) -> None:
+        self._refuse_if_load_failed(what)
         if self._unfinished is not None:
+            where = {"apply": "stopped partway",
+                     "schedule": "was applied, but the LR scheduler's step raised",
+                     "release": ("was skipped (gradient overflow), but restoring the weights raised"
+                                 if self._unfinished is _SKIPPED else "was applied, but dropping its gradients raised")
+                     }[self._step_phase]
             raise StepIncompleteError(
-                f"{what}: optimizer step {self.global_steps + 1} stopped partway ({self._unfinished_error}); the "
-                f"gradients it reads must not be overwritten. Call engine.step() again to complete it (each "
-                f"parameter is stepped once), or engine.load_checkpoint(...) to return to a saved state.")
+                f"{what}: optimizer step {self.global_steps + 1} {where} ({self._unfinished_error}); the "
+                f"gradients it reads must not be overwritten. Call engine.step() again to complete it (what it "
+                f"did is not repeated: each parameter is stepped once), or engine.load_checkpoint(...) to return "
+                f"to a saved state.")
 
     def _refuse_if_collected(self, what: str) -> None:
         if self._grads_gathered:
@@ -788,6 +811,23 @@ class ZSpeedEngine(torch.nn.Module):
             self.step()
         self.optimizer_path.flush()
 
+    def _settle_for(self, what: str) -> None:
+        """:meth:`_settle` for a reader of the weights (GatheredParameters): a torn step that fails
+        again is a StepIncompleteError naming ``what``, not a mix of stepped and unstepped weights."""
+        torn = self._unfinished is not None or self.optimizer_path.step_failed()
+        try:
+            self._settle()
+        except (StepIncompleteError, LoadIncompleteError):
+            raise
+        except Exception as e:
+            if not torn:
+                raise
+            raise StepIncompleteError(
+                f"{what}: optimizer step {self.global_steps + 1} stopped partway and completing it failed again "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the weights would be a mix of "
+                f"stepped and unstepped parameters. Fix the cause and call engine.step(), or load a "
+                f"checkpoint.") from e
+
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("this engine was closed (engine.close() / destroy() released its buffers and "
@@ -798,9 +838,24 @@ class ZSpeedEngine(torch.nn.Module):
         return _CollectiveErrors(self, what)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drops the gradients (DeepSpeed's engine always sets them to None)."""
+        """Drops the gradients (DeepSpeed's engine always sets them to None): every gradient of
+        the backwards since the last step, wherever the engine keeps it (the model's .grad, the
+        reduced shards of ZeRO-2/3, host copies, the parameter shards with grads_in_shards), so
+        the next step applies only the backwards that follow. Refused while an optimizer step
+        that raised partway is pending (its gradients are needed to complete it)."""
         del set_to_none
-        self.optimizer_path.zero_grad()
+        self._check_open()
+        self._refuse_if_unfinished("engine.zero_grad()")
+        if not self._grads_pending:  # nothing since the last step but what autograd may have left
+            self.optimizer_path.zero_grad()
+            return
+        with self._collectives("zero_grad"):
+            self.optimizer_path.flush()  # a step in the background reads its gradients until done
+        self.optimizer_path.drop_grads()
+        self._grads_pending = False
+        self._step_over()
+        if self._got_grad is not None:
+            self._got_grad.clear()
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Ends a micro-batch; on the accumulation boundary runs the optimizer. A step is
@@ -814,6 +869,7 @@ class ZSpeedEngine(torch.nn.Module):
             kind = "no_sync" if self._local_backward == "no_sync" else "coalesce_grad_reduction (a no_sync)"
             raise NoSyncError(f"It is illegal to call Engine.step() inside {kind} context manager (as in "
                               f"DeepSpeed): call it after the block.")
+        self._refuse_if_load_failed("engine.step()")
         boundary = self._unfinished is not None or self.is_gradient_accumulation_boundary()
         with interrupts_deferred(), self._timing.phase("step"):
             if boundary:
@@ -826,11 +882,14 @@ class ZSpeedEngine(torch.nn.Module):
                         self._unfinished_error = f"{type(e).__name__}: {text}" if text else type(e).__name__
                     raise
             self.micro_steps += 1
+        # The step is committed (applied and counted): what follows only reports it, and a failure
+        # there (a full disk under a monitor's or the trace's folder) is logged, never raised, since
+        # step() raising asks for a retry that would apply a second optimizer step.
         if boundary and self.monitor.enabled and self.global_rank == 0:
-            self._write_monitor_events()
+            _after_commit(self.global_steps, "writing the monitors' step events", self._write_monitor_events)
         self._timing.after_step(boundary)
         if boundary and self._trace.enabled and self.global_steps % 20 == 0:
-            self._trace.flush()
+            _after_commit(self.global_steps, "writing the trace (zspeed_trace)", self._trace.flush)
 
     def _write_monitor_events(self) -> None:
         """DeepSpeed's events of an optimizer step (zspeed.monitor): the learning rate, the fp16
@@ -842,33 +901,39 @@ class ZSpeedEngine(torch.nn.Module):
         self.monitor.write_events(events + self._timing.monitor_events(at))
 
     def _take_model_step(self, lr_kwargs) -> None:
+        """One optimizer step as a transaction: the decision (overflow skip or the factor) is
+        taken once, then the phases run in order, each once: "apply" (the path resumes where it
+        stopped, each parameter stepped once), "schedule" (the loss scale and the LR scheduler),
+        "release" (the gradients dropped; with gradients in the parameter shards a skip reads the
+        weights back from the masters), then the commit (the counters). A phase that raises
+        leaves the step pending at that phase: step() again resumes there, so no phase repeats;
+        nothing after the commit raises."""
         path = self.optimizer_path
         if self._unfinished is None:
             factor = self._decide_step()
-            if factor is None:  # overflow: skipped
-                path.release()
-                self._step_over()
-                self._count_step()
-                return
-            self._unfinished = factor
-        # The decision is taken once; a retry after an error below starts here. The path
-        # resumes where it stopped (each parameter is stepped once), and nothing after it has
-        # moved yet.
-        with self._trace.span("apply"):
-            path.apply(self._unfinished)
-        self._unfinished = None
-        self.loss_scaler.update_scale(False)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step(**(lr_kwargs or {}))
+            self._unfinished = _SKIPPED if factor is None else factor
+            self._step_phase = "release" if factor is None else "apply"
+        if self._step_phase == "apply":
+            with self._trace.span("apply"):
+                path.apply(self._unfinished)
+            self.loss_scaler.update_scale(False)
+            self._step_phase = "schedule"
+        if self._step_phase == "schedule":
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+            self._step_phase = "release"
         path.release()
+        applied = self._unfinished is not _SKIPPED
+        self._unfinished, self._step_phase = None, "apply"
         self._step_over()
         self._count_step()
-        path.step_done()
-        if self._fetcher is not None:  # ZeRO-3: persistent parameters whole and current, as DeepSpeed's
-            self._fetcher.refresh_persistent(wait=False)
+        if applied:
+            path.step_done()
+            if self._fetcher is not None:  # ZeRO-3: persistent parameters whole and current, as DeepSpeed's
+                self._fetcher.refresh_persistent(wait=False)
 
     def _step_over(self) -> None:
-        self._boundary_grads = self._grads_gathered = False
+        self._boundary_grads = self._grads_gathered = self._grads_pending = False
 
     def _decide_step(self) -> float | None:
         """Gathers the boundary's gradients and their statistics; None for a skipped step (fp16
@@ -934,6 +999,7 @@ class ZSpeedEngine(torch.nn.Module):
                 "engine.save_checkpoint()", "To save the weights, call engine.save_16bit_model(folder) (at ZeRO-3 "
                 "with zero_optimization.stage3_gather_16bit_weights_on_model_save true); for a training "
                 "checkpoint, build the engine with an optimizer")
+        self._refuse_if_load_failed("engine.save_checkpoint()")
         with self._collectives("save_checkpoint"):
             self._settle()  # a step that stopped partway or runs in the background completes first
         saved = save_checkpoint(self._checkpoint_parts(), save_dir, tag=tag, client_state=client_state or {},
@@ -983,28 +1049,47 @@ class ZSpeedEngine(torch.nn.Module):
         # Without an optimizer there are no states to load into: the weights (and the counters)
         # only, as DeepSpeed loads into an engine without one.
         with_states = load_optimizer_states and not load_module_only and not self._inference
-        if self._unfinished is not None or self.optimizer_path.step_failed():
-            if not with_states:
-                raise StepIncompleteError(
-                    f"load_checkpoint without the optimizer states cannot replace optimizer step "
-                    f"{self.global_steps + 1 if self._unfinished is not None else self.global_steps}, which stopped "
-                    f"partway (some parameters' states were stepped, others not): load the optimizer states too, "
-                    f"or call engine.step() (engine.finish_step() for a step in the background) to complete it "
-                    f"first.")
-            # The load replaces every master, optimizer state and counter the torn step touched.
-            log.warning("zspeed: load_checkpoint discards an optimizer step that stopped partway.")
-            self.optimizer_path.abandon_step()
-            self.optimizer_path.release()
-            self._step_over()
-            self._unfinished = None
-        self.optimizer_path.flush()
+        torn = self._unfinished is not None or self.optimizer_path.step_failed()
+        if torn and not with_states:
+            raise StepIncompleteError(
+                f"load_checkpoint without the optimizer states cannot replace optimizer step "
+                f"{self.global_steps + 1 if self._unfinished is not None else self.global_steps}, which stopped "
+                f"partway (some parameters' states were stepped, others not): load the optimizer states too, "
+                f"or call engine.step() (engine.finish_step() for a step in the background) to complete it "
+                f"first.")
+        if not torn:
+            self.optimizer_path.flush()
         sm = self.optimizer_path.sharded
-        if sm is not None:  # before anything is read: the load must not half-happen
+        if sm is not None and not torn:  # before anything is read: the load must not half-happen
             sm.check_writable()
-        out = load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag, load_module_strict=load_module_strict,
-                              load_optimizer_states=with_states,
-                              load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only,
-                              load_counters=not load_module_only)
+
+        def before_apply():
+            # Only once the checkpoint is found and checked: a load that finds nothing or refuses the
+            # checkpoint leaves a torn step pending (step() still completes it). The load replaces
+            # every master, optimizer state and counter the torn step touched.
+            if torn:
+                log.warning("zspeed: load_checkpoint discards an optimizer step that stopped partway.")
+                self.optimizer_path.abandon_step()
+                self.optimizer_path.release()
+                self._unfinished, self._step_phase = None, "apply"
+                self._step_over()
+                self.optimizer_path.flush()
+            self._load_failed = "a checkpoint load is under way"
+
+        self._loading = True  # (the plan's reads of the module do not complete a torn step: see _SettleFirst)
+        try:
+            out = load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag,
+                                  load_module_strict=load_module_strict, load_optimizer_states=with_states,
+                                  load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only,
+                                  load_counters=not load_module_only, before_apply=before_apply)
+        except LoadIncompleteError as e:
+            cause = e.__cause__ if e.__cause__ is not None else e
+            self._load_failed = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            raise
+        finally:
+            self._loading = False
+        if out[0] is not None:
+            self._load_failed = None
         if self._fetcher is not None:  # ZeRO-3: persistent parameters whole, as after DeepSpeed's load
             self._fetcher.refresh_persistent(wait=True)
         return out
@@ -1107,6 +1192,17 @@ class ZSpeedEngine(torch.nn.Module):
         first; one that stopped partway is left as it is (its error was raised already)."""
         if self._closed:
             return
+        if self._unfinished is not None or self.optimizer_path.step_failed():
+            try:  # the module gets one step's weights: the torn step completed, if it can be
+                self._settle()
+            except Exception as e:  # noqa: BLE001 - reported; close goes on
+                log.warning("zspeed: engine.close(): optimizer step %d stopped partway and could not be completed "
+                            "(%s: %s); the module is handed back with some parameters stepped and others not. Load "
+                            "a checkpoint before using its weights.", self.global_steps + 1, type(e).__name__, e)
+        elif self._load_failed is not None:
+            log.warning("zspeed: engine.close(): the last load_checkpoint failed partway (%s); the module is handed "
+                        "back holding part of that checkpoint. Load a checkpoint before using its weights.",
+                        self._load_failed)
         self._closed = True
         self.optimizer_path.abandon_step() if self.optimizer_path.step_failed() else self.optimizer_path.flush()
         if self._fetcher is not None:  # ZeRO-3: the parameters hold the weights again (zero3.hand_back)
@@ -1279,7 +1375,9 @@ class _SettleFirst(EngineHook):
 
     def __call__(self, module, prefix, keep_vars):
         e = self._engine()
-        if e is not None and not e._closed:
+        # (not during a checkpoint load: it reads the module to plan, then replaces what a torn
+        # step touched, or leaves that step pending when it refuses the checkpoint)
+        if e is not None and not e._closed and not e._loading:
             e._settle()
 
 
@@ -1308,6 +1406,21 @@ class _ParamGradHook(EngineHook):
         if e is not None and e._direct_backward_active and e._gas > 1:
             return grad / e._gas
         return None
+
+
+# engine._unfinished of an overflow skip whose release raised (see _take_model_step)
+_SKIPPED = object()
+
+
+def _after_commit(step: int, what: str, fn) -> None:
+    """Runs ``fn`` after a step is committed; an exception is logged (with its traceback at debug
+    level), not raised: see the end of ZSpeedEngine.step."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported, and the step stands
+        log.warning("zspeed: optimizer step %d was applied and counted, but %s failed afterwards (%s: %s); "
+                    "training goes on.", step, what, type(e).__name__, e)
+        log.debug("zspeed: %s failed", what, exc_info=True)
 
 
 def _densify_grad(p: torch.Tensor) -> None:

@@ -103,10 +103,18 @@ class OptimizerPath(abc.ABC):
         self.zero_grad()
 
     def zero_grad(self) -> None:
-        """Drops the model's gradients (engine.zero_grad())."""
+        """Drops the model's gradients (engine.zero_grad() when no backward ran since the last step)."""
         for ps in self.layout.params:
             for p in ps:
                 p.grad = None
+
+    def drop_grads(self) -> None:
+        """engine.zero_grad() after a backward that no step has read: every gradient this path
+        holds for the next step (the model's .grad, reduced shards, host copies, gradients held
+        in the parameter shards) is dropped, as if no backward had run since the last step. No
+        step is under way then (the engine completes one in the background first, and refuses
+        while one that raised partway is pending), so this is what the end of a step does."""
+        self.release()
 
     @abc.abstractmethod
     def masters(self) -> list:

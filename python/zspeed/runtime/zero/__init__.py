@@ -512,6 +512,10 @@ class GatheredParameters:
                 by_fetcher.setdefault(id(f), (f, []))[1].append(p)
             elif hasattr(p, "ds_tensor"):
                 self._init_params.append(p)
+        for f, _ps in by_fetcher.values():  # a step under way (or torn) completes before anything is read
+            e = f.owner() if f.owner is not None else None
+            if e is not None and not e._closed:
+                e._settle_for("GatheredParameters")
         with torch.no_grad():
             for f, ps in by_fetcher.values():
                 self._groups.append((f, f.pin(ps)))
