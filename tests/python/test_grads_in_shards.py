@@ -338,7 +338,7 @@ def test_an_nvme_fault_mid_step_is_completed_or_abandoned_with_the_gradients_in_
 _KILLED = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
-os.environ["ZSPEED_DEVICE"] = "cpu"
+os.environ["ZSPEED_DEVICE"] = {device!r}  # the test's own device: the runs compared bit for bit share it
 import torch
 import test_grads_in_shards as t
 from zspeed._native import errcode, lib
@@ -373,7 +373,8 @@ def test_a_run_killed_mid_step_resumes_from_its_checkpoint_bit_for_bit(tmp_path)
         pytest.skip("fault injection is libzspeed's (zs_fault_set)")
     swap, ck = tmp_path / "swap", tmp_path / "ck"
     swap.mkdir()
-    code = _KILLED.format(tests=os.path.dirname(os.path.abspath(__file__)), swap=str(swap), ck=str(ck))
+    code = _KILLED.format(tests=os.path.dirname(os.path.abspath(__file__)), swap=str(swap), ck=str(ck),
+                          device=z3.DEVICE)
     root = os.path.dirname(os.path.dirname(zspeed.__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(
         os.pathsep) if p]))

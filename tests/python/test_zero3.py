@@ -305,15 +305,39 @@ def test_gathered_parameters_without_modifier_rank_discards_every_edit(how):
             pass
 
 
-def test_zero_init_builds_in_the_training_dtype_and_trains_the_same():
+def _seeded_model(device=None) -> Model:
+    torch.manual_seed(0)
+    with torch.device(device or "cpu"):
+        m = Model()
+    return m.cpu()
+
+
+@pytest.mark.parametrize("init_device", ["default", "cpu"])
+def test_zero_init_builds_in_the_training_dtype_and_trains_the_same(init_device, monkeypatch):
+    """zero.Init builds where DeepSpeed's does, on the GPU the engine will use (ZSPEED_INIT_DEVICE
+    =cpu: on the CPU): the initial values are those torch draws there from the seed (a GPU's
+    generator is not the CPU's, so with a GPU they differ from a model built without zero.Init,
+    as in DeepSpeed), rounded to the training dtype; and training from them is training the
+    same model built without zero.Init from the same values."""
+    if init_device == "cpu":
+        monkeypatch.setenv("ZSPEED_INIT_DEVICE", "cpu")
     cfg = _cfg(3, opt="cpu", param="cpu", precision="bf16")
-    ref, _ = _train(cfg)
+    build = zspeed.zero._build_device()
+    assert (build is None) == (init_device == "cpu" or DEVICE == "cpu")
     torch.manual_seed(0)
     with zspeed.zero.Init(config_dict_or_path=cfg):
         m = Model()
-    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+    assert all(p.dtype == torch.bfloat16 and p.device.type == "cpu" for p in m.parameters())
+    drawn = _seeded_model(build)
+    start = dict(m.named_parameters())
+    for n, p in drawn.named_parameters():  # the values of a build on that device, rounded once
+        assert torch.equal(start[n].detach(), p.detach().to(torch.bfloat16)), n
+    ref, _ = _train(cfg, model=drawn)
     e, _ = _train(cfg, model=m)
     _close(_whole(e), _whole(ref), "bf16")
+
+
+def test_zero_init_keeps_the_dtype_switch_and_refuses_unknown_devices():
     with zspeed.zero.Init(enabled=False):
         assert Model().emb.weight.dtype == torch.float32
     with pytest.raises(zspeed.zero.ZeRO3NotSupported, match="remote_device"):
