@@ -90,10 +90,13 @@ def is_initialized() -> bool:
 
 def default_backend(device: Optional[torch.device] = None) -> str:
     """The backend zspeed picks: ZSPEED_DIST_BACKEND if set, else NCCL for CUDA on Linux
-    (when torch has it), else Gloo."""
+    (when torch has it), else Gloo. Without ``device``, the engine's: ZSPEED_DEVICE's when set
+    (ZSPEED_DEVICE=cpu on a GPU machine trains on the CPU, over Gloo), else CUDA if there is one."""
     forced = os.environ.get("ZSPEED_DIST_BACKEND")
     if forced:
         return forced
+    if device is None and os.environ.get("ZSPEED_DEVICE", "").strip():
+        device = torch.device("cuda" if os.environ["ZSPEED_DEVICE"].strip().lower().startswith("cuda") else "cpu")
     cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
     if cuda and sys.platform.startswith("linux") and _td.is_nccl_available():
         return "nccl"

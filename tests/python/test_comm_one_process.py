@@ -150,3 +150,19 @@ def test_the_windows_launcher_store_serves_ranks_under_torchrun(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     for rank in range(2):
         assert (tmp_path / f"rank{rank}.txt").read_text() == f"RANK {rank} [3.0, 3.0]"
+
+
+@pytest.mark.parametrize("forced,want", [("cpu", "gloo"), ("cuda:0", "nccl"), ("", "nccl")])
+def test_the_default_backend_follows_zspeed_device(monkeypatch, forced, want):
+    """On a GPU machine, ranks told ZSPEED_DEVICE=cpu train on the CPU: Gloo, not NCCL (which
+    would put every rank on GPU 0: 'Duplicate GPU detected')."""
+    import torch
+    import zspeed.comm as c
+    monkeypatch.delenv("ZSPEED_DIST_BACKEND", raising=False)
+    monkeypatch.setenv("ZSPEED_DEVICE", forced)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(c._td, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(c.sys, "platform", "linux")
+    assert c.default_backend() == want
+    monkeypatch.setenv("ZSPEED_DIST_BACKEND", "gloo")
+    assert c.default_backend() == "gloo"
