@@ -5,6 +5,8 @@
 #   bench/gpu_host.sh setup     build (with liburing if its .debs are given)
 #   bench/gpu_host.sh tests     C tests (every ISA/backend variant) + pytest
 #   bench/gpu_host.sh adam      bench/bench_adam.py at 2^28, 16 threads
+#   bench/gpu_host.sh gpu-checks  the GPU gate: tests/python's engine files on cuda:0 and every
+#                   tests/gpu check, one summary line (tests/gpu/gate.py; ZS_GATE_ARGS=--all: whole suite)
 #   bench/gpu_host.sh engine    GPU correctness check of the offload path
 #   bench/gpu_host.sh examples  the two DeepSpeed-guide example scripts
 #   bench/gpu_host.sh engine-bench  1.3B GPT: zspeed vs DeepSpeed vs GPU-only
@@ -95,6 +97,11 @@ stream-bench)
   ;;
 adam)
   python3 bench/bench_adam.py --threads 16 --n 268435456 --steps 10 2>&1 | tee "$OUT/bench_adam.log"
+  ;;
+gpu-checks)
+  # The GPU gate (tests/gpu/gate.py): the engine files of the Python suite on cuda:0 and every
+  # tests/gpu check; ends with "gpu-checks: N passed, M failed". ZS_GATE_ARGS: e.g. --all.
+  python3 tests/gpu/gate.py --log-dir "$OUT" ${ZS_GATE_ARGS:-} 2>&1 | tee "$OUT/gpu-checks.log"
   ;;
 engine)
   python3 tests/gpu/check_engine_cuda.py 2>&1 | tee "$OUT/check_engine_cuda.log" | tail -20
