@@ -80,16 +80,44 @@ class _Finder(importlib.abc.MetaPathFinder):
         dst = _target(fullname)
         if dst is None:
             return None
+        top = sys.modules.get("deepspeed")
+        if top is not None and not getattr(top, "__name__", "").startswith("zspeed"):
+            return None  # the script's own deepspeed module is imported: its submodules are its own
+        if fullname == "deepspeed" and _scripts_own_deepspeed() is not None:
+            return None  # as Python's import rule: the script's folder comes first
         if importlib.util.find_spec(dst) is None:
             return None  # an unknown deepspeed.X: the usual ModuleNotFoundError
         spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(dst), is_package=True)
         return spec
 
     def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        if _package_manager_running():
+            return  # pip must not believe DeepSpeed is installed (pip install / pip freeze)
         name = getattr(context, "name", None)
         if name is None or _normalize(name) == "deepspeed":
             yield _Distribution()
         return
+
+
+def _package_manager_running() -> bool:
+    """Whether this process is pip (``pip install``, ``pip freeze``, ``pip list``...): the
+    stand-in "deepspeed" distribution is for the libraries that look for DeepSpeed, never for
+    a package manager, which would skip installing DeepSpeed or write it into a requirements
+    file."""
+    return "pip._internal" in sys.modules
+
+
+def _scripts_own_deepspeed():
+    """The spec of a ``deepspeed`` module or package in the first folder of sys.path (the
+    script's own folder, or the working directory for ``-c``/``-m``), or None."""
+    import os
+    if not sys.path:
+        return None
+    first = sys.path[0] or os.getcwd()
+    spec = importlib.machinery.PathFinder.find_spec("deepspeed", [first])
+    if spec is None or not spec.origin:
+        return None
+    return spec
 
 
 def _normalize(name: str) -> str:

@@ -34,7 +34,7 @@ except ImportError as e:
 '''
 
 
-def _run(tmp_path, value=None, extra_path=()):
+def _run(tmp_path, value=None, extra_path=(), probe=PROBE, args=(), cwd=None, check=True):
     site_dir = tmp_path / "site"
     site_dir.mkdir(exist_ok=True)
     shutil.copy(PTH, site_dir / PTH.name)
@@ -42,8 +42,10 @@ def _run(tmp_path, value=None, extra_path=()):
     env["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), PKG_PARENT])
     if value is not None:
         env["ZSPEED_AS_DEEPSPEED"] = value
-    r = subprocess.run([sys.executable, "-c", PROBE, str(site_dir)], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", probe, str(site_dir), *args], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=cwd)
+    if not check:
+        return r
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().splitlines()[-1], r.stderr
 
@@ -142,3 +144,39 @@ def test_accelerate_launch_use_deepspeed_runs_on_zspeed(tmp_path):
     assert "TRAINED zspeed ZSpeedEngine 2 True" in r.stdout, (r.stdout, r.stderr[-2000:])
     from zspeed.launcher import runner
     assert runner.DEEPSPEED_ENVIRONMENT_NAME == os.environ.get("DS_ENV_FILE", ".deepspeed_env")
+
+
+PIP = r'''
+import runpy, site, sys
+site.addsitedir(sys.argv[1])   # the wheel's .pth, as at start-up
+sys.argv = ["pip", *sys.argv[2:]]
+runpy.run_module("pip", run_name="__main__")
+'''
+
+
+def test_pip_does_not_see_the_stand_in(tmp_path):
+    """pip in an environment with the variable set: DeepSpeed is not reported installed (pip
+    list / freeze / show), so ``pip install deepspeed`` would install it and a requirements
+    file made with ``pip freeze`` does not name it."""
+    pytest.importorskip("pip")
+    r = _run(tmp_path, "1", probe=PIP, args=["list", "--format=freeze", "--disable-pip-version-check"],
+             check=False)
+    assert r.returncode == 0, r.stderr
+    assert "zspeed" in r.stdout.lower() or "numpy" in r.stdout.lower()  # (it listed the environment)
+    assert not any(line.lower().startswith("deepspeed==") for line in r.stdout.splitlines()), r.stdout
+    r = _run(tmp_path, "1", probe=PIP, args=["show", "deepspeed", "--disable-pip-version-check"], check=False)
+    assert r.returncode != 0 and "not found" in (r.stdout + r.stderr).lower(), (r.stdout, r.stderr)
+
+
+def test_a_scripts_own_deepspeed_module_is_not_shadowed(tmp_path):
+    """A ``deepspeed.py`` in the script's folder (the working directory for -c) is what
+    ``import deepspeed`` finds, as Python's import rule says, with the variable set too."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "deepspeed.py").write_text("MINE = True\n")
+    probe = PROBE.replace('print("DS", deepspeed.__name__, v)', 'print("DS", deepspeed.__name__, getattr(deepspeed, "MINE", False))')
+    out, err = _run(tmp_path, "1", probe=probe, cwd=work)
+    assert out == "DS deepspeed True", (out, err)
+    (work / "deepspeed.py").unlink()
+    out, err = _run(tmp_path, "1", probe=probe, cwd=work)
+    assert out == "DS zspeed False", (out, err)
