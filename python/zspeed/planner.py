@@ -127,22 +127,133 @@ def _meta_gpt(s: Shape):
         return GPT()
 
 
+_MAX_CONFIG_BYTES = 16 << 20  # a transformers config.json is a few KiB
+
+
+def read_hf_config(path) -> dict:
+    """The dict of a local transformers config: ``path`` is the config file itself (any name) or
+    a folder holding config.json. Never goes to the network: a Hub repo id is refused with the
+    command that downloads its config. ValueError names the problem and the fix."""
+    p = os.fspath(path)
+    if not p.strip():
+        raise ValueError("--hf-config is empty: give the path of a transformers config.json (or of its folder)")
+    if os.path.isdir(p):
+        p = os.path.join(p, "config.json")
+        if not os.path.isfile(p):
+            raise ValueError(f"--hf-config {path!r}: the folder holds no config.json; give the config file itself")
+    elif not os.path.exists(p):
+        hint = ""
+        if not os.path.isabs(p) and p.count("/") == 1 and not p.endswith(".json"):
+            hint = (f" ({p!r} looks like a Hugging Face Hub model id: zspeed plan reads local files only; fetch its "
+                    f"config first, e.g. huggingface-cli download {p} config.json --local-dir ./{p.split('/')[1]}, "
+                    f"then give that folder)")
+        raise ValueError(f"--hf-config {path!r}: no such file or folder{hint}")
+    if not os.path.isfile(p):
+        raise ValueError(f"--hf-config {path!r} is not a regular file (a device, a pipe?): give a config.json")
+    if os.path.getsize(p) > _MAX_CONFIG_BYTES:
+        raise ValueError(f"--hf-config {path!r} is {os.path.getsize(p)} bytes, not a transformers config (a few "
+                         f"KiB): give the model's config.json")
+    try:
+        with open(p, "rb") as f:
+            d = json.loads(f.read(_MAX_CONFIG_BYTES + 1).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"--hf-config {path!r} is not a readable JSON file ({type(e).__name__}: {e})") from None
+    if not isinstance(d, dict) or not isinstance(d.get("model_type"), str):
+        raise ValueError(f"--hf-config {path!r} has no \"model_type\": it is not a transformers config.json")
+    return d
+
+
 def _hf_model(config):
-    """The transformers causal LM of ``config`` (a path to config.json or its folder, a dict, or a
-    PretrainedConfig) on the meta device."""
+    """The transformers causal LM of ``config`` (a path to a config file or its folder, a dict with
+    model_type, or a PretrainedConfig) on the meta device."""
     import torch
     try:
         import transformers
     except ImportError as e:
         raise ValueError("a Hugging Face config needs the transformers package (pip install transformers)") from e
     if isinstance(config, (str, os.PathLike)):
-        p = os.fspath(config)
-        config = transformers.AutoConfig.from_pretrained(os.path.dirname(p) if p.endswith(".json") else p)
-    elif isinstance(config, dict):
+        config = read_hf_config(config)
+    if isinstance(config, dict):
         d = dict(config)
-        config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
-    with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(config), config
+        if not isinstance(d.get("model_type"), str):
+            raise ValueError("hf_config: a dict needs its \"model_type\" (as in config.json)")
+        try:
+            config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"hf_config: transformers cannot build this config ({type(e).__name__}: {e})") from None
+    try:
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(config), config
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"hf_config: transformers has no causal LM for this config ({type(e).__name__}: {e})") \
+            from None
+
+
+_COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+MAX_PARAMS = 1e15  # far beyond any model: a number larger is a typo (1e30)
+
+
+def parse_count(v) -> float:
+    """A parameter count: a number, or text such as 13e9, 7B, 7b, 1.5B, 350M, 70K, 1T. ValueError
+    names the problem."""
+    if isinstance(v, bool):
+        raise ValueError(f"params={v!r}: give the parameter count, e.g. 13e9 or 7B")
+    if isinstance(v, str):
+        t = v.strip().replace("_", "").replace(",", "")
+        mult = 1.0
+        if t and t[-1].lower() in _COUNT_SUFFIX:
+            mult, t = _COUNT_SUFFIX[t[-1].lower()], t[:-1]
+        try:
+            n = float(t) * mult
+        except ValueError:
+            raise ValueError(f"params={v!r} is not a parameter count: write e.g. 13e9, 7B, 1.5B or 350M") from None
+    elif isinstance(v, (int, float)):
+        n = float(v)
+    else:
+        raise ValueError(f"params must be a number or text such as 7B, got {type(v).__name__}")
+    if not math.isfinite(n) or n < 1e6 or n > MAX_PARAMS:
+        raise ValueError(f"params={v!r}: give the parameter count itself, between 1e6 and {MAX_PARAMS:g} (e.g. 13e9 "
+                         f"or 7B)")
+    return n
+
+
+def _number(name: str, v, *, integer: bool = False, lo: float = 0.0, lo_open: bool = True, hi: float = 1e9,
+            optional: bool = False):
+    """``v`` checked: a finite number (an int where ``integer``) above ``lo`` (or at it, where not
+    ``lo_open``) and at most ``hi``; None where ``optional``. ValueError names the argument."""
+    if v is None:
+        if optional:
+            return None
+        raise ValueError(f"{name} is required")
+    kind = "an integer" if integer else "a number"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not float(v).is_integer()):
+        raise ValueError(f"{name}={v!r}: give {kind}")
+    f = float(v)
+    if not math.isfinite(f) or f < lo or (lo_open and f == lo) or f > hi:
+        rel = ">" if lo_open else ">="
+        raise ValueError(f"{name}={v!r}: give {kind} {rel} {lo:g} and <= {hi:g}")
+    return int(f) if integer else f
+
+
+def check_inputs(*, params, gpu_memory, host_memory, disk, cores, gpus, batch, seq, fwd_bwd_seconds,
+                 disk_read_gbs, disk_write_gbs, rates=()) -> dict:
+    """The one validator of the planner's inputs (plan(), largest() and the command line): each
+    value a finite number in its range, integers where a count is meant. Returns them converted."""
+    out = dict(
+        params=None if params is None else parse_count(params),
+        gpu_memory=_number("gpu_memory (--gpu-mem, GiB)", gpu_memory, hi=1e6),
+        host_memory=_number("host_memory (--host-mem, GiB)", host_memory, hi=1e7, optional=True),
+        disk=_number("disk (--disk, GiB)", disk, hi=1e9, optional=True),
+        cores=_number("cores (--cores)", cores, integer=True, lo=1, lo_open=False, hi=1e5, optional=True),
+        gpus=_number("gpus (--gpus)", gpus, integer=True, lo=1, lo_open=False, hi=1e4),
+        batch=_number("batch (--batch)", batch, integer=True, lo=1, lo_open=False, hi=1e7),
+        seq=_number("seq (--seq)", seq, integer=True, lo=1, lo_open=False, hi=1e8),
+        fwd_bwd_seconds=_number("fwd_bwd_seconds (--fwd-bwd-s)", fwd_bwd_seconds, hi=1e6, optional=True),
+        disk_read_gbs=_number("disk_read_gbs (--disk-read-gbs)", disk_read_gbs, hi=1e4, optional=True),
+        disk_write_gbs=_number("disk_write_gbs (--disk-write-gbs)", disk_write_gbs, hi=1e4, optional=True))
+    for name, v in rates:
+        _number(name, v, hi=1.0, optional=True)
+    return out
 
 
 @dataclass
@@ -438,10 +549,16 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     from .runtime.split import GPU_BYTES_PER_ELEM, MARGIN_FRACTION, MARGIN_MIN, choose_ratio
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-    if gpus < 1 or batch < 1 or seq < 1 or gpu_memory <= 0:
-        raise ValueError("gpus, batch and seq must be >= 1 and gpu_memory > 0")
-    if (disk_read_gbs is None) != (disk_write_gbs is None) or any(
-            r is not None and r <= 0 for r in (disk_read_gbs, disk_write_gbs)):
+    v = check_inputs(params=params, gpu_memory=gpu_memory, host_memory=host_memory, disk=disk, cores=cores,
+                     gpus=gpus, batch=batch, seq=seq, fwd_bwd_seconds=fwd_bwd_seconds, disk_read_gbs=disk_read_gbs,
+                     disk_write_gbs=disk_write_gbs,
+                     rates=[("cpu_seconds_per_element", cpu_seconds_per_element),
+                            ("gpu_seconds_per_element", gpu_seconds_per_element),
+                            ("int8_seconds_per_element", int8_seconds_per_element)])
+    params, gpu_memory, host_memory, disk, cores = v["params"], v["gpu_memory"], v["host_memory"], v["disk"], v["cores"]
+    gpus, batch, seq, fwd_bwd_seconds = v["gpus"], v["batch"], v["seq"], v["fwd_bwd_seconds"]
+    disk_read_gbs, disk_write_gbs = v["disk_read_gbs"], v["disk_write_gbs"]
+    if (disk_read_gbs is None) != (disk_write_gbs is None):
         raise ValueError("give both disk_read_gbs and disk_write_gbs (GB/s, > 0; zspeed bench io measures "
                          "them), or neither")
     disk_rates = (disk_read_gbs, disk_write_gbs) if disk_read_gbs is not None else None
@@ -451,8 +568,6 @@ def plan(model=None, *, params: float | None = None, hf_config=None, gpu_memory:
     notes: list = []
     shape = None
     if params is not None:
-        if params < 1e6:
-            raise ValueError(f"params={params:g}: give the parameter count itself, e.g. 13e9")
         shape = Shape.for_params(params)
         model = _meta_gpt(shape)
         notes.append(f"the model is a GPT of {shape.layers} layers x {shape.hidden} hidden ({shape.heads} heads, "
@@ -587,6 +702,9 @@ def largest(*, gpu_memory: float = 24.0, host_memory: float | None = None, disk:
     """The largest GPT (``Shape.for_params`` shapes) each candidate configuration fits on the
     machine, by bisection on the parameter count: {candidate name without its GPU share: params}
     (0 where not even 100M parameters fit)."""
+    check_inputs(params=None, gpu_memory=gpu_memory, host_memory=host_memory, disk=disk, cores=None, gpus=gpus,
+                 batch=batch, seq=seq, fwd_bwd_seconds=None, disk_read_gbs=None, disk_write_gbs=None,
+                 rates=[("cpu_seconds_per_element", cpu_seconds_per_element)])
     if cpu_seconds_per_element is None:
         cpu_seconds_per_element = cpu_adam_seconds_per_element(dtype=dtype) or 1e-9
     kw = dict(gpu_memory=gpu_memory, host_memory=host_memory, disk=disk, gpus=gpus, dtype=dtype, batch=batch,
@@ -618,28 +736,49 @@ def largest(*, gpu_memory: float = 24.0, host_memory: float | None = None, disk:
     return out
 
 
+def _cli_count(text: str) -> float:
+    try:
+        return parse_count(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("params=", "")) from None
+
+
+def _cli_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _cli_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zspeed plan", description=(
         "Which ZeRO stage, offload tiers and optimizer state dtype fit a model on a machine, what each "
         "tier holds, and the CPU optimizer's time per step (measured here). Give the model as a "
         "parameter count or a Hugging Face config."))
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--params", type=float, help="parameter count of a GPT-shaped model, e.g. 13e9")
+    src.add_argument("--params", type=_cli_count, help="parameter count of a GPT-shaped model, e.g. 13e9, 7B or 1.5B")
     src.add_argument("--hf-config", help="a transformers config.json (or its folder): the model's own shape")
-    ap.add_argument("--gpu-mem", type=float, default=24.0, help="GiB of memory per GPU (default 24)")
-    ap.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) on this host (default 1)")
-    ap.add_argument("--host-mem", type=float, default=None, help="GiB of host memory (default: available here)")
-    ap.add_argument("--disk", type=float, default=None, help="GiB free on an NVMe disk for swap files (default: none)")
-    ap.add_argument("--cores", type=int, default=None, help="CPU cores of the host (default: this machine's)")
+    ap.add_argument("--gpu-mem", type=_cli_float, default=24.0, help="GiB of memory per GPU (default 24)")
+    ap.add_argument("--gpus", type=_cli_int, default=1, help="GPUs (ranks) on this host (default 1)")
+    ap.add_argument("--host-mem", type=_cli_float, default=None, help="GiB of host memory (default: available here)")
+    ap.add_argument("--disk", type=_cli_float, default=None, help="GiB free on an NVMe disk for swap files (default: none)")
+    ap.add_argument("--cores", type=_cli_int, default=None, help="CPU cores of the host (default: this machine's)")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
-    ap.add_argument("--batch", type=int, default=1, help="micro-batch per GPU (default 1)")
-    ap.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
+    ap.add_argument("--batch", type=_cli_int, default=1, help="micro-batch per GPU (default 1)")
+    ap.add_argument("--seq", type=_cli_int, default=1024, help="sequence length (default 1024)")
     ap.add_argument("--ckpt", action="store_true", help="with activation checkpointing per layer")
-    ap.add_argument("--fwd-bwd-s", type=float, default=None, help="seconds of one micro-batch's forward and "
+    ap.add_argument("--fwd-bwd-s", type=_cli_float, default=None, help="seconds of one micro-batch's forward and "
                     "backward without offload (default: timed here on a GPU; without one, no step is predicted)")
-    ap.add_argument("--disk-read-gbs", type=float, default=None, help="the NVMe disk's read rate in GB/s (with "
+    ap.add_argument("--disk-read-gbs", type=_cli_float, default=None, help="the NVMe disk's read rate in GB/s (with "
                     "--disk-write-gbs: the NVMe rows' steps are predicted; zspeed bench io measures both)")
-    ap.add_argument("--disk-write-gbs", type=float, default=None, help="the NVMe disk's write rate in GB/s")
+    ap.add_argument("--disk-write-gbs", type=_cli_float, default=None, help="the NVMe disk's write rate in GB/s")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--largest", action="store_true", help="instead: the largest GPT each configuration fits "
                     "(with --ckpt for activation checkpointing)")

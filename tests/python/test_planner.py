@@ -321,3 +321,78 @@ def test_the_cpu_rate_is_the_offloaded_steps():
         cpu_s, gpu_s = measure_rates(torch.device("cpu"), c.optimizer_name, c.optimizer_params, True, 2,
                                      cpu_elems=1 << 16, repeats=3, model_dtype=dt)
         assert cpu_s is not None and 0 < cpu_s < 1e-6 and gpu_s is None, dt
+
+
+# -- bad input (issue 52, findings 9, 10, 14): one validator for the API and the command line --------
+BAD_API = [
+    dict(params=float("inf")), dict(params=float("nan")), dict(params=1e30), dict(params=True), dict(params=-5e9),
+    dict(params="lots"), dict(gpu_memory=float("inf")), dict(gpu_memory=float("nan")), dict(gpu_memory=-1),
+    dict(host_memory=float("inf")), dict(host_memory=0), dict(disk=float("nan")), dict(disk=-1), dict(cores=0),
+    dict(cores=-1), dict(cores=2.5), dict(gpus=True), dict(gpus=2.5), dict(gpus=0), dict(batch=1.5),
+    dict(batch=0), dict(seq=-3), dict(fwd_bwd_seconds=-1), dict(fwd_bwd_seconds=0),
+    dict(fwd_bwd_seconds=float("nan")), dict(fwd_bwd_seconds=float("inf")),
+    dict(disk_read_gbs=float("nan"), disk_write_gbs=1.0), dict(disk_read_gbs=1.0, disk_write_gbs=-2.0),
+    dict(cpu_seconds_per_element=float("nan")),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_API, ids=lambda d: ",".join(f"{k}={v!r}" for k, v in d.items()))
+def test_the_api_refuses_each_bad_value_by_name(bad):
+    kw = dict(params=1e9, gpu_memory=24, host_memory=64, cpu_seconds_per_element=1e-9)
+    kw.update(bad)
+    names = "|".join(k.split("_seconds")[0].split("_gbs")[0] for k, v in bad.items() if v not in (1.0,))
+    with pytest.raises(ValueError, match=names):
+        plan(**kw)
+
+
+@pytest.mark.parametrize("text,n", [("7B", 7e9), ("7b", 7e9), ("13e9", 13e9), ("1.5B", 1.5e9), ("350M", 350e6),
+                                    ("1T", 1e12), (" 13_000_000_000 ", 13e9)])
+def test_parameter_counts_are_read_as_people_write_them(text, n):
+    from zspeed.planner import parse_count
+    assert parse_count(text) == n
+    assert plan(params=text, gpu_memory=80, host_memory=4096, cpu_seconds_per_element=1e-9).params > 0
+
+
+def _cli(*a):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               HF_HUB_OFFLINE="0")
+    return subprocess.run([sys.executable, "-m", "zspeed", "plan", *a], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [
+    ["--params", "inf"], ["--params", "1e30"], ["--params", "7 billion"], ["--gpu-mem", "inf"],
+    ["--host-mem", "inf"], ["--cores", "0"], ["--cores", "-1"], ["--disk", "nan"], ["--disk", "-1"],
+    ["--fwd-bwd-s", "-1"], ["--fwd-bwd-s", "nan"], ["--disk-read-gbs", "nan", "--disk-write-gbs", "1"],
+    ["--gpus", "2.5"], ["--batch", "1.5"]])
+def test_the_cli_answers_bad_values_with_one_line_not_a_traceback(args):
+    full = (["--params", "1e9"] if "--params" not in args else []) + ["--host-mem", "64"] + args
+    r = _cli(*full)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and r.stderr.strip(), r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("zspeed plan"), r.stderr  # (argparse's usage above it)
+
+
+def test_hf_config_files_are_read_as_named_and_bad_ones_refused(tmp_path):
+    pytest.importorskip("transformers", reason="the --hf-config route needs transformers")
+    small = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100}
+    big = dict(small, hidden_size=512, intermediate_size=1376, num_hidden_layers=6)
+    (tmp_path / "config.json").write_text(json.dumps(small))
+    (tmp_path / "big.json").write_text(json.dumps(big))
+    kw = dict(gpu_memory=8, host_memory=16, cpu_seconds_per_element=1e-9)
+    n_small = plan(hf_config=str(tmp_path / "config.json"), **kw).params
+    n_big = plan(hf_config=str(tmp_path / "big.json"), **kw).params
+    assert n_big > 10 * n_small  # the file named, not the config.json beside it
+    assert plan(hf_config=str(tmp_path), **kw).params == n_small  # a folder: its config.json
+    (tmp_path / "junk.json").write_text("{not json")
+    (tmp_path / "nomodel.json").write_text(json.dumps({"hidden_size": 3}))
+    (tmp_path / "empty").mkdir()
+    for bad, says in [(tmp_path / "missing.json", "no such file"), ("/dev/zero", "not a regular file"),
+                      ("", "empty"), (tmp_path / "junk.json", "not a readable JSON"),
+                      (tmp_path / "nomodel.json", "model_type"), (tmp_path / "empty", "no config.json"),
+                      ("someone/some-model", "Hub model id")]:
+        with pytest.raises(ValueError, match=says):
+            plan(hf_config=str(bad), **kw)
+    r = _cli("--hf-config", "someone/some-model", "--host-mem", "64")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "huggingface-cli download" in r.stderr, r.stderr
