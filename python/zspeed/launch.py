@@ -80,7 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--node_rank", type=int, default=None, help="this host's index among them (default 0)")
     ap.add_argument("--master_addr", type=str, default="", help="host of rank 0 (default: this one, or the "
                                                               "hostfile's first)")
-    ap.add_argument("--master_port", type=int, default=29500, help="port of rank 0's rendezvous")
+    ap.add_argument("--master_port", type=int, default=None, help="port of rank 0's rendezvous (default 29500; on "
+                    "one host, a free port when 29500 is taken)")
+    ap.add_argument("--join_timeout", type=int, default=600, help="seconds rank 0's host waits for the other hosts "
+                    "to join (several hosts; default 600, torchrun's)")
     ap.add_argument("-H", "--hostfile", type=str, default="", help="DeepSpeed hostfile: lines 'host slots=N'")
     ap.add_argument("-i", "--include", type=str, default="", help="GPUs to use, DeepSpeed style: 'localhost:0,1'")
     ap.add_argument("-e", "--exclude", type=str, default="", help="GPUs not to use: 'localhost:2'")
@@ -161,13 +164,27 @@ def _check_count(flag: str, n: int, why: str = "") -> None:
         raise LaunchError(f"zspeed launch: {flag} {n} must be between 1 and {MAX_PROCS}{why}.")
 
 
+_MAX_HOSTFILE = 1 << 20  # bytes: a hostfile is a few lines
+# A host name, an IPv4 address or an IPv6 address (optionally in brackets).
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*|[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?)$")
+
+
 def _read_hostfile(path: str) -> List[tuple]:
     """[(host, slots)] in the file's order; a host named twice is refused (as DeepSpeed's runner
-    does), since torchrun would then wait for a node that never joins."""
+    does), since torchrun would then wait for a node that never joins. Only a regular file of
+    at most 1 MiB is read (a FIFO or a device would block or never end)."""
+    import stat
     hosts, seen = [], {}
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise LaunchError(f"zspeed launch: the hostfile '{path}' is not a regular file (a pipe, a device or a "
+                              f"folder); write the hosts into a file, one 'host slots=N' per line.")
+        if st.st_size > _MAX_HOSTFILE:
+            raise LaunchError(f"zspeed launch: the hostfile '{path}' is {st.st_size} bytes; a hostfile holds one "
+                              f"'host slots=N' line per host (at most {_MAX_HOSTFILE} bytes).")
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(_MAX_HOSTFILE + 1)
     except OSError as e:
         raise LaunchError(f"zspeed launch: cannot read the hostfile '{path}': {e.strerror or e}.") from None
     try:
@@ -191,6 +208,9 @@ def _read_hostfile(path: str) -> List[tuple]:
             raise LaunchError(f"zspeed launch: hostfile '{path}' line {n}: '{line}' needs 'slots=N' with N "
                               f"between 1 and {MAX_PROCS}.")
         host = parts[0]
+        if not _HOST.match(host) or len(host) > 253:
+            raise LaunchError(f"zspeed launch: hostfile '{path}' line {n}: {host!r} is not a host name or an IP "
+                              f"address.")
         if host in seen:
             raise LaunchError(f"zspeed launch: hostfile '{path}' names the host '{host}' twice (lines {seen[host]} "
                               f"and {n}); each node gets one line: keep one and add its slots there.")
@@ -214,9 +234,13 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
     if a.node_rank is not None and a.node_rank < 0:
         raise LaunchError(f"zspeed launch: --node_rank {a.node_rank} must be >= 0 (this host's index among the "
                           f"nodes, 0 for rank 0's host).")
-    if not 1 <= a.master_port <= 65535:
+    if a.master_port is not None and not 1 <= a.master_port <= 65535:
         raise LaunchError(f"zspeed launch: --master_port {a.master_port} must be between 1 and 65535 (a TCP "
                           f"port free on rank 0's host; default 29500).")
+    if a.join_timeout < 1:
+        raise LaunchError(f"zspeed launch: --join_timeout {a.join_timeout} must be >= 1 (seconds).")
+    if a.master_addr and (not _HOST.match(a.master_addr) or len(a.master_addr) > 253):
+        raise LaunchError(f"zspeed launch: --master_addr {a.master_addr!r} is not a host name or an IP address.")
     node_rank = a.node_rank or 0
     nnodes, nproc, master = 1, a.num_gpus, a.master_addr
     if a.hostfile:
@@ -253,6 +277,7 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
                           f"its own GPU (or set ZSPEED_DEVICE=cpu to train on the CPU).")
     if nnodes > 1 and not master:
         raise LaunchError("zspeed launch: several nodes need --master_addr (rank 0's host) or a hostfile.")
+    port = _pick_port(a.master_port, nnodes, node_rank)
     if "OMP_NUM_THREADS" not in env:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         env["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
@@ -260,9 +285,19 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
         env.setdefault("USE_LIBUV", "0")  # torch's libuv store is missing from some Windows builds
     agent = ["zspeed.launch", "--torchrun"] if sys.platform == "win32" else ["torch.distributed.run"]
     cmd = [sys.executable, "-m", *agent, f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
-           f"--node_rank={node_rank}", f"--master_addr={master or '127.0.0.1'}", f"--master_port={a.master_port}"]
+           f"--node_rank={node_rank}", f"--master_addr={master or '127.0.0.1'}", f"--master_port={port}"]
+    if nnodes > 1:
+        cmd.append(f"--rdzv-conf=timeout={a.join_timeout}")
     if a.enable_each_rank_log not in ("None", ""):
-        os.makedirs(a.enable_each_rank_log, exist_ok=True)
+        try:
+            os.makedirs(a.enable_each_rank_log, exist_ok=True)
+            probe = os.path.join(a.enable_each_rank_log, f".zspeed-launch-{os.getpid()}")
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise LaunchError(f"zspeed launch: --enable_each_rank_log {a.enable_each_rank_log!r}: cannot write log "
+                              f"files there ({e.strerror or e}); give a folder you can write to.") from None
         cmd += [f"--log-dir={a.enable_each_rank_log}", "--redirects=3", "--tee=0"]
     if a.no_python and a.module:
         raise LaunchError("zspeed launch: --no_python and --module cannot go together.")
@@ -272,6 +307,49 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
     return cmd, env
 
 
+DEFAULT_PORT = 29500
+
+
+def _port_free(port: int) -> bool:
+    """Whether a TCP port can be bound on this host now (as rank 0's rendezvous store binds it)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_port(given: Optional[int], nnodes: int, node_rank: int) -> int:
+    """The rendezvous port: the one given (checked free where this host is rank 0's), else 29500,
+    or on one host a free port when 29500 is taken (as torchrun's standalone mode does). Several
+    hosts must agree on the port, so there the default is never changed."""
+    hosts_rank0 = node_rank == 0
+    if given is not None:
+        if hosts_rank0 and not _port_free(given):
+            raise LaunchError(f"zspeed launch: --master_port {given} is in use on this host (another job, or a "
+                              f"launch that did not end?); pick a free port, or leave --master_port out"
+                              f"{' to use a free one' if nnodes == 1 else ''}.")
+        return given
+    if nnodes > 1 or _port_free(DEFAULT_PORT):
+        if nnodes > 1 and hosts_rank0 and not _port_free(DEFAULT_PORT):
+            raise LaunchError(f"zspeed launch: the default rendezvous port {DEFAULT_PORT} is in use on this host; "
+                              f"give every host the same free --master_port.")
+        return DEFAULT_PORT
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    sys.stderr.write(f"zspeed launch: port {DEFAULT_PORT} is in use here; the ranks meet on port {port} instead "
+                     f"(--master_port picks one).\n")
+    return port
+
+
+def _arg(cmd: list, name: str) -> str:
+    return next(c.split("=", 1)[1] for c in cmd if c.startswith(f"--{name}="))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     import subprocess
     try:
@@ -279,7 +357,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     except LaunchError as e:
         sys.stderr.write(f"{e}\n")
         return 2
-    return subprocess.call(cmd, env=env)
+    nnodes = int(_arg(cmd, "nnodes"))
+    if nnodes > 1:
+        timeout = _arg(cmd, "rdzv-conf").split("=", 1)[1]
+        sys.stderr.write(
+            f"zspeed launch: this is node {_arg(cmd, 'node_rank')} of {nnodes}; the nodes meet at "
+            f"{_arg(cmd, 'master_addr')}:{_arg(cmd, 'master_port')} (rank 0's host). Start the same command on "
+            f"every other host with its own --node_rank (0 to {nnodes - 1}); this one waits up to {timeout} s "
+            f"for them (--join_timeout), then stops.\n")
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0 and nnodes > 1:
+        sys.stderr.write(f"zspeed launch: the job ended with status {rc}; if the output above is a rendezvous "
+                         f"timeout, a node did not join within --join_timeout: start it with the same command "
+                         f"and its --node_rank.\n")
+    return rc
 
 
 def _torchrun_windows(argv: List[str]) -> None:
@@ -311,6 +402,7 @@ def _torchrun_windows(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--torchrun"]:
-        sys.exit("usage: python -m zspeed.launch --torchrun TORCHRUN-ARGS (started by zspeed launch on Windows)")
-    _torchrun_windows(sys.argv[2:])
+    if sys.argv[1:2] == ["--torchrun"]:  # the agent zspeed launch starts on Windows
+        _torchrun_windows(sys.argv[2:])
+    else:  # python -m zspeed.launch ARGS is zspeed launch ARGS
+        sys.exit(main())

@@ -170,3 +170,93 @@ def test_include_exclude_with_a_repeated_or_negative_index_are_refused(flag, spe
     monkeypatch.setattr(launch, "_gpus_visible", lambda: 4)
     rc, err, cmd = zspeed_launch(flag, spec, "t.py")
     assert rc == 2 and cmd is None and needle in err, err
+
+
+# -- issue 52, findings 11, 13, 21 ------------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_a_hostfile_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path, zspeed_launch):
+    fifo = tmp_path / "hosts"
+    os.mkfifo(fifo)
+    rc, err, cmd = zspeed_launch("--hostfile", fifo, "t.py")  # (reading it would block forever)
+    assert rc == 2 and cmd is None and "not a regular file" in err, err
+    if os.path.exists("/dev/zero"):
+        rc, err, cmd = zspeed_launch("--hostfile", "/dev/zero", "t.py")  # (would be read until memory runs out)
+        assert rc == 2 and cmd is None and "not a regular file" in err, err
+    big = tmp_path / "big"
+    big.write_bytes(b"#" * (launch._MAX_HOSTFILE + 1))
+    rc, err, cmd = zspeed_launch("--hostfile", big, "t.py")
+    assert rc == 2 and "bytes" in err, err
+
+
+@pytest.mark.parametrize("line", ["node\x00evil slots=1", "no de slots=1", "-rf slots=1", "a/b slots=1"])
+def test_host_names_that_are_not_hosts_are_refused(tmp_path, zspeed_launch, line):
+    hf = tmp_path / "hosts"
+    hf.write_text("node-a slots=1\n" + line + "\n")
+    rc, err, cmd = zspeed_launch("--hostfile", hf, "t.py")
+    if line.startswith("no de"):  # "no" is the host, "de" an unknown field: still a host name
+        assert cmd is not None or rc == 2
+        return
+    assert rc == 2 and cmd is None and "line 2" in err and "not a host name" in err, err
+    rc, err, cmd = zspeed_launch(f"--master_addr={line.split()[0]}", "--num_nodes", "2", "t.py")
+    assert rc == 2 and cmd is None and "--master_addr" in err, err
+
+
+def test_good_host_names_pass(tmp_path, zspeed_launch):
+    hf = tmp_path / "hosts"
+    hf.write_text("gpu-node01.cluster.local slots=2\n10.0.0.7 slots=2\n[fe80::1] slots=1\n")
+    rc, err, cmd = zspeed_launch("--hostfile", hf, "t.py")
+    assert rc == 0 and "--master_addr=gpu-node01.cluster.local" in cmd, err
+    assert "--rdzv-conf=timeout=600" in cmd and "node 0 of 3" in err and "waits up to 600 s" in err
+
+
+def test_a_rank_log_folder_that_cannot_be_written_is_refused(tmp_path, zspeed_launch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc, err, cmd = zspeed_launch("--num_gpus", "1", "--enable_each_rank_log", blocker / "logs", "t.py")
+    assert rc == 2 and cmd is None and "--enable_each_rank_log" in err and "cannot write" in err, err
+
+
+def test_a_port_in_use_is_refused_or_replaced(monkeypatch, zspeed_launch):
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        s.listen(1)
+        taken = s.getsockname()[1]
+        rc, err, cmd = zspeed_launch("--num_gpus", "1", "--master_port", taken, "t.py")
+        assert rc == 2 and cmd is None and f"--master_port {taken} is in use" in err, err
+        monkeypatch.setattr(launch, "DEFAULT_PORT", taken)
+        rc, err, cmd = zspeed_launch("--num_gpus", "1", "t.py")  # one host, no --master_port: a free one
+        assert rc == 0, err
+        port = int(next(c for c in cmd if c.startswith("--master_port=")).split("=")[1])
+        assert port != taken and f"port {taken} is in use here; the ranks meet on port {port}" in err
+        rc, err, cmd = zspeed_launch("--num_nodes", "2", "--master_addr", "127.0.0.1", "t.py")
+        assert rc == 2 and "give every host the same free --master_port" in err, err
+
+
+def test_python_m_zspeed_launch_is_zspeed_launch(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("import sys, os; print('HELLO', os.environ['RANK'], sys.argv[1:])\n")
+    r = subprocess.run([sys.executable, "-m", "zspeed.launch", "--num_gpus", "1", str(script), "--x", "1"],
+                       env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "HELLO 0 ['--local_rank=0', '--x', '1']" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_host_that_never_joins_is_announced_and_times_out(tmp_path):
+    """Rank 0's host says at once that it waits for the others, how to start them and for how
+    long; it stops after --join_timeout, not torch's 10 minutes of silence."""
+    hf = tmp_path / "hosts"
+    hf.write_text("127.0.0.1 slots=1\nnever-started-host slots=1\n")
+    script = tmp_path / "t.py"
+    script.write_text("print('should not run')\n")
+    import time
+    from distrun import free_port
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "zspeed", "launch", "-H", str(hf), "--join_timeout", "5",
+                        "--master_port", str(free_port()), str(script)], env=_env(), capture_output=True, text=True,
+                       timeout=240)
+    took = time.monotonic() - t0
+    assert r.returncode != 0 and "should not run" not in r.stdout
+    first = r.stderr.strip().splitlines()[0]
+    assert "node 0 of 2" in first and "waits up to 5 s" in first and "--node_rank" in first, r.stderr[-2000:]
+    assert "did not join within --join_timeout" in r.stderr
+    assert took < 120, took
