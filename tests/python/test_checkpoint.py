@@ -17,11 +17,17 @@ pytest.importorskip("safetensors", reason="zspeed checkpoints need safetensors (
 import zspeed
 
 # These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
-os.environ["ZSPEED_DEVICE"] = "cpu"
 import zspeed.runtime.checkpoint_files as cf
 from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32
 from engine_helpers import TinyLM, lm_loss, native_ops_available, token_data as data, train
 from checkpoint_helpers import edit_meta, leftovers, rewrite, same, snapshot
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """CPU-only by design (the checkpoint files are compared with CPU-built references): ZSPEED_DEVICE=cpu for each test, also under
+    tests/gpu/gate.py (set per test, so that other files' tests keep the GPU)."""
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
 
 
 CONFIGS = {

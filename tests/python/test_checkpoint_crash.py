@@ -23,8 +23,14 @@ pytest.importorskip("safetensors")
 
 import zspeed
 
-os.environ["ZSPEED_DEVICE"] = "cpu"
 from engine_helpers import TinyLM, lm_loss, token_data, train
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """CPU-only by design (its helper processes are CPU processes; so are the references): ZSPEED_DEVICE=cpu for each test, also under
+    tests/gpu/gate.py (set per test, so that other files' tests keep the GPU)."""
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork and SIGKILL are POSIX")
 

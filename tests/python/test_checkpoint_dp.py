@@ -26,13 +26,19 @@ import pytest
 torch = pytest.importorskip("torch", reason="the runtime needs torch")
 pytest.importorskip("safetensors", reason="zspeed checkpoints need safetensors")
 
-os.environ["ZSPEED_DEVICE"] = "cpu"  # the ranks are CPU processes; so is the one-process side
 import ckpt_dp_helpers as h  # noqa: E402
 from distrun import run_ranks  # noqa: E402
 from engine_helpers import native_ops_available, zspeed_site  # noqa: E402
 
 from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32  # noqa: E402
 from zspeed.runtime.partition import PartitionPlan  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """CPU-only by design (the ranks are CPU processes; so is the one-process side): ZSPEED_DEVICE=cpu for each test,
+    also under tests/gpu/gate.py (per test, so that other files keep the GPU)."""
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
 
 pytestmark = pytest.mark.skipif(not native_ops_available(), reason="the offloaded paths need libzspeed")
 

@@ -14,8 +14,14 @@ import zspeed
 from zspeed.runtime.config import ConfigError
 from zspeed.runtime.loss_scaler import LossScaleError
 
-os.environ["ZSPEED_DEVICE"] = "cpu"  # CPU references, also on GPU machines
 from engine_helpers import OFFLOAD, config as cfg, mlp, native_ops_available, regression_data as batches  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """CPU-only by design (CPU references, also on GPU machines): ZSPEED_DEVICE=cpu for each test, also under
+    tests/gpu/gate.py (set per test, so that other files' tests keep the GPU)."""
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
 
 F = torch.nn.functional
 

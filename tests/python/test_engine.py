@@ -8,10 +8,16 @@ torch = pytest.importorskip("torch", reason="the zspeed runtime needs torch (pip
 import zspeed
 
 # These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
-os.environ["ZSPEED_DEVICE"] = "cpu"
 from zspeed.runtime.config import ConfigError
 from engine_helpers import OFFLOAD, config as cfg, mlp, native_ops_available, regression_data as batches, \
     train
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """CPU-only by design (the engine's API tests compare with CPU-built references): ZSPEED_DEVICE=cpu for each test,
+    also under tests/gpu/gate.py (per test, so that other files keep the GPU)."""
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
 
 F = torch.nn.functional
 

@@ -432,7 +432,11 @@ if a["init"]:
         m = build()
 else:
     m = build()
+    if a.get("start"):  # the values another run's zero.Init drew (on a GPU, from its generator)
+        m.load_state_dict(torch.load(a["start"]), strict=False)
 e, *_ = zspeed.initialize(model=m, config=a["cfg"])
+if a["init"]:  # what every rank starts from (rank 0's values, broadcast), for the references
+    torch.save(T._whole(e), a["out"] + f".start.{rank}.pt")
 for i, idx in enumerate(T._data(a["steps"] * a["cfg"]["gradient_accumulation_steps"])):
     mine = torch.cat([idx, idx.flip(0)]).chunk(ws)[rank]   # 6 sequences per micro-batch in all
     loss = T._loss(e, mine)
@@ -477,10 +481,14 @@ def _ranks(n, cfg, tmp, tag, steps=3, init=False, ckpt=None, **kw):
     return [torch.load(f"{out}.{r}.pt") for r in range(n)]
 
 
-def _ref(cfg, steps=3, ckpt=None):
-    """One process, ZeRO-2, micro-batches of all 6 sequences (tolerance: see "ranks" in _close)."""
+def _ref(cfg, steps=3, ckpt=None, start=None):
+    """One process, ZeRO-2, micro-batches of all 6 sequences (tolerance: see "ranks" in _close);
+    ``start``: a file of initial values (else the seeded model's)."""
     torch.manual_seed(0)
-    engine, *_ = zspeed.initialize(model=Model(ckpt=ckpt), config={**cfg, "train_micro_batch_size_per_gpu": 6})
+    m = Model(ckpt=ckpt)
+    if start is not None:
+        m.load_state_dict(torch.load(start), strict=False)
+    engine, *_ = zspeed.initialize(model=m, config={**cfg, "train_micro_batch_size_per_gpu": 6})
     for idx in _data(steps * cfg["gradient_accumulation_steps"]):
         loss = _loss(engine, torch.cat([idx, idx.flip(0)]))
         engine.backward(loss)
@@ -499,13 +507,25 @@ RANK_CASES = [  # (ranks, optimizer offload, param offload, precision, gas, zero
 @pytest.mark.skipif(DEVICE != "cpu", reason="the multi-rank cases run on the CPU (Gloo)")
 @pytest.mark.parametrize("n,opt,param,precision,gas,init,ckpt", RANK_CASES)
 def test_ranks_match_stage2_and_one_process(tmp_path, n, opt, param, precision, gas, init, ckpt):
+    """ZeRO-3 on n ranks equals ZeRO-2 on the same ranks and one process. With zero.Init the
+    ranks start from rank 0's values as zero.Init drew them (on a GPU, from the GPU's generator:
+    other values than the CPU's from the same seed, as in DeepSpeed); every rank must start
+    from the same ones, and the references start from them too."""
     mb = 6 // n
-    cfg2 = dict(_cfg(2, opt=opt, precision=precision, gas=gas, tmp=tmp_path), train_micro_batch_size_per_gpu=mb)
-    ref = _ranks(n, cfg2, tmp_path, "z2", ckpt=ckpt)[0]["state"]
-    one = _ref(_cfg(2, opt="cpu", precision=precision, gas=gas), ckpt=ckpt)
     cfg = dict(_cfg(3, opt=opt, param=param, precision=precision, gas=gas, tmp=tmp_path),
                train_micro_batch_size_per_gpu=mb)
     outs = _ranks(n, cfg, tmp_path, "z3", init=init, ckpt=ckpt)
+    start = None
+    if init:
+        starts = [torch.load(f"{tmp_path / 'z3'}.start.{r}.pt") for r in range(n)]
+        for s in starts[1:]:
+            for k in s:
+                assert torch.equal(s[k], starts[0][k]), k  # rank 0's values on every rank
+        start = str(tmp_path / "start.pt")
+        torch.save({k: v for k, v in starts[0].items() if k != "scale"}, start)
+    cfg2 = dict(_cfg(2, opt=opt, precision=precision, gas=gas, tmp=tmp_path), train_micro_batch_size_per_gpu=mb)
+    ref = _ranks(n, cfg2, tmp_path, "z2", ckpt=ckpt, start=start)[0]["state"]
+    one = _ref(_cfg(2, opt="cpu", precision=precision, gas=gas), ckpt=ckpt, start=start)
     for o in outs:
         assert o["released"] == []
         _close(o["state"], ref, precision)  # the same ranks at ZeRO-2: same sums, same updates
