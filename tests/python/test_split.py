@@ -299,3 +299,23 @@ def test_auto_keeps_the_split_when_the_move_would_not_fit_in_host_memory(monkeyp
                and 'set "ratio": 0.5' in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
     _close(_weights(e), _weights(_run(_cfg(1.0), steps=2)), "fp32")
+
+
+def test_auto_counts_the_allocators_reserved_peak_and_asks_for_expandable_segments(monkeypatch):
+    """"auto" sizes the GPU share from step 1's peak of *reserved* memory (allocated plus the
+    allocator's fragmentation, which the next steps need again: issue 57, a 6.58B run went out
+    of memory with 3.23 GiB reserved but unallocated), and asks torch's allocator for
+    expandable segments unless PYTORCH_CUDA_ALLOC_CONF says otherwise."""
+    from zspeed.runtime import memory, split
+    monkeypatch.setattr(memory, "gpu_room", lambda device: 24 << 30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 5 << 30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 7 << 30)
+    assert split.device_memory(torch.device("cuda", 0)) == (24 << 30, 7 << 30)
+    asked = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda s: asked.append(s), raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    assert split._expandable_segments(torch.device("cuda", 0)) and asked == ["expandable_segments:True"]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert not split._expandable_segments(torch.device("cuda", 0)) and len(asked) == 1  # the user's choice stands
+    assert not split._expandable_segments(torch.device("cpu"))

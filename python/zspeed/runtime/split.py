@@ -83,13 +83,34 @@ MARGIN_MIN = 512 << 20
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:
-    """(bytes this process may use on ``device``, the peak it allocated since the last reset),
-    or None where the device has no such accounting (the CPU)."""
+    """(bytes this process may use on ``device``, the peak the caching allocator held since the
+    last reset), or None where the device has no such accounting (the CPU). The peak is of
+    reserved memory, not allocated: what step 1 needed includes the allocator's fragmentation
+    (blocks cached but too small to reuse), which later steps need again."""
     from .memory import gpu_room
     limit = gpu_room(device)
     if limit is None:
         return None
-    return limit, torch.cuda.max_memory_allocated(device)
+    return limit, max(torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device))
+
+
+def _expandable_segments(device: torch.device) -> bool:
+    """Asks torch's caching allocator for expandable segments (new segments grow in place
+    instead of leaving unusable gaps between a step's activations and the GPU share's long-lived
+    buffers), where this torch has the switch and the user did not configure the allocator
+    (PYTORCH_CUDA_ALLOC_CONF). True when they are on."""
+    import os
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    if "expandable_segments" in conf:
+        return "expandable_segments:true" in conf.replace(" ", "").lower()
+    setter = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
+    if device.type != "cuda" or setter is None:
+        return False
+    try:
+        setter("expandable_segments:True")
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
 
 class AutoSplit:
@@ -110,15 +131,21 @@ class AutoSplit:
         if got is None:
             return 1.0
         limit, peak = got
+        # The GPU share's buffers are allocated next: from fresh segments (the cache of step 1's
+        # activations released first, and with expandable segments where torch has them), so that
+        # they do not split the blocks the next steps' activations need.
+        self.expandable = _expandable_segments(self.device)
+        torch.cuda.empty_cache()
         margin = max(MARGIN_MIN, int(MARGIN_FRACTION * limit))
         budget = max(0, limit - peak - margin)
         ratio = choose_ratio(elems, budget, self.cpu_s, self.gpu_s)
         rates = (f"; CPU {self.cpu_s * 1e9:.2f} ns/element, GPU {self.gpu_s * 1e9:.3f} ns/element"
                  if self.cpu_s and self.gpu_s else "")
         log.warning("zspeed: offload_optimizer.ratio \"auto\" -> %.3f after step 1: the CPU steps %.1f%% of the "
-                    "parameters, the GPU %.1f%% (GPU limit %.2f GiB, peak of step 1 %.2f GiB, margin %.2f GiB: "
-                    "%.2f GiB for the GPU share at %d bytes/element%s)", ratio, 100 * ratio, 100 * (1 - ratio),
-                    limit / 2**30, peak / 2**30, margin / 2**30, budget / 2**30, GPU_BYTES_PER_ELEM, rates)
+                    "parameters, the GPU %.1f%% (GPU limit %.2f GiB, peak of step 1 %.2f GiB reserved, margin %.2f GiB: "
+                    "%.2f GiB for the GPU share at %d bytes/element%s%s)", ratio, 100 * ratio, 100 * (1 - ratio),
+                    limit / 2**30, peak / 2**30, margin / 2**30, budget / 2**30, GPU_BYTES_PER_ELEM, rates,
+                    "; expandable segments" if self.expandable else "")
         return ratio
 
 
