@@ -277,6 +277,87 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
 
 _peer_lost = False  # set when a collective failed because another rank is gone
 
+# -- a collective one rank waits in too long ---------------------------------------------------------
+# Every rank must make zspeed's collectives in the same order. A call only some ranks make (a
+# GatheredParameters, an evaluation forward or a save on rank 0 alone at ZeRO-3) leaves the others
+# waiting until the collective timeout with nothing said; the watchdog says it after
+# ZSPEED_COLLECTIVE_WARN_S seconds (default 60; 0 turns it off), once per wait, on each rank waiting.
+ONE_RANK_HINT = ("every rank must make the same zspeed calls in the same order: a call that only some ranks make "
+                 "(GatheredParameters, an evaluation forward or save_checkpoint on rank 0 alone at ZeRO-3, a "
+                 "backward a rank skipped) waits for the others until the collective timeout")
+
+
+def _warn_after() -> float:
+    raw = os.environ.get("ZSPEED_COLLECTIVE_WARN_S", "60")
+    try:
+        v = float(raw)
+    except ValueError:
+        return 60.0
+    return v if v >= 0 else 60.0
+
+
+class _Watchdog:
+    """One daemon thread for the process: it looks every half second at the collectives under way
+    (:func:`waiting`) and logs a warning for each that has waited longer than the threshold."""
+
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+        self.active: dict = {}
+        self.thread = None
+        self.next = 0
+
+    def add(self, what: str) -> int:
+        import threading
+        import time
+        with self.lock:
+            self.next += 1
+            self.active[self.next] = [time.monotonic(), what, False]
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="zspeed-collective-watchdog", daemon=True)
+                self.thread.start()
+            return self.next
+
+    def remove(self, token: int) -> None:
+        with self.lock:
+            self.active.pop(token, None)
+
+    def _run(self) -> None:
+        import time
+        while True:
+            time.sleep(0.5)
+            limit = _warn_after()
+            now = time.monotonic()
+            with self.lock:
+                due = [(k, v) for k, v in self.active.items() if limit and not v[2] and now - v[0] >= limit]
+                for _k, v in due:
+                    v[2] = True
+            for _k, (start, what, _w) in due:
+                log.warning("zspeed: rank %d of %d has waited %.0f s in a collective of %s; %s (DEEPSPEED_TIMEOUT "
+                            "minutes, default 10). Look at what the other ranks are doing.", get_rank(),
+                            get_world_size(), now - start, what, ONE_RANK_HINT)
+
+
+_WATCHDOG = _Watchdog()
+
+
+class waiting:
+    """Context around a call that makes collectives (several ranks only): the watchdog warns when
+    it waits longer than ZSPEED_COLLECTIVE_WARN_S seconds."""
+
+    def __init__(self, what: str):
+        self.what, self.token = what, None
+
+    def __enter__(self):
+        if is_initialized() and get_world_size() > 1 and _warn_after() > 0:
+            self.token = _WATCHDOG.add(self.what)
+        return self
+
+    def __exit__(self, *exc):
+        if self.token is not None:
+            _WATCHDOG.remove(self.token)
+        return False
+
 
 def peer_lost() -> None:
     """Records that another rank is gone: the ordered exit below does not wait for it."""

@@ -354,3 +354,32 @@ def test_torchrun_launches_the_example(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "epoch 0: mean loss" in r.stdout and "2 rank(s)" in r.stdout
     assert r.stdout.count("epoch 0") == 1  # only rank 0 reports
+
+
+def test_a_call_only_one_rank_makes_is_said_while_waiting_and_named_when_it_fails():
+    """Rank 0 alone enters GatheredParameters between backward and step (issue 52 #12): both ranks
+    say within seconds that they wait in a collective and why that happens, and the timeout ends
+    in DistributedErrors naming the call and the rule, not a raw backend error after minutes
+    of silence."""
+    res = run_ranks(2, """
+        import torch, zspeed
+        zspeed.init_distributed()
+        r = zspeed.comm.get_rank()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+        e, *_ = zspeed.initialize(model=model, config={"train_micro_batch_size_per_gpu": 2,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+        e.backward(e(torch.randn(2, 16)).square().mean())
+        if r == 0:
+            with zspeed.zero.GatheredParameters(list(e.module.parameters())):
+                pass
+        e.step()
+    """, env={"DEEPSPEED_TIMEOUT": "0.25", "ZSPEED_COLLECTIVE_WARN_S": "2"}, timeout=180, fresh=True)
+    for r in res:
+        assert r.returncode not in (0, "timeout"), r
+        assert f"rank {r.rank} of 2 has waited" in r.stderr and "same zspeed calls in the same order" in r.stderr, \
+            r.stderr[-3000:]
+        assert "DistributedError" in r.stderr, r.stderr[-3000:]
+    assert "a collective of GatheredParameters (entering the context) failed" in res[0].stderr, res[0].stderr[-3000:]
+    assert "a collective in engine.step() failed" in res[1].stderr, res[1].stderr[-3000:]

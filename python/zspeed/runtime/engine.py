@@ -1479,11 +1479,16 @@ class _CollectiveErrors:
 
     def __init__(self, engine, what: str):
         self.engine, self.what = engine, what
+        self._watch = comm.waiting(f"engine.{what}()") if engine.world_size > 1 else None
 
     def __enter__(self):
+        if self._watch is not None:
+            self._watch.__enter__()
         return self
 
     def __exit__(self, typ, exc, tb):
+        if self._watch is not None:
+            self._watch.__exit__(typ, exc, tb)
         if exc is None or self.engine.world_size == 1:
             return False
         backend_error = getattr(torch.distributed, "DistBackendError", ())
@@ -1495,8 +1500,9 @@ class _CollectiveErrors:
             raise comm.DistributedError(
                 f"rank {self.engine.global_rank} of {self.engine.world_size}: a collective in engine."
                 f"{self.what}() failed ({text.splitlines()[0] if text else typ.__name__}). Another rank has "
-                f"most likely stopped (crashed, killed, out of memory) or is stuck: look at the other "
-                f"ranks' output. The collective timeout is DEEPSPEED_TIMEOUT minutes (default 10).") from exc
+                f"most likely stopped (crashed, killed, out of memory) or is stuck, or {comm.ONE_RANK_HINT}: look "
+                f"at the other ranks' output. The collective timeout is DEEPSPEED_TIMEOUT minutes (default "
+                f"10).") from exc
         return False
 
 

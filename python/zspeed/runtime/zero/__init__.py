@@ -516,7 +516,7 @@ class GatheredParameters:
             e = f.owner() if f.owner is not None else None
             if e is not None and not e._closed:
                 e._settle_for("GatheredParameters")
-        with torch.no_grad():
+        with torch.no_grad(), _collectives("entering"):
             for f, ps in by_fetcher.values():
                 self._groups.append((f, f.pin(ps)))
             for p in self._init_params:
@@ -536,9 +536,10 @@ class GatheredParameters:
         _, ws = _world()
         if exc is None and self.modifier_rank is None and ws > 1:  # any rank's edit counts
             flag = torch.tensor([1.0 if edited else 0.0], device=_comm_device())
-            td.all_reduce(flag, op=td.ReduceOp.MAX)
+            with _collectives("leaving"):
+                td.all_reduce(flag, op=td.ReduceOp.MAX)
             edited = bool(flag.item())
-        with torch.no_grad():
+        with torch.no_grad(), _collectives("leaving"):
             if modified and ws > 1:
                 _broadcast(self.params, self.modifier_rank)
             for f, sts in self._groups:
@@ -560,6 +561,35 @@ class GatheredParameters:
             log.warning("zspeed: %s (zero_optimization.enable_sanity_checks true makes this an error, as in "
                         "DeepSpeed.)", msg)
         return False
+
+
+class _collectives:
+    """GatheredParameters' collectives on several ranks: the watchdog warns while one waits long
+    (comm.waiting), and a failed one is a DistributedError that says every rank must enter the
+    context with the same parameters (a raw backend error said nothing of it)."""
+
+    def __init__(self, when: str):
+        from ... import comm
+        self.comm, self.when = comm, when
+        self.watch = comm.waiting(f"GatheredParameters ({when})")
+
+    def __enter__(self):
+        self.watch.__enter__()
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        self.watch.__exit__(typ, exc, tb)
+        if exc is None or not isinstance(exc, RuntimeError) or isinstance(exc, self.comm.DistributedError):
+            return False
+        rank, ws = _world()
+        if ws == 1:
+            return False
+        text = str(exc)
+        self.comm.peer_lost()
+        raise self.comm.DistributedError(
+            f"rank {rank} of {ws}: a collective of GatheredParameters ({self.when} the context) failed "
+            f"({text.splitlines()[0] if text else typ.__name__}). Every rank must enter GatheredParameters with the "
+            f"same parameters at the same point; {self.comm.ONE_RANK_HINT}.") from exc
 
 
 def register_external_parameter(module, parameter) -> None:
