@@ -253,3 +253,62 @@ def test_a_missing_package_stops_every_rank(tmp_path):
     res = run_ranks(2, MISSING.format(helpers=os.path.dirname(__file__)), timeout=180, fresh=True)
     for r in res:
         assert r.returncode == 0 and "REFUSED True" in r.stdout, r
+
+
+# -- issue 52, findings 15, 16 ---------------------------------------------------------------------
+@pytest.mark.parametrize("section", ["csv_monitor", "tensorboard"])
+@pytest.mark.parametrize("job", ["../..", "..", "/tmp/elsewhere", "a/b", "", "x\\y"])
+def test_a_job_name_that_leaves_output_path_is_refused(tmp_path, section, job):
+    c = cfg(**{section: {"enabled": True, "output_path": str(tmp_path / "runs"), "job_name": job}})
+    with pytest.raises(ConfigError, match=f"{section}.job_name"):
+        zspeed.initialize(model=mlp(), config=c)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unwritable_output_path_is_a_config_error_naming_the_key(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    c = cfg(csv_monitor={"enabled": True, "output_path": str(blocker / "runs"), "job_name": "job"})
+    with pytest.raises(ConfigError, match="csv_monitor.output_path") as info:
+        zspeed.initialize(model=mlp(), config=c)
+    assert "give an output_path you can write to" in str(info.value)
+
+
+def test_an_unwritable_output_path_fails_initialize_on_every_rank(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    res = run_ranks(2, f"""
+        import time, torch, zspeed
+        from zspeed.runtime.errors import ConfigError
+        zspeed.init_distributed()
+        t0 = time.monotonic()
+        try:
+            zspeed.initialize(model=torch.nn.Linear(4, 4), config={{"train_micro_batch_size_per_gpu": 1,
+                "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}},
+                "csv_monitor": {{"enabled": True, "output_path": {str(blocker / "runs")!r}, "job_name": "j"}}}})
+            print("NO ERROR")
+        except ConfigError as e:
+            print("CONFIGERROR", round(time.monotonic() - t0, 1), str(e)[:200])
+    """, timeout=120)
+    for r in res:
+        assert r.returncode == 0, r
+        line = [x for x in r.stdout.splitlines() if x.startswith(("CONFIGERROR", "NO ERROR"))][0]
+        assert line.startswith("CONFIGERROR") and "csv_monitor.output_path" in line, r.stdout
+        assert float(line.split()[1]) < 8, line  # at once, not after a collective timeout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symbolic links need privileges on Windows")
+def test_the_csv_monitor_never_writes_through_a_link_planted_in_its_folder(tmp_path, caplog):
+    job = tmp_path / "job"
+    job.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (job / "Train_Samples_lr.csv").symlink_to(victim)
+    c = cfg(csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "job"})
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    import logging
+    with caplog.at_level(logging.WARNING, logger="zspeed"):
+        train(e, regression_data(2), 2)  # the steps stand; the write is refused and logged
+    assert e.global_steps == 2
+    assert victim.read_text() == "precious\n"
+    assert "writing the monitors' step events failed" in caplog.text

@@ -35,3 +35,34 @@ class Monitor(ABC):
     @abstractmethod
     def write_events(self, event_list):
         """Writes each (name, value, step) event."""
+
+
+def job_folder(output_path: str, job_name: str, section: str) -> str:
+    """``<output_path>/<job_name>`` of a monitor section, made (rank 0) and checked writable; a
+    ConfigError naming the key where it cannot be (an unwritable or missing parent, a file in
+    the way)."""
+    import os
+    from ..runtime.errors import ConfigError
+    log_dir = os.path.join(output_path, job_name)
+    probe = os.path.join(log_dir, f".zspeed-probe-{os.getpid()}")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"{section}.output_path = {output_path!r}: the monitor cannot write its job folder "
+                          f"{log_dir!r} ({e.strerror or e}); give an output_path you can write to, or disable "
+                          f"{section}.") from None
+    return log_dir
+
+
+def open_append(path: str):
+    """``path`` opened for appending text, never through a symbolic link (O_NOFOLLOW where the
+    system has it; elsewhere a link is refused before opening)."""
+    import os
+    if os.path.islink(path):
+        raise OSError(f"{path} is a symbolic link; the monitor does not write through links")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags, 0o644)
+    return os.fdopen(fd, "a", newline="")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import os
 
-from ._base import Monitor, _events, _rank
+from ._base import Monitor, _events, _rank, job_folder, open_append
 
 __all__ = ["csvMonitor"]
 
@@ -24,9 +24,7 @@ class csvMonitor(Monitor):  # noqa: N801  (DeepSpeed's name)
     def setup_log_dir(self):
         """The job's folder, made on rank 0 of an enabled section (None elsewhere)."""
         if self.enabled and _rank() == 0:
-            log_dir = os.path.join(self.output_path, self.job_name)
-            os.makedirs(log_dir, exist_ok=True)
-            return log_dir
+            return job_folder(self.output_path, self.job_name, "csv_monitor")
         return None
 
     def write_events(self, event_list):
@@ -34,7 +32,7 @@ class csvMonitor(Monitor):  # noqa: N801  (DeepSpeed's name)
             return
         for name, value, step in _events(event_list):
             filename = name.replace("/", "_").replace(" ", "_")
-            with open(os.path.join(self.log_dir, filename + ".csv"), "a+", newline="") as f:
+            with open_append(os.path.join(self.log_dir, filename + ".csv")) as f:
                 writer = csv.writer(f)
                 if filename not in self.filenames:
                     self.filenames.append(filename)

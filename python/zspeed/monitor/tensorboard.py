@@ -3,9 +3,8 @@
 list of events."""
 from __future__ import annotations
 
-import os
 
-from ._base import Monitor, _events, _rank
+from ._base import Monitor, _events, _rank, job_folder
 from .utils import check_tb_availability
 
 __all__ = ["TensorBoardMonitor"]
@@ -26,9 +25,7 @@ class TensorBoardMonitor(Monitor):
         """The writer (made on first use, on rank 0 of an enabled section; None elsewhere)."""
         if self.enabled and _rank() == 0 and self.summary_writer is None:
             from torch.utils.tensorboard import SummaryWriter
-            log_dir = os.path.join(self.output_path, self.job_name)
-            os.makedirs(log_dir, exist_ok=True)
-            self.summary_writer = SummaryWriter(log_dir=log_dir)
+            self.summary_writer = SummaryWriter(log_dir=job_folder(self.output_path, self.job_name, "tensorboard"))
         return self.summary_writer
 
     def write_events(self, event_list, flush: bool = True):

@@ -69,6 +69,16 @@ _pos = lambda v: None if v > 0 else "must be > 0"          # noqa: E731
 _nonneg = lambda v: None if v >= 0 else "must be >= 0"     # noqa: E731
 
 
+def _folder_name(v) -> str | None:
+    """A monitor's job_name: one folder name inside output_path (zspeed is stricter than DeepSpeed,
+    which joins any text: "../.." or an absolute path would write outside output_path)."""
+    import os
+    bad = (not v or v in (".", "..") or "/" in v or "\\" in v or "\x00" in v or os.path.isabs(v)
+           or (len(v) >= 2 and v[1] == ":"))
+    return ("must be one folder name inside output_path (no '/', '\\', '..', drive or absolute path; "
+            "zspeed refuses what would write outside output_path)") if bad else None
+
+
 def _ds_default(default, feature: str):
     """A check accepting only DeepSpeed's default of a key that asks for a feature zspeed lacks."""
     return lambda v: None if v == default else (
@@ -554,12 +564,14 @@ SCHEMA: dict[str, S] = {
         "enabled": K(False, (bool,), "write the engine's events with TensorBoard's SummaryWriter (needs the "
                      "tensorboard package)"),
         "output_path": K("", (str,), "folder under which the job's folder is made (\"\": the working folder)"),
-        "job_name": K("DeepSpeedJobName", (str,), "the job's folder inside output_path"),
+        "job_name": K("DeepSpeedJobName", (str,), "the job's folder inside output_path (one folder name)",
+                      check=_folder_name),
     }, "tensorboard"),
     "csv_monitor": S({
         "enabled": K(False, (bool,), "write the engine's events to CSV files, one per event name (step, value)"),
         "output_path": K("", (str,), "folder under which the job's folder is made (\"\": the working folder)"),
-        "job_name": K("DeepSpeedJobName", (str,), "the job's folder inside output_path"),
+        "job_name": K("DeepSpeedJobName", (str,), "the job's folder inside output_path (one folder name)",
+                      check=_folder_name),
     }, "csv_monitor"),
     "wandb": S({
         "enabled": K(False, (bool,), "log the engine's events to Weights & Biases (needs the wandb package)"),

@@ -194,7 +194,14 @@ class ZSpeedEngine(torch.nn.Module):
         self._recovery_script = config.zero_stage >= 1 and self.global_rank == 0
         # DeepSpeed's monitors (zspeed.monitor): made first, so that a monitor whose package is
         # missing stops initialize() before anything is allocated
-        self.monitor = MonitorMaster(DeepSpeedMonitorConfig(**config.monitor))
+        # A monitor's folder that cannot be written fails initialize on every rank alike (rank 0
+        # makes it; _check_ranks_agree tells the others), not on rank 0 alone.
+        self._monitor_error = None
+        try:
+            self.monitor = MonitorMaster(DeepSpeedMonitorConfig(**config.monitor))
+        except ConfigError as e:
+            self._monitor_error = str(e)
+            self.monitor = MonitorMaster(DeepSpeedMonitorConfig())
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -355,7 +362,11 @@ class ZSpeedEngine(torch.nn.Module):
             "buffers": [(n, tuple(b.shape), str(b.dtype)) for n, b in self.module.named_buffers()],
             "device type": self.device.type,
         }
+        mine["monitor error"] = self._monitor_error
         every = self.collectives.all_gather_object(mine)
+        failed = next(((r, o["monitor error"]) for r, o in enumerate(every) if o["monitor error"]), None)
+        if failed is not None:
+            raise ConfigError(failed[1] if self.world_size == 1 else f"rank {failed[0]}: {failed[1]}")
         for r, other in enumerate(every):
             for key in mine:
                 if other[key] != every[0][key]:
