@@ -752,3 +752,21 @@ def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
     e.save_checkpoint(tmp_path, tag="t")
     e.save_checkpoint(tmp_path, tag="t")
     assert make("fp32").load_checkpoint(tmp_path)[0].endswith("t") and leftovers(tmp_path) == []
+
+
+def test_a_save_killed_while_writing_the_recovery_scripts_leaves_nothing_for_good(tmp_path):
+    """The temporary file of a recovery script whose save was killed (issue 52 #17) is removed by
+    the next save in that folder, as the other leftovers of killed saves are; a user's own dot
+    files are kept."""
+    e = make("bf16_offload")
+    train(e, data(2), loss=lm_loss)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    left = [ck / ".zero_to_fp32.py.zspeed-tmp-0123456789abcdef", ck / ".zero_to_torch.py.zspeed-tmp-fedcba9876543210"]
+    for f in left:
+        f.write_text("half a script")
+    mine = ck / ".zero_to_fp32.py.notes"
+    mine.write_text("the user's")
+    e.save_checkpoint(ck)
+    assert not any(f.exists() for f in left) and mine.read_text() == "the user's"
+    assert not [n for n in os.listdir(ck) if "zspeed-tmp" in n]

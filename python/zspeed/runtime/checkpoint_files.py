@@ -54,6 +54,7 @@ import logging
 import math
 import mmap
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -80,6 +81,7 @@ LOCK = ".zspeed-lock"
 _STAGING = ".zspeed-staging-"
 _OLD = ".zspeed-old-"
 _TMP = ".zspeed-tmp-"
+_ATOMIC_TMP = re.compile(r"\..+\.zspeed-tmp-[0-9a-f]{16}")  # checkpoint._atomic_output's temporary names
 # Tags are directory names: 200 bytes leave room for the old-folder prefix within the
 # 255-byte name limit of common file systems.
 MAX_TAG_BYTES = 200
@@ -423,7 +425,9 @@ def _recover_and_clean(d: _Dir) -> None:
                 log.warning("zspeed: restored checkpoint tag %s from %s (a save replacing it was killed)",
                             tag, name)
     for name in d.names():
-        if name.startswith((_STAGING, _OLD, _TMP)):
+        # (also the temporary file of an output written beside the tags, such as the recovery
+        # scripts zero_to_fp32.py / zero_to_torch.py: ".<name>.zspeed-tmp-<16 hex>")
+        if name.startswith((_STAGING, _OLD, _TMP)) or _ATOMIC_TMP.fullmatch(name):
             try:
                 d.rmtree(name)
                 log.info("zspeed: removed %s, left by a killed checkpoint save", d.path / name)
