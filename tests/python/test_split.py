@@ -259,8 +259,13 @@ def test_choose_ratio():
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0}}}, r"\(0, 1\]"),
-    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "half"}}}, r"\(0, 1\]"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": -0.1}}}, "from 0 to 1"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}}, "from 0 to 1"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "half"}}}, "from 0 to 1"),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
+                                                              "max_in_cpu": 1.5}}}, "whole number of elements"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "max_in_cpu": 2.5}}},
+     "whole number of elements"),
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none", "ratio": 0.5}}}, "device \"cpu\""),
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5,
                                                               "delayed_update": True}}}, "cannot be combined"),
@@ -319,3 +324,17 @@ def test_auto_counts_the_allocators_reserved_peak_and_asks_for_expandable_segmen
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
     assert not split._expandable_segments(torch.device("cuda", 0)) and len(asked) == 1  # the user's choice stands
     assert not split._expandable_segments(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_ratio_0_puts_every_parameter_on_the_gpu_side_and_trains_as_without_offload(stage):
+    """DeepSpeed's ratio field takes 0 to 1 (issue 52 #19): 0 is a CPU share of nothing, every
+    parameter stepped by the device's optimizer, which trains as offload_optimizer none does."""
+    import test_zero3 as z3
+    c = z3._cfg(stage, opt="cpu", param="cpu" if stage == 3 else "none")
+    c["zero_optimization"]["offload_optimizer"]["ratio"] = 0
+    e, losses = z3._train(c, steps=3)
+    assert e.optimizer_path.cpu_share == 0.0
+    ref, ref_losses = z3._train(z3._cfg(stage, opt="none"), steps=3)
+    assert losses == pytest.approx(ref_losses, rel=1e-6)
+    z3._close(z3._whole(e), z3._whole(ref), "fp32")

@@ -107,9 +107,17 @@ def _keep_fp32_setting(v):
 
 
 def _offload_ratio(v):
-    if v == "auto" or (not isinstance(v, str) and 0 < v <= 1):
+    # DeepSpeed's field allows 0 to 1 (ge=0.0, le=1.0); 0: the GPU steps every parameter.
+    if v == "auto" or (not isinstance(v, str) and 0 <= v <= 1):
         return None
-    return "must be a number in (0, 1] or \"auto\""
+    return "must be a number from 0 to 1 (the CPU's share; 0: the GPU steps all) or \"auto\""
+
+
+def _elements(v):
+    """A count of elements: a whole number from 0 to 2^62 (as DeepSpeed's int fields, 1e9 is one)."""
+    if float(v).is_integer() and 0 <= v <= 2 ** 62:
+        return None
+    return "must be a whole number of elements from 0 to 2^62 (e.g. 1e9)"
 
 
 def _between(lo, hi, why: str = ""):
@@ -369,7 +377,7 @@ SCHEMA: dict[str, S] = {
                                          "the order the first step used them (0: no prefetch)", auto=AUTO_DEFAULT, check=_between(0, 2 ** 62)),
         "stage3_param_persistence_threshold": K(100000, NUM, "stage 3: parameters of at most this many "
                                                 "elements stay gathered between uses", auto=AUTO_DEFAULT,
-                                                check=_between(0, 2 ** 62)),
+                                                check=_elements),
         "stage3_gather_16bit_weights_on_model_save": K(False, (bool,), "stage 3: lets save_16bit_model "
                                                        "gather the whole model", auto=AUTO_DEFAULT),
         "stage3_gather_fp16_weights_on_model_save": K(False, (bool,), "older name of "
@@ -472,7 +480,7 @@ SCHEMA: dict[str, S] = {
                         "files: the first ones after the GPU's share (ratio), stepped by the CPU path's kernels; "
                         "the rest on NVMe (the three tiers of docs/OFFLOAD.md; 0 puts the whole non-GPU share on "
                         "NVMe; offload_param's key of the same name is DeepSpeed's, for frozen parameters)",
-                        check=_between(0, 2 ** 62)),
+                        check=_elements),
         "pipeline_read": K(False, (bool,), "accepted: zspeed's nvme step always overlaps reads with compute"),
         "pipeline_write": K(False, (bool,), "accepted: zspeed's nvme step always overlaps writes with compute"),
         "super_offload": K(False, (bool,), "DeepSpeed's SuperOffload (a ZeRO-3 feature; accepted, not "
@@ -513,7 +521,7 @@ SCHEMA: dict[str, S] = {
                          "shard on NVMe; a larger shard is an error)", auto=AUTO_DEFAULT, check=_count),
         "max_in_cpu": K(1000000000, NUM, "nvme: elements of (frozen) parameter shards kept in host memory "
                         "instead, the first ones in parameter order", auto=AUTO_DEFAULT,
-                        check=_between(0, 2 ** 62)),
+                        check=_elements),
         "grads_in_shards": K(True, (bool,), "zspeed extension (device cpu or nvme, with offload_optimizer cpu or nvme, "
                              "bf16/fp16, gradient_accumulation_steps 1, no delayed_update; with a ratio, the "
                              "CPU's share): the boundary's reduced gradients land in the rank's host parameter shards, whose "
