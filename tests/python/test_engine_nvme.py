@@ -322,3 +322,20 @@ def test_nvme_config_errors(tmp_path):
     with pytest.raises(RuntimeError, match="inside"):
         e = _engine(_cfg("nvme", tmp_path))
         e.optimizer.step()
+
+
+def test_a_disk_too_small_for_a_small_model_says_how_much_in_units_that_show_it(tmp_path, monkeypatch):
+    """Issue 52 #22: the message said "needs 0.0 GiB ... has 0.0 GiB free"."""
+    import collections
+    import shutil
+    from zspeed.runtime.config import ConfigError
+    from zspeed.runtime.memory import size_text
+    assert [size_text(n) for n in (512, 3 << 10, 5 << 20, 3 << 30)] == ["512 bytes", "3.0 KiB", "5.0 MiB", "3.00 GiB"]
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 ** 12, 10 ** 12 - 1000, 1000))
+    import engine_helpers as eh
+    cfg = eh.config(zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}})
+    with pytest.raises(ConfigError) as info:
+        zspeed.initialize(model=eh.mlp(), config=cfg)
+    text = str(info.value)
+    assert "0.0 GiB" not in text and "KiB of free space" in text and "1000 bytes free" in text, text

@@ -652,7 +652,7 @@ def test_too_little_disk_for_nvme_offload_is_refused_before_writing(tmp_path, mo
     import shutil
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
-    with pytest.raises(ConfigError, match=r"needs .* GiB of free space in nvme_path .*state_dtype \"int8\""):
+    with pytest.raises(ConfigError, match=r"needs .* KiB of free space in nvme_path .*state_dtype \"int8\""):
         zspeed.initialize(model=Model(), config=_cfg(3, opt="nvme", param="cpu", tmp=tmp_path))
     assert list(tmp_path.iterdir()) == []
 

@@ -152,10 +152,18 @@ def check_nvme_space(needs: list, ranks_here: int, fixes: list) -> None:
         if need <= free:
             continue
         raise ConfigError(
-            f"nvme offload needs {need / GiB:.1f} GiB of free space in nvme_path '{path}' for the swap files ("
-            + "; ".join(f"{ranks} rank(s) x {n.what} {n.bytes / GiB:.2f} GiB" for n in items)
-            + f"), but it has {free / GiB:.1f} GiB free. Nothing was written. To fit: "
+            f"nvme offload needs {size_text(need)} of free space in nvme_path '{path}' for the swap files ("
+            + "; ".join(f"{ranks} rank(s) x {n.what} {size_text(n.bytes)}" for n in items)
+            + f"), but it has {size_text(free)} free. Nothing was written. To fit: "
             + "; or ".join(fixes + ["a larger disk, or more hosts"]) + "." + _SKIP)
+
+
+def size_text(n: int) -> str:
+    """A byte count for a message, in the unit that shows it (a small need was "0.0 GiB")."""
+    for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{int(n)} bytes"
 
 
 def check_host_memory(need: dict, freeable: int, ranks_here: int, fixes: list) -> None:

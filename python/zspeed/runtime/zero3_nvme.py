@@ -370,7 +370,8 @@ def _check_space(path: str, need: int) -> None:
     except OSError:
         return
     if need > free:
-        raise ConfigError(f"offload_param nvme needs {need / GiB:.2f} GiB of free space in nvme_path '{path}' for "
-                          f"the parameter shards, but it has {free / GiB:.2f} GiB free. Nothing was written. To fit: "
+        from .memory import size_text
+        raise ConfigError(f"offload_param nvme needs {size_text(need)} of free space in nvme_path '{path}' for "
+                          f"the parameter shards, but it has {size_text(free)} free. Nothing was written. To fit: "
                           f"raise offload_param.max_in_cpu (keep more shards in host memory), use a larger disk, "
                           f"or more hosts. (ZSPEED_SKIP_MEMORY_CHECK=1 skips this check.)")
