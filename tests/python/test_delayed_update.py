@@ -18,6 +18,12 @@ import engine_helpers as eh  # noqa: E402
 import zspeed  # noqa: E402
 from zspeed.runtime.config import ConfigError  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """CPU-only by design (the references are plain torch on the CPU; the GPU's delayed step is measured by bench/gpu_host.sh split-bench): ZSPEED_DEVICE=cpu for each test."""
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
+
 LR, WD = 2e-2, 0.01
 
 

@@ -19,6 +19,12 @@ from zspeed.runtime.config import ConfigError  # noqa: E402
 from zspeed.runtime.nvme import _partitions  # noqa: E402
 from engine_helpers import mlp, mse_loss, regression_data, same_weights as _same, train  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """CPU-only by design (small CPU models and CPU data; tests/gpu/check_engine_cuda.py runs nvme against cpu bit for bit with CUDA models): ZSPEED_DEVICE=cpu for each test."""
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
+
 # Targets of unit size (x @ W has variance 37), so that fp16 training at the default loss scale
 # overflows only where a test injects it.
 DATA = [(x, y / 37 ** 0.5) for x, y in regression_data(16, bs=4, d_in=37, d_out=13, seed=100)]

@@ -91,11 +91,13 @@ def _named(e):
 
 
 def _ref_grads(ref, idx):
+    """The reference's gradients of one batch, on the CPU (the reference runs where it lives)."""
     ref.zero_grad()
+    idx = idx.to(next(ref.parameters()).device)
     logits = ref(idx)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the loss in fp32 at least, as z3._loss
     torch.nn.functional.cross_entropy(logits.reshape(-1, z3.V), idx.reshape(-1)).backward()
-    return {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+    return {n: p.grad.detach().cpu().clone() for n, p in ref.named_parameters()}
 
 
 def _adamw(w, g, m, v, step):
@@ -348,8 +350,10 @@ def _no_sync_engine(case, tmp):
     torch.manual_seed(0)
     model = z3.Model()
     # bf16's 8-bit mantissa makes a float64 model's gradients too far from a bf16 forward's to
-    # check the accumulation: its reference is the same model in bf16, run by plain torch
-    ref = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float64)
+    # check the accumulation: its reference is the same model in bf16, run by plain torch on the
+    # engine's device (the same kernels: a CPU's bf16 matmuls round otherwise than a GPU's)
+    ref = (copy.deepcopy(model).to(torch.bfloat16).to(z3.DEVICE) if precision == "bf16" else
+           copy.deepcopy(model).to(torch.float64))
     return zspeed.initialize(model=model, config=z3._cfg(stage, opt=opt, precision=precision, tmp=tmp))[0], ref
 
 

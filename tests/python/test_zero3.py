@@ -122,7 +122,21 @@ def _close(a, b, precision):
         precision, dict(rtol=2e-2, atol=2e-2))
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], msg=lambda m, k=k: f"{k}: {m}", **tol)
+        if precision == "bf16-gpu":
+            _close_bf16_gpu(k, a[k], b[k])
+        else:
+            torch.testing.assert_close(a[k], b[k], msg=lambda m, k=k: f"{k}: {m}", **tol)
+
+
+def _close_bf16_gpu(k, a, b, steps=3, lr=1e-2):
+    """bf16 runs on the GPU against another reduction order (or the CPU's kernels): where a
+    gradient element is near zero, one rounding can flip its sign, and Adam then moves that
+    weight by up to lr the other way: up to 2 * lr per step. Every element stays within
+    2 * lr * steps, and all but a few (0.5%) within bf16's usual 2e-2."""
+    d = (a.float() - b.float()).abs()
+    assert d.max().item() <= 2 * lr * steps + 1e-3, f"{k}: largest difference {d.max().item():.3g}"
+    far = (d > 2e-2 + 2e-2 * b.float().abs()).sum().item()
+    assert far <= max(1, 0.005 * d.numel()), f"{k}: {far} of {d.numel()} elements beyond 2e-2"
 
 
 def _released(engine) -> list:
@@ -526,17 +540,19 @@ def test_ranks_match_stage2_and_one_process(tmp_path, n, opt, param, precision, 
     cfg2 = dict(_cfg(2, opt=opt, precision=precision, gas=gas, tmp=tmp_path), train_micro_batch_size_per_gpu=mb)
     ref = _ranks(n, cfg2, tmp_path, "z2", ckpt=ckpt, start=start)[0]["state"]
     one = _ref(_cfg(2, opt="cpu", precision=precision, gas=gas), ckpt=ckpt, start=start)
+    on_gpu = os.environ.get("ZS_RANK_DEVICE", "").startswith("cuda") or \
+        os.environ.get("ZSPEED_DIST_BACKEND") == "nccl"
     for o in outs:
         assert o["released"] == []
-        _close(o["state"], ref, precision)  # the same ranks at ZeRO-2: same sums, same updates
+        # the same ranks at ZeRO-2: same sums, same updates (bf16 on a GPU: see _close_bf16_gpu)
+        _close(o["state"], ref, "bf16-gpu" if on_gpu and precision == "bf16" else precision)
         # One process sums the gradient in another order than several ranks do, and Adam's
         # early steps divide by sqrt(v) of the gradient's own size: where a gradient element
         # is near zero, rounding of 1e-7 reaches ~1e-4 in the weight after 3 steps.
         # On CUDA (tests/gpu/check_zero3_cuda.py) the one-process reference still runs on the
         # CPU, whose matmuls round differently: the same amplification reaches ~3e-4.
-        on_gpu = os.environ.get("ZS_RANK_DEVICE", "").startswith("cuda") or \
-            os.environ.get("ZSPEED_DIST_BACKEND") == "nccl"
-        _close(o["state"], one, ("ranks-gpu" if on_gpu else "ranks") if precision == "fp32" else precision)
+        _close(o["state"], one, ("ranks-gpu" if on_gpu else "ranks") if precision == "fp32" else
+               "bf16-gpu" if on_gpu else precision)
     for o in outs[1:]:
         for k in o["state"]:
             assert torch.equal(o["state"][k], outs[0]["state"][k]), k
