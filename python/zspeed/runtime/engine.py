@@ -366,7 +366,7 @@ class ZSpeedEngine(torch.nn.Module):
         every = self.collectives.all_gather_object(mine)
         failed = next(((r, o["monitor error"]) for r, o in enumerate(every) if o["monitor error"]), None)
         if failed is not None:
-            raise ConfigError(failed[1] if self.world_size == 1 else f"rank {failed[0]}: {failed[1]}")
+            raise ConfigError(failed[1])  # (rank 0 makes the folders: its message, on every rank)
         for r, other in enumerate(every):
             for key in mine:
                 if other[key] != every[0][key]:
@@ -1490,16 +1490,14 @@ class _CollectiveErrors:
 
     def __init__(self, engine, what: str):
         self.engine, self.what = engine, what
-        self._watch = comm.waiting(f"engine.{what}()") if engine.world_size > 1 else None
+        self._watch = comm.waiting(f"engine.{what}()")  # (nothing to watch with one rank)
 
     def __enter__(self):
-        if self._watch is not None:
-            self._watch.__enter__()
+        self._watch.__enter__()
         return self
 
     def __exit__(self, typ, exc, tb):
-        if self._watch is not None:
-            self._watch.__exit__(typ, exc, tb)
+        self._watch.__exit__(typ, exc, tb)
         if exc is None or self.engine.world_size == 1:
             return False
         backend_error = getattr(torch.distributed, "DistBackendError", ())
