@@ -17,7 +17,7 @@
 #                   overlap_forward / "auto" + overlap_forward / DeepSpeed, 6.58B int8: auto, a ratio
 #                   (ZS_BIG_RATIO) with the rest in host memory, on NVMe, or on three tiers (ZS_MAX_IN_CPU
 #                   in host memory) (ZS_SPLIT3_ROWS picks; ZS_SPLIT3_BUSY=1 adds the GPU's busy share)
-#   bench/gpu_host.sh plan-check  zspeed plan's predicted steps (rates measured on the spot) vs the measured ones
+#   bench/gpu_host.sh plan-check  zspeed plan's predicted steps vs steps measured in the same run, same card (ZS_PLAN_CASES)
 #   bench/gpu_host.sh hf        the Hugging Face Trainer route on the GPU (tests/gpu/check_hf_cuda.py)
 #   bench/gpu_host.sh zero3-bench  ZeRO-3 + param/optimizer offload, GPU capped at 24 GiB:
 #                   zspeed vs DeepSpeed at 3.36B (ZS_Z3_LAYERS: more zspeed sizes, e.g. "24 48")

@@ -303,3 +303,29 @@ def test_engine_save_load_times_a_checkpoint_and_removes_it(tmp_path):
     after = engine._zero3_consolidated_16bit_state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
     engine.close()
+
+
+def test_plan_check_times_each_case_in_the_same_run(monkeypatch):
+    """bench/plan_check.py measures the step it compares with in the same run (issue 57: it
+    compared with numbers measured on another card): each case runs bench_engine.py at the
+    planner's shape and cap, and its RESULT line is what the prediction is divided by."""
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
+    import plan_check
+    ran = []
+
+    def fake_run(cmd, **kw):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout='x\nRESULT {"step_s": 1.25, "fwd_bwd_s": 0.5, '
+                                                          '"peak_reserved_gib": 20.0}\n', stderr="")
+    monkeypatch.setattr(plan_check.subprocess, "run", fake_run)
+    got = plan_check.measure("z3-auto", 4)
+    assert got["step_s"] == 1.25 and got["fwd_bwd_s"] == 0.5
+    cmd = " ".join(ran[0])
+    for part in ("bench_engine.py", "--gpu-cap 24", "--batch 8", "--layers 16", "--d-model 4096", "--ckpt",
+                 "--stage 3", "--offload-param cpu", "--ratio auto", "--overlap-forward", "--steps 4"):
+        assert part in cmd, (part, cmd)
+    monkeypatch.setattr(plan_check.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, stdout="", stderr="CUDA out of memory"))
+    with pytest.raises(RuntimeError, match="z2-auto: bench_engine failed .*out of memory"):
+        plan_check.measure("z2-auto", 4)
