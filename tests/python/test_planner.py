@@ -396,3 +396,18 @@ def test_hf_config_files_are_read_as_named_and_bad_ones_refused(tmp_path):
             plan(hf_config=str(bad), **kw)
     r = _cli("--hf-config", "someone/some-model", "--host-mem", "64")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "huggingface-cli download" in r.stderr, r.stderr
+
+
+def test_the_readmes_plan_examples_answer():
+    """The README's two `zspeed plan` lines (issue 56 #4: its one example answered "Nothing
+    fits"): 7B fits a 24 GiB GPU with 64 GiB of host memory; 13B fits there with the NVMe tier
+    and not without."""
+    import re
+    lines = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("zspeed plan ")]
+    assert len(lines) == 2, lines
+    for line in lines:
+        args = re.sub(r"\s+#.*", "", line).split()[2:] + ["--cores", "16"]
+        r = _cli(*args)
+        assert r.returncode == 0 and "Recommended:" in r.stdout, (line, r.stdout[-1500:], r.stderr[-1500:])
+    no_disk = re.sub(r"\s+#.*", "", lines[1]).replace("--disk 500", "").split()[2:]
+    assert _cli(*no_disk, "--cores", "16").returncode == 1
