@@ -298,7 +298,7 @@ def _warn_after() -> float:
 
 class _Watchdog:
     """One daemon thread for the process: it looks every half second at the collectives under way
-    (:func:`waiting`) and logs a warning for each that has waited longer than the threshold."""
+    (:class:`guarded`) and logs a warning for each that has waited longer than the threshold."""
 
     def __init__(self):
         import threading
@@ -332,30 +332,48 @@ class _Watchdog:
                 due = [(k, v) for k, v in self.active.items() if limit and not v[2] and now - v[0] >= limit]
                 for _k, v in due:
                     v[2] = True
-            for _k, (start, what, _w) in due:
-                log.warning("zspeed: rank %d of %d has waited %.0f s in a collective of %s; %s (DEEPSPEED_TIMEOUT "
+            for _k, (start, where, _w) in due:
+                log.warning("zspeed: rank %d of %d has waited %.0f s in a collective %s; %s (DEEPSPEED_TIMEOUT "
                             "minutes, default 10). Look at what the other ranks are doing.", get_rank(),
-                            get_world_size(), now - start, what, ONE_RANK_HINT)
+                            get_world_size(), now - start, where, ONE_RANK_HINT)
 
 
 _WATCHDOG = _Watchdog()
 
 
-class waiting:
-    """Context around a call that makes collectives (several ranks only): the watchdog warns when
-    it waits longer than ZSPEED_COLLECTIVE_WARN_S seconds."""
+_PEER_GONE_WORDS = ("Connection closed by peer", "Connection reset", "Timed out", "timed out", "Broken pipe", "NCCL",
+                    "Gloo", "gloo")
 
-    def __init__(self, what: str):
-        self.what, self.token = what, None
+
+class guarded:
+    """Context around a call that makes collectives (several ranks only): the watchdog warns when
+    it waits longer than ZSPEED_COLLECTIVE_WARN_S seconds, and a collective that fails because a
+    peer is gone or stuck (a backend error, a timeout) becomes a DistributedError naming this
+    rank, the call (``where``: "in engine.step()", ...) and ``why`` it most likely happened;
+    other errors pass unchanged."""
+
+    def __init__(self, where: str, why: str):
+        self.where, self.why, self.token = where, why, None
 
     def __enter__(self):
         if is_initialized() and get_world_size() > 1 and _warn_after() > 0:
-            self.token = _WATCHDOG.add(self.what)
+            self.token = _WATCHDOG.add(self.where)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, typ, exc, tb):
         if self.token is not None:
             _WATCHDOG.remove(self.token)
+        if exc is None or isinstance(exc, DistributedError) or not is_initialized() or get_world_size() == 1:
+            return False
+        text = str(exc)
+        backend_error = getattr(_td, "DistBackendError", ())
+        if isinstance(exc, backend_error) or (isinstance(exc, RuntimeError) and any(
+                k in text for k in _PEER_GONE_WORDS)):
+            peer_lost()
+            raise DistributedError(
+                f"rank {get_rank()} of {get_world_size()}: a collective {self.where} failed "
+                f"({text.splitlines()[0] if text else typ.__name__}). {self.why} The collective timeout is "
+                f"DEEPSPEED_TIMEOUT minutes (default 10).") from exc
         return False
 
 

@@ -317,12 +317,12 @@ def test_auto_counts_the_allocators_reserved_peak_and_asks_for_expandable_segmen
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 7 << 30)
     assert split.device_memory(torch.device("cuda", 0)) == (24 << 30, 7 << 30)
     asked = []
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda s: asked.append(s), raising=False)
+    monkeypatch.setattr(split, "_allocator_setter", lambda: (lambda s: asked.append(s)))
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
-    assert split._expandable_segments(torch.device("cuda", 0)) and asked == ["expandable_segments:True"]
+    assert split._expandable_segments() and asked == ["expandable_segments:True"]
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
-    assert not split._expandable_segments(torch.device("cuda", 0)) and len(asked) == 1  # the user's choice stands
+    assert not split._expandable_segments() and len(asked) == 1  # the user's choice stands
 
 
 @pytest.mark.parametrize("stage", [2, 3])

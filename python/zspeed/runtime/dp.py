@@ -84,6 +84,7 @@ class GradReducer:
         self._armed = False
         self._order = [(gi, ui) for gi, gp in enumerate(store.plan.groups) for ui in range(len(gp.units))]
         self._order.reverse()
+        self._works: list = []
         self.reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for ps in self.layout.params for p in ps]
@@ -272,9 +273,9 @@ class GradReducer:
         """Ready for the next boundary: every unit waits for all its gradients again. Reductions
         still in flight (a backward's, dropped by engine.zero_grad before any step read them)
         complete first, so that nothing lands in a destination afterwards."""
-        for work, _finish, _keep in getattr(self, "_works", ()):
+        for work, _finish, _keep in self._works:
             work.wait()
-        if self.side is not None and getattr(self, "_works", None) is not None:
+        if self.side is not None:
             self.side.synchronize()
         self._begin_pass()
         self._works: list = []      # Gloo: (work, copy to dest or None, input kept alive), in order

@@ -293,6 +293,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._frozen_sm = self._placement.frozen_store
         if self._fetcher is not None:
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
+            self._fetcher.before_pin = weakref.WeakMethod(self._settle_for)
             self._fetcher.owner = weakref.ref(self)
         self._model_part = ModelPart(self.module, [self.optimizer_path.sharded, self._frozen_sm])
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
@@ -835,7 +836,7 @@ class ZSpeedEngine(torch.nn.Module):
                 raise
             raise StepIncompleteError(
                 f"{what}: optimizer step {self.global_steps + 1} stopped partway and completing it failed again "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the weights would be a mix of "
+                f"({_one_line(e)}); the weights would be a mix of "
                 f"stepped and unstepped parameters. Fix the cause and call engine.step(), or load a "
                 f"checkpoint.") from e
 
@@ -846,7 +847,8 @@ class ZSpeedEngine(torch.nn.Module):
 
     def _collectives(self, what: str):
         """Turns a failed collective into an error that says what probably happened."""
-        return _CollectiveErrors(self, what)
+        return comm.guarded(f"in engine.{what}()", f"Another rank has most likely stopped (crashed, killed, out of "
+                            f"memory) or is stuck, or {comm.ONE_RANK_HINT}: look at the other ranks' output.")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drops the gradients (DeepSpeed's engine always sets them to None): every gradient of
@@ -889,8 +891,7 @@ class ZSpeedEngine(torch.nn.Module):
                         self._take_model_step(lr_kwargs)
                 except BaseException as e:
                     if self._unfinished is not None:
-                        text = str(e).splitlines()[0] if str(e) else ""
-                        self._unfinished_error = f"{type(e).__name__}: {text}" if text else type(e).__name__
+                        self._unfinished_error = _one_line(e)
                     raise
             self.micro_steps += 1
         # The step is committed (applied and counted): what follows only reports it, and a failure
@@ -1095,7 +1096,7 @@ class ZSpeedEngine(torch.nn.Module):
                                   load_counters=not load_module_only, before_apply=before_apply)
         except LoadIncompleteError as e:
             cause = e.__cause__ if e.__cause__ is not None else e
-            self._load_failed = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            self._load_failed = _one_line(cause)
             raise
         finally:
             self._loading = False
@@ -1419,6 +1420,12 @@ class _ParamGradHook(EngineHook):
         return None
 
 
+def _one_line(e: BaseException) -> str:
+    """An exception as its type and the first line of its text (the type alone without text)."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 # engine._unfinished of an overflow skip whose release raised (see _take_model_step)
 _SKIPPED = object()
 
@@ -1481,38 +1488,6 @@ def _dtype_mismatch_hint(err: RuntimeError, inputs, kwargs, dtype: torch.dtype) 
     return (f"the model runs in {name} (the config enables {name}), but forward() received {found[0]} "
             f"inputs and failed on the mixed dtypes ({text.splitlines()[0]}). DeepSpeed does not cast "
             f"inputs either: {fix}.")
-
-
-class _CollectiveErrors:
-    """Context: with several ranks, a collective that fails because a peer is gone (killed,
-    crashed, out of memory, timed out) becomes a DistributedError naming this rank and the
-    likely cause; other errors pass unchanged."""
-
-    def __init__(self, engine, what: str):
-        self.engine, self.what = engine, what
-        self._watch = comm.waiting(f"engine.{what}()")  # (nothing to watch with one rank)
-
-    def __enter__(self):
-        self._watch.__enter__()
-        return self
-
-    def __exit__(self, typ, exc, tb):
-        self._watch.__exit__(typ, exc, tb)
-        if exc is None or self.engine.world_size == 1:
-            return False
-        backend_error = getattr(torch.distributed, "DistBackendError", ())
-        text = str(exc)
-        if isinstance(exc, backend_error) or (isinstance(exc, RuntimeError) and any(
-                k in text for k in ("Connection closed by peer", "Connection reset", "Timed out",
-                                    "timed out", "Broken pipe", "NCCL", "Gloo", "gloo"))):
-            comm.peer_lost()
-            raise comm.DistributedError(
-                f"rank {self.engine.global_rank} of {self.engine.world_size}: a collective in engine."
-                f"{self.what}() failed ({text.splitlines()[0] if text else typ.__name__}). Another rank has "
-                f"most likely stopped (crashed, killed, out of memory) or is stuck, or {comm.ONE_RANK_HINT}: look "
-                f"at the other ranks' output. The collective timeout is DEEPSPEED_TIMEOUT minutes (default "
-                f"10).") from exc
-        return False
 
 
 def _first_difference(a, b) -> str:

@@ -94,7 +94,14 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
     return limit, max(torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device))
 
 
-def _expandable_segments(device: torch.device) -> bool:
+def _allocator_setter():
+    """torch's switch of the caching allocator's settings: the accelerator one of newer torch
+    (torch.cuda's is deprecated there), else torch.cuda's; None in a torch without either."""
+    new = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    return new if new is not None else getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
+
+
+def _expandable_segments() -> bool:
     """Asks torch's caching allocator for expandable segments (new segments grow in place
     instead of leaving unusable gaps between a step's activations and the GPU share's long-lived
     buffers), where this torch has the switch and the user did not configure the allocator
@@ -103,8 +110,7 @@ def _expandable_segments(device: torch.device) -> bool:
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
     if "expandable_segments" in conf:
         return "expandable_segments:true" in conf.replace(" ", "").lower()
-    del device  # (the caching allocator's setting is the process's, for every GPU)
-    setter = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
+    setter = _allocator_setter()
     if setter is None:
         return False
     try:
@@ -135,7 +141,7 @@ class AutoSplit:
         # The GPU share's buffers are allocated next: from fresh segments (the cache of step 1's
         # activations released first, and with expandable segments where torch has them), so that
         # they do not split the blocks the next steps' activations need.
-        self.expandable = _expandable_segments(self.device)
+        self.expandable = _expandable_segments()  # (the caching allocator's setting: for every GPU)
         torch.cuda.empty_cache()
         margin = max(MARGIN_MIN, int(MARGIN_FRACTION * limit))
         budget = max(0, limit - peak - margin)

@@ -219,6 +219,7 @@ class ParamFetcher:
         for store in stores:
             store.fetcher = self
         self.on_modified = None  # weak method: the engine's reaction to edited parameters
+        self.before_pin = None  # weak method: the engine completes a step under way before a pin reads
         self.owner = None  # weak reference to the engine (engines_holding)
         # offload_optimizer.overlap_forward: (store, ready(gi, ui, block)) -- a shard of that
         # store may still be being stepped in the background, and is gathered only once it is not.
@@ -638,6 +639,9 @@ class ParamFetcher:
         """Gathers ``params`` whole and keeps them so until :meth:`unpin` (every rank must call it
         with the same parameters, in the same order)."""
         sts = [self.states[id(p)] for p in params]
+        settle = self.before_pin() if self.before_pin is not None else None
+        if settle is not None:  # (a step in the background or one that raised partway: complete it first)
+            settle("GatheredParameters")
         self._busy += 1
         try:
             self.need(sts)

@@ -512,10 +512,6 @@ class GatheredParameters:
                 by_fetcher.setdefault(id(f), (f, []))[1].append(p)
             elif hasattr(p, "ds_tensor"):
                 self._init_params.append(p)
-        for f, _ps in by_fetcher.values():  # a step under way (or torn) completes before anything is read
-            e = f.owner() if f.owner is not None else None
-            if e is not None and not e._closed:
-                e._settle_for("GatheredParameters")
         with torch.no_grad(), _collectives("entering"):
             for f, ps in by_fetcher.values():
                 self._groups.append((f, f.pin(ps)))
@@ -563,33 +559,13 @@ class GatheredParameters:
         return False
 
 
-class _collectives:
-    """GatheredParameters' collectives on several ranks: the watchdog warns while one waits long
-    (comm.waiting), and a failed one is a DistributedError that says every rank must enter the
-    context with the same parameters (a raw backend error said nothing of it)."""
-
-    def __init__(self, when: str):
-        from ... import comm
-        self.comm, self.when = comm, when
-        self.watch = comm.waiting(f"GatheredParameters ({when})")
-
-    def __enter__(self):
-        self.watch.__enter__()
-        return self
-
-    def __exit__(self, typ, exc, tb):
-        self.watch.__exit__(typ, exc, tb)
-        if exc is None or not isinstance(exc, RuntimeError) or isinstance(exc, self.comm.DistributedError):
-            return False
-        rank, ws = _world()
-        if ws == 1:
-            return False
-        text = str(exc)
-        self.comm.peer_lost()
-        raise self.comm.DistributedError(
-            f"rank {rank} of {ws}: a collective of GatheredParameters ({self.when} the context) failed "
-            f"({text.splitlines()[0] if text else typ.__name__}). Every rank must enter GatheredParameters with the "
-            f"same parameters at the same point; {self.comm.ONE_RANK_HINT}.") from exc
+def _collectives(when: str):
+    """GatheredParameters' collectives on several ranks (comm.guarded): a long wait is said, and a
+    failed one is a DistributedError saying every rank must enter the context with the same
+    parameters (a raw backend error said nothing of it)."""
+    from ... import comm
+    return comm.guarded(f"of GatheredParameters ({when} the context)", f"Every rank must enter GatheredParameters "
+                        f"with the same parameters at the same point; {comm.ONE_RANK_HINT}.")
 
 
 def register_external_parameter(module, parameter) -> None:
