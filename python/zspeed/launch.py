@@ -38,7 +38,7 @@ import difflib
 import os
 import re
 import sys
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 __all__ = ["main", "LaunchError", "build_command"]
 
@@ -221,8 +221,24 @@ def _read_hostfile(path: str) -> List[tuple]:
     return hosts
 
 
+class _Launch(NamedTuple):
+    """What a command line launches: the torchrun command, its environment, and where the nodes meet."""
+    cmd: list
+    env: dict
+    nnodes: int
+    node_rank: int
+    master: str
+    port: int
+    join_timeout: int
+
+
 def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list, dict]:
     """(the torchrun command, the environment to run it with) for a `zspeed launch` command line."""
+    launch = _build(argv, environ)
+    return launch.cmd, launch.env
+
+
+def _build(argv: List[str], environ: Optional[dict] = None) -> _Launch:
     env = dict(os.environ if environ is None else environ)
     ap = _parser()
     _check_flags(argv, ap)
@@ -304,7 +320,7 @@ def build_command(argv: List[str], environ: Optional[dict] = None) -> tuple[list
     mode = "--exec" if a.no_python else "--module" if a.module else "--script"
     cmd += ["-m", "zspeed._rank_entry", mode, a.user_script,
             "--no-local-rank" if a.no_local_rank else "--local-rank", "--", *a.user_args]
-    return cmd, env
+    return _Launch(cmd, env, nnodes, node_rank, master or "127.0.0.1", port, a.join_timeout)
 
 
 DEFAULT_PORT = 29500
@@ -346,27 +362,21 @@ def _pick_port(given: Optional[int], nnodes: int, node_rank: int) -> int:
     return port
 
 
-def _arg(cmd: list, name: str) -> str:
-    return next(c.split("=", 1)[1] for c in cmd if c.startswith(f"--{name}="))
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     import subprocess
     try:
-        cmd, env = build_command(list(sys.argv[1:] if argv is None else argv))
+        launch = _build(list(sys.argv[1:] if argv is None else argv))
     except LaunchError as e:
         sys.stderr.write(f"{e}\n")
         return 2
-    nnodes = int(_arg(cmd, "nnodes"))
-    if nnodes > 1:
-        timeout = _arg(cmd, "rdzv-conf").split("=", 1)[1]
+    n = launch.nnodes
+    if n > 1:
         sys.stderr.write(
-            f"zspeed launch: this is node {_arg(cmd, 'node_rank')} of {nnodes}; the nodes meet at "
-            f"{_arg(cmd, 'master_addr')}:{_arg(cmd, 'master_port')} (rank 0's host). Start the same command on "
-            f"every other host with its own --node_rank (0 to {nnodes - 1}); this one waits up to {timeout} s "
-            f"for them (--join_timeout), then stops.\n")
-    rc = subprocess.call(cmd, env=env)
-    if rc != 0 and nnodes > 1:
+            f"zspeed launch: this is node {launch.node_rank} of {n}; the nodes meet at {launch.master}:{launch.port} "
+            f"(rank 0's host). Start the same command on every other host with its own --node_rank (0 to "
+            f"{n - 1}); this one waits up to {launch.join_timeout} s for them (--join_timeout), then stops.\n")
+    rc = subprocess.call(launch.cmd, env=launch.env)
+    if rc != 0 and n > 1:
         sys.stderr.write(f"zspeed launch: the job ended with status {rc}; if the output above is a rendezvous "
                          f"timeout, a node did not join within --join_timeout: start it with the same command "
                          f"and its --node_rank.\n")
