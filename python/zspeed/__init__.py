@@ -13,6 +13,9 @@ Version attributes follow DeepSpeed's: ``__version__``, ``__version_major__``,
 ``__git_branch__`` (None: a release is not tied to a git checkout)."""
 from ._version import __git_branch__, __git_hash__, __version__
 from ._native import NativeError, ZSpeedError
+from ._user_errors import install as _install_error_hook
+
+_install_error_hook()  # a zspeed error that ends the program prints its message, not a traceback
 
 __all__ = ["__version__", "ZSpeedError", "NativeError", "initialize", "add_config_arguments",
            "init_distributed", "init_inference", "ConfigError", "DeepSpeedConfigError", "ZSpeedEngine", "DeepSpeedEngine", "get_accelerator"]

@@ -23,9 +23,14 @@ already set; zspeed's own CPU optimizer sizes its threads the same way by itself
 Windows has no NCCL: the ranks use Gloo there (zspeed picks it). torch's Windows wheels
 are built without libuv for TCPStore, yet TCPStore asks for it by default, so plain
 torchrun fails there ("use_libuv was requested but PyTorch was built without libuv
-support"): on Windows the agent runs through this module (``python -m zspeed.launch
---torchrun ...``), which gives torchrun's rendezvous a TCPStore that asks for the other
-backend unless USE_LIBUV=1 says otherwise.
+support"): the agent runs through this module (``python -m zspeed.launch --torchrun ...``),
+which on Windows gives torchrun's rendezvous a TCPStore that asks for the other backend
+unless USE_LIBUV=1 says otherwise.
+
+Errors: a zspeed error (ConfigError and the like, a ZSpeedError) that ends the ranks is
+printed once, after the job, naming the ranks that raised it, without tracebacks and without
+torchrun's failure report (which is still printed for ranks that failed another way);
+ZSPEED_TRACEBACK=1 prints every rank's traceback as torchrun would.
 
 Flags that DeepSpeed's launcher has and this one does not (pdsh/mpi launchers,
 autotuning, elastic training, core binding) are refused by name; unknown flags are
@@ -299,8 +304,7 @@ def _build(argv: List[str], environ: Optional[dict] = None) -> _Launch:
         env["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
     if sys.platform == "win32":
         env.setdefault("USE_LIBUV", "0")  # torch's libuv store is missing from some Windows builds
-    agent = ["zspeed.launch", "--torchrun"] if sys.platform == "win32" else ["torch.distributed.run"]
-    cmd = [sys.executable, "-m", *agent, f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, "-m", "zspeed.launch", "--torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
            f"--node_rank={node_rank}", f"--master_addr={master or '127.0.0.1'}", f"--master_port={port}"]
     if nnodes > 1:
         cmd.append(f"--rdzv-conf=timeout={a.join_timeout}")
@@ -383,11 +387,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     return rc
 
 
-def _torchrun_windows(argv: List[str]) -> None:
-    """torchrun (``torch.distributed.run``) with its rendezvous stores made as torch's Windows
-    wheels can make them: the rendezvous creates its TCPStore without saying which backend,
-    TCPStore then asks for libuv, and those builds have none. The rank processes need nothing
-    of this: their env:// rendezvous already picks the other backend on Windows."""
+def _patch_tcpstore_for_windows() -> None:
+    """torchrun's rendezvous stores made as torch's Windows wheels can make them: the rendezvous
+    creates its TCPStore without saying which backend, TCPStore then asks for libuv, and those
+    builds have none. The rank processes need nothing of this: their env:// rendezvous already
+    picks the other backend on Windows."""
     import importlib
 
     import torch.distributed as td
@@ -407,12 +411,60 @@ def _torchrun_windows(argv: List[str]) -> None:
             continue
         if getattr(mod, "TCPStore", None) is base:
             mod.TCPStore = TCPStore
-    from torch.distributed.run import main as torchrun
-    torchrun(argv)
+
+
+def _agent(argv: List[str]) -> int:
+    """The agent zspeed launch starts on each host: torchrun (``torch.distributed.run``) with the
+    ranks' zspeed errors reported once. The ranks write a zspeed error that ends them to a folder
+    made here (zspeed._user_errors); when the job fails, each distinct message is printed once
+    with the ranks that raised it, and torchrun's failure report (its traceback and table) only
+    for ranks that failed another way. ZSPEED_TRACEBACK=1: torchrun's own output, unchanged."""
+    import logging
+    import shutil
+    import tempfile
+
+    from ._user_errors import ENV_ERROR_DIR, job_report, read_records, wants_traceback
+    if sys.platform == "win32":
+        _patch_tcpstore_for_windows()
+    from torch.distributed.run import main as torchrun_main, parse_args, run
+    if wants_traceback():
+        torchrun_main(argv)
+        return 0
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    args = parse_args(argv)
+    folder = tempfile.mkdtemp(prefix="zspeed-errors-")
+    os.environ[ENV_ERROR_DIR] = folder  # the ranks inherit the agent's environment
+    # torchrun logs each failed rank before raising; the report below says the same, once.
+    quiet = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        run(args)
+        return 0
+    except ChildFailedError as e:
+        failures = dict(getattr(e, "failures", {}) or {})
+        text, rest = job_report(read_records(folder), failures.keys())
+        # Ranks torchrun stopped itself (SIGTERM, then SIGKILL) once another had failed.
+        stopped = [r for r in rest if getattr(failures[r], "exitcode", None) in (-15, -9)]
+        others = {r: failures[r] for r in rest if r not in stopped}
+        if not text:
+            sys.stderr.write(e.format_msg() + "\n")
+        else:
+            if others:  # ranks that failed without a zspeed error: torchrun's report of them
+                sys.stderr.write(ChildFailedError(e.name, others).format_msg() + "\n")
+            if stopped:
+                text += (f"zspeed launch: {'rank' if len(stopped) == 1 else 'ranks'} "
+                         f"{', '.join(str(r) for r in stopped)} stopped by the launcher after the error above.\n")
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return 1
+    finally:
+        quiet.setLevel(level)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--torchrun"]:  # the agent zspeed launch starts on Windows
-        _torchrun_windows(sys.argv[2:])
+    if sys.argv[1:2] == ["--torchrun"]:  # the agent zspeed launch starts on each host
+        sys.exit(_agent(sys.argv[2:]))
     else:  # python -m zspeed.launch ARGS is zspeed launch ARGS
         sys.exit(main())
