@@ -138,9 +138,10 @@ split3-bench)
   # ZeRO-3 with both offloads, GPU capped at 24 GiB, micro-batch 8 x 1024, activation
   # checkpointing (issue 30's cases): 3.36B fp32 states and 6.58B int8 states; rows from
   # ZS_SPLIT3_ROWS (default "one over auto deepspeed big-auto"): ratio 1, ratio 1 + overlap_forward,
-  # ratio "auto" + overlap_forward, DeepSpeed, 6.58B int8 "auto" + overlap_forward.
+  # ratio "auto" + overlap_forward, DeepSpeed, 6.58B int8 "auto" + overlap_forward; ZS_SPLIT3_STEPS
+  # timed steps per row (default 5).
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29515
-  Z3="--stage 3 --offload-param cpu --gpu-cap 24 --ckpt --d-model 4096 --heads 32 --batch 8 --steps 5 --warmup 2"
+  Z3="--stage 3 --offload-param cpu --gpu-cap 24 --ckpt --d-model 4096 --heads 32 --batch 8 --steps ${ZS_SPLIT3_STEPS:-5} --warmup 2"
   for row in ${ZS_SPLIT3_ROWS:-one over auto deepspeed big-auto}; do
     case $row in
       one) args="--layers 16 --ratio 1" ;;
