@@ -1,7 +1,7 @@
 """Can the GPU step part of the CPU's share of the optimizer by streaming its state?
 
 At ZeRO-3 with both offloads the step is about the CPU's share of AdamW plus the backward
-(bench/RESULTS.md, "The split at ZeRO-3"), and the CPU's AdamW is bound by host memory
+(bench/RESULTS.md, "The split and overlap_forward at ZeRO-3"), and the CPU's AdamW is bound by host memory
 bandwidth. This benchmark measures, on one machine with a CUDA GPU, the three numbers that
 decide whether a fourth place to step -- fp32 masters and moments kept in page-locked host
 memory, copied to the GPU chunk by chunk, stepped there by torch's fused AdamW, copied back --

@@ -39,7 +39,7 @@ from ._version import __version__
 __all__ = ["install", "uninstall", "installed", "DEEPSPEED_API_VERSION"]
 
 # The DeepSpeed release whose API and documented behaviour zspeed follows (docs/COMPAT.md).
-DEEPSPEED_API_VERSION = "0.19.6"
+DEEPSPEED_API_VERSION = "0.19.8"
 
 _ALIASES = {"deepspeed.zero": "zspeed.runtime.zero"}
 

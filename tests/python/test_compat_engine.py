@@ -251,7 +251,7 @@ class _WithBuffer(torch.nn.Module):
 def test_data_types_buffer_dtype_casts_the_floating_buffers(buffer_dtype, want, stage):
     """data_types.buffer_dtype (DeepSpeed's): the module's floating-point buffers in that dtype at
     initialize (integer buffers untouched); unset, each keeps the dtype it was loaded in (DeepSpeed
-    0.19.6+: an fp32 rotary inv_freq stays exact in a bf16 model); a name that is no dtype is refused."""
+    0.19.2+: an fp32 rotary inv_freq stays exact in a bf16 model); a name that is no dtype is refused."""
     c = cfg(bf16={"enabled": True}, zero_optimization={"stage": stage})
     if buffer_dtype is not None:
         c["data_types"] = {"buffer_dtype": buffer_dtype}

@@ -445,7 +445,7 @@ SCHEMA: dict[str, S] = {
         "param_dtype": K(None, (str, type(None)), "dtype of the parameters (must match fp16/bf16)",
                          check=lambda v: None if v.lower() in _DTYPE_NAMES else "must be fp32, fp16 or bf16"),
         "buffer_dtype": K(None, (str, type(None)), "dtype the module's floating-point buffers are cast to at "
-                          "initialize (null: each keeps the dtype it was loaded in, as DeepSpeed 0.19.6+ does)",
+                          "initialize (null: each keeps the dtype it was loaded in, as DeepSpeed 0.19.2+ does)",
                           check=lambda v: None if v.lower() in _DTYPE_NAMES else "must be fp32, fp16 or bf16"),
         "keep_in_fp32_modules": K("auto", (str, list), "floating-point buffers kept in fp32 under fp16/bf16: "
                                   "\"auto\" (the names a transformers model lists in _keep_in_fp32_modules_strict, "
