@@ -434,6 +434,7 @@ def main():
         "host_rss_gib_per_rank": [r["host_rss_gib"] for r in per_rank],
         "init_s": round(t_init, 1), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
         "cpu_threads": torch.get_num_threads(),
+        "cpu_share": getattr(getattr(engine, "optimizer_path", None), "cpu_share", None) if a.impl == "zspeed" else None,
     }
     print(f"{a.impl}: {nparams / 1e9:.2f}B params, median step {med:.3f}s (mean {res['step_mean_s']:.3f}s) "
           f"(fwd+bwd {res['fwd_bwd_s']:.3f}s + optimizer {res['opt_step_s']:.3f}s), "

@@ -80,8 +80,11 @@ def main() -> int:
         given = plan(m, gpu_memory=24, host_memory=125, batch=8, seq=1024, ckpt=ckpt, fwd_bwd_seconds=got["fwd_bwd_s"],
                      cpu_seconds_per_element=mm["cpu_ns"] * 1e-9, int8_seconds_per_element=mm["int8_ns"] * 1e-9,
                      gpu_seconds_per_element=mm["gpu_ns"] * 1e-9)
+        share = got.get("cpu_share")
         print(f"{name}: {layers} x {d}{' ckpt' if ckpt else ''}: measured step {got['step_s']:.3f} s (forward+"
-              f"backward {got['fwd_bwd_s']:.3f} s, peak {got['peak_reserved_gib']:.2f} GiB reserved); planner "
+              f"backward {got['fwd_bwd_s']:.3f} s, optimizer call {got.get('opt_step_s', float('nan')):.3f} s, CPU "
+              f"share {'-' if share is None else format(share, '.3f')}, peak {got['peak_reserved_gib']:.2f} GiB "
+              f"reserved); planner "
               f"forward+backward {mm['fwd_bwd_s']:.3f} s ({mm['fwd_bwd_from']}; + {mm['fetch_s']:.3f} s of ZeRO-3 "
               f"weight fetches), CPU Adam {mm['cpu_ns']:.3f} ns (int8 {mm['int8_ns']:.3f}), GPU AdamW "
               f"{mm['gpu_ns']:.4f} ns", flush=True)
@@ -90,7 +93,8 @@ def main() -> int:
             q = c.step_s / got["step_s"]
             worst[how] = max(worst[how], abs(q - 1))
             print(f"  {c.name:<60} {how:<24} predicted {c.step_s:.3f} s  measured {got['step_s']:.3f} s  "
-                  f"ratio {q:.2f}", flush=True)
+                  f"ratio {q:.2f} (planner's CPU share {c.cpu_share:.3f}, CPU step {c.cpu_step_s or 0:.3f} s)",
+                  flush=True)
     print("RESULT worst deviation: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items()))
     return 0
 
