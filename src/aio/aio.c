@@ -1,6 +1,8 @@
 /* aio.c - the aio engine's front end: backend choice, handles, splitting
  * requests into pieces and queueing them, waiting, statistics. The per-piece
- * logic the backends share is in aio_piece.c. */
+ * logic the backends share is in aio_piece.c. Calls run one way: aio.c ->
+ * the backends (their tables) -> aio_piece.c -> aio_file.c, and aio.c ->
+ * aio_piece.c, aio_file.c, aio_probe.c; nothing calls back into aio.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,14 +226,6 @@ static size_t zs__aio_split(zs__aio_req *r, char *buf, uint64_t off,
     for (i = 0; i < n; i++) ops[i].req = r;
   }
   return n;
-}
-
-void zs__aio_busy_begin(zs_aio *h) {
-  if (h->inflight_reqs++ == 0) h->busy_since = zs__now_ns();
-}
-
-void zs__aio_busy_end(zs_aio *h) {
-  if (--h->inflight_reqs == 0) h->st.busy_ns += zs__now_ns() - h->busy_since;
 }
 
 static int64_t zs__aio_submit(zs_aio *h, zs_aio_file *f, int own, void *buf,

@@ -107,8 +107,8 @@ extern const zs__aio_vt zs__aio_iocp_vt;
  * public copy of this. */
 int zs__aio_backend_usable(int backend, const char **why);
 
-/* Busy-time accounting (under the handle mutex): a request started or
- * completed. */
+/* aio_piece.c: busy-time accounting (under the handle mutex): a request
+ * started or completed. */
 void zs__aio_busy_begin(zs_aio *h);
 void zs__aio_busy_end(zs_aio *h);
 

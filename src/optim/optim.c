@@ -2,7 +2,9 @@
  * is written, derives the fp32 constants of the step once, picks the kernel
  * table of the current SIMD level and runs it over fixed ZS_OPTIM_CHUNK
  * chunks on the thread pool. Also the 8-bit block loop around the kernels'
- * block passes and the grad-stats reduction. */
+ * block passes and the grad-stats reduction. Of the kernel files it uses
+ * their tables only (declared in optim_internal.h); they call nothing
+ * here. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -493,8 +495,8 @@ int zs_adam_q8_dequantize(const int8_t *m, const float *m_scale,
     memset(vq, 0, sizeof vq);
     if (m_out) memcpy(mq, m + b, len);
     if (v_out) memcpy(vq, v + b, len);
-    zs__q8_dequant_scalar(mq, m_out ? m_scale[blk] : 0.0f, vq,
-                          v_out ? v_scale[blk] : 0.0f, mt, vt);
+    zs__q8_dequant_block(mq, m_out ? m_scale[blk] : 0.0f, vq,
+                         v_out ? v_scale[blk] : 0.0f, mt, vt);
     if (m_out) memcpy(m_out + b, mt, len * sizeof(float));
     if (v_out) memcpy(v_out + b, vt, len * sizeof(float));
   }
@@ -527,7 +529,7 @@ int zs_adam_q8_quantize(const float *m, const float *v, size_t n, int8_t *m_q,
       m_scale[blk] = zs__maxps(fabsf(mt[i]), m_scale[blk]);
       v_scale[blk] = zs__maxps(vt[i], v_scale[blk]);
     }
-    zs__q8_quant_scalar(mt, vt, m_scale[blk], v_scale[blk], mq, vq);
+    zs__q8_quant_block(mt, vt, m_scale[blk], v_scale[blk], mq, vq);
     memcpy(m_q + b, mq, len);
     memcpy(v_q + b, vq, len);
   }

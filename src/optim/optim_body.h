@@ -1,11 +1,13 @@
 /* optim_body.h - the vector kernels, written once for every ISA. Each
  * per-ISA file (optim_avx2.c, optim_avx512.c, optim_neon.c) includes its
  * vector layer (optim_vec_<isa>.h) and then this body, which defines the
- * static kernels its zs__optim_kernels table points at. Each kernel does
- * exactly the operations of the scalar reference (optim_scalar.c) in the
- * same order: one zv_fma for each zs__fmaf, plain multiplies, divides and
- * square roots elsewhere, so every ISA gives the scalar reference's bits.
- * Tails run the same vector body on zero-padded copies.
+ * static kernels its zs__optim_kernels table points at; nothing else
+ * includes it. Each kernel does exactly the operations of the scalar
+ * reference (optim_scalar.c) in the same order: one zv_fma for each
+ * zs__fmaf, plain multiplies, divides and square roots elsewhere, so every
+ * ISA gives the scalar reference's bits. Adam's arithmetic is not repeated
+ * here: both run the one copy in optim_adam.h. Tails run the same vector
+ * body on zero-padded copies.
  *
  * The vector layer (optim_vec_neon.h; optim_vec_avx2.h and
  * optim_vec_avx512.h, which share optim_vec_x86.h) defines ZS__VW (fp32
@@ -46,6 +48,8 @@
 #if 16 % ZS__VW != 0 || ZS_OPTIM_QBLOCK % ZS__VW != 0
 #  error "ZS__VW must divide 16 and ZS_OPTIM_QBLOCK"
 #endif
+
+#include "optim/optim_adam.h"
 
 /* ------------------------------------------------------------ spans */
 
@@ -128,31 +132,8 @@ ZS__FORCE_INLINE void vec_span(const zs__optim_args *a, size_t n,
 
 /* ------------------------------------------------------------------ Adam */
 
-/* The Adam update of one vector, in two parts: the moments (g, p in; m,
- * v updated; returns s = sqrt(v)), then the parameter from m and s (see
- * optim_scalar.c). */
-ZS__FORCE_INLINE zv_f32 adam_moments(const zs__optim_args *a, zv_f32 g,
-                                     zv_f32 p, zv_f32 *m, zv_f32 *v) {
-  zv_f32 s;
-  if (a->l2) g = zv_fma(zv_set1(a->wd), p, g);
-  *m = zv_fma(zv_set1(a->b1), *m, zv_mul(zv_set1(a->omb1), g));
-  *v = zv_fma(zv_mul(zv_set1(a->omb2), g), g, zv_mul(zv_set1(a->b2), *v));
-  s = zv_sqrt(*v);
-  if (a->clamp) {
-    zv_f32 lim = zv_mul(zv_set1(a->clampc), s);
-    *m = zv_max(*m, zv_neg(lim));
-    *m = zv_min(*m, lim);
-  }
-  return s;
-}
-
-ZS__FORCE_INLINE zv_f32 adam_param(const zs__optim_args *a, zv_f32 p,
-                                   zv_f32 m, zv_f32 s) {
-  zv_f32 den = zv_fma(s, zv_set1(a->rbc2), zv_set1(a->eps));
-  p = zv_mul(p, zv_set1(a->decay));
-  return zv_fma(zv_set1(a->neg_step), zv_div(m, den), p);
-}
-
+/* The Adam update of one vector: adam_moments, then adam_param
+ * (optim_adam.h, the arithmetic the scalar reference runs too). */
 ZS__FORCE_INLINE void adam_body(const zs__optim_args *a, size_t i) {
   zv_f32 g = zv_mul(zv_load(a->grad, a->gd, i), zv_set1(a->gs));
   zv_f32 p = zv_load(a->param, a->pd, i);

@@ -4,10 +4,13 @@
  * Kernels see the pointers of their chunk already advanced to its first
  * element and index from 0; the 8-bit block loop, which needs absolute
  * block numbers for the scales, lives in the driver and calls the kernels'
- * two block passes. Dependencies run one way: optim.c picks a kernel table
- * (optim_scalar.c, or optim_avx2.c, optim_avx512.c, optim_neon.c, which are
- * optim_body.h over one vector layer each), and no kernel file calls back
- * into the driver. */
+ * two block passes. Dependencies run one way, with this file at the bottom:
+ *   optim.c -> the kernel tables declared below, nothing else of the kernel
+ *              files;
+ *   optim_scalar.c      = optim_vec_scalar.h + optim_adam.h + its loops;
+ *   optim_<isa>.c       = optim_vec_<isa>.h + optim_body.h (which includes
+ *                         optim_adam.h), for avx2, avx512 and neon;
+ * and no kernel file or header calls or includes the driver. */
 #ifndef ZS_OPTIM_INTERNAL_H
 #define ZS_OPTIM_INTERNAL_H
 
@@ -264,11 +267,44 @@ static inline int zs__q8_round(float t, float e) {
 
 #define ZS__Q_TMIN 1.17549435e-38f /* FLT_MIN */
 
-/* The scalar reference's conversions of one block (optim_scalar.c), also
- * behind zs_adam_q8_quantize and zs_adam_q8_dequantize. */
-void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
-                           float vs, float *m, float *v);
-void zs__q8_quant_scalar(const float *m, const float *s, float mmax,
-                         float smax, int8_t *mq, uint8_t *vq);
+/* Dequantization of one element (the order of operations every ISA
+ * uses). */
+static inline void zs__q8_dequant1(int8_t cm, float ms, uint8_t cv, float vs,
+                                   float *m, float *v) {
+  float t = (float)cm * ZS__Q_INV127;
+  float u = (float)cv * ZS__Q_INV255;
+  float s = (u * u) * vs;
+  *m = (t * fabsf(t)) * ms;
+  *v = s * s;
+}
+
+/* The scalar conversions of one block of ZS_OPTIM_QBLOCK elements: the
+ * scalar reference's (optim_scalar.c) and those behind zs_adam_q8_quantize
+ * and zs_adam_q8_dequantize (optim.c). Here rather than in either file, so
+ * that the driver needs nothing of a kernel file but its table. */
+static inline void zs__q8_dequant_block(const int8_t *mq, float ms,
+                                        const uint8_t *vq, float vs, float *m,
+                                        float *v) {
+  int i;
+  for (i = 0; i < ZS_OPTIM_QBLOCK; i++)
+    zs__q8_dequant1(mq[i], ms, vq[i], vs, m + i, v + i);
+}
+
+/* Codes of the block's m and s = sqrt(v) against the maxima mmax and
+ * smax (the maps above, with a correctly rounded square root as the
+ * estimate). */
+static inline void zs__q8_quant_block(const float *m, const float *s,
+                                      float mmax, float smax, int8_t *mq,
+                                      uint8_t *vq) {
+  float cm = zs__q8_coef(mmax, 16129.0f), cs = zs__q8_coef(smax, 65025.0f);
+  int i;
+  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
+    float tm = zs__maxps(fabsf(m[i]) * cm, ZS__Q_TMIN);
+    float ts = zs__maxps(s[i] * cs, ZS__Q_TMIN);
+    int qm = zs__q8_round(tm, sqrtf(tm)), qv = zs__q8_round(ts, sqrtf(ts));
+    mq[i] = (int8_t)(m[i] < 0.0f ? -qm : qm);
+    vq[i] = (uint8_t)qv;
+  }
+}
 
 #endif

@@ -2,45 +2,26 @@
  * mirrored one for one by the vector kernels (optim_body.h): fmaf exactly
  * where they use a fused multiply-add, plain multiplies, divides and square
  * roots elsewhere, so all ISAs produce the same bits. Written element by
- * element for clarity; speed comes from the vector kernels. zs__fmaf
+ * element for clarity; speed comes from the vector kernels. Adam's
+ * arithmetic is the one copy in optim_adam.h, which the vector kernels run
+ * too, here over the one-lane layer optim_vec_scalar.h. zs__fmaf
  * (optim_internal.h) is used instead of the C library's fmaf, which is not
- * always correctly rounded. */
-#include "optim/optim_internal.h"
+ * always correctly rounded. This file defines only the zs__optim_scalar
+ * table and calls nothing of the driver (optim.c). */
 
 /* fmaf must stay fmaf and a*b+c must stay two roundings: forbid contraction
  * where the compiler supports the standard pragma (GCC ignores it, but GCC
- * does not contract in ISO C mode). */
+ * does not contract in ISO C mode). Before the includes, so that it covers
+ * the arithmetic of optim_adam.h too. */
 #if defined(__clang__)
 #  pragma STDC FP_CONTRACT OFF
 #endif
 
-/* The Adam update of one element, in two parts: the moments (g, p in; m,
- * v updated; returns s = sqrt(v)), then the parameter from m and s. The
- * fp32/bf16-state span runs both per element, the 8-bit blocks one pass
- * each; the arithmetic is the same. */
-static inline float adam_moments(const zs__optim_args *a, float g, float p,
-                                 float *m, float *v) {
-  float s;
-  if (a->l2) g = zs__fmaf(a->wd, p, g);
-  *m = zs__fmaf(a->b1, *m, a->omb1 * g);
-  *v = zs__fmaf(a->omb2 * g, g, a->b2 * *v);
-  s = sqrtf(*v);
-  if (a->clamp) {
-    float lim = a->clampc * s;
-    *m = zs__maxps(*m, -lim);
-    *m = zs__minps(*m, lim);
-  }
-  return s;
-}
+#include "optim/optim_vec_scalar.h"
 
-static inline float adam_param(const zs__optim_args *a, float p, float m,
-                               float s) {
-  float den = zs__fmaf(s, a->rbc2, a->eps);
-  p = p * a->decay;
-  return zs__fmaf(a->neg_step, m / den, p);
-}
+#include "optim/optim_adam.h"
 
-static void adam_span(const zs__optim_args *a0, size_t n) {
+static void scalar_adam(const zs__optim_args *a0, size_t n) {
   zs__optim_args own = *a0; /* private: stores through the buffers cannot alias it */
   const zs__optim_args *a = &own;
   size_t i;
@@ -58,45 +39,17 @@ static void adam_span(const zs__optim_args *a0, size_t n) {
   }
 }
 
-/* Dequantization of one element (the order of operations every ISA uses). */
-static inline void q8_dequant1(int8_t cm, float ms, uint8_t cv, float vs,
-                               float *m, float *v) {
-  float t = (float)cm * ZS__Q_INV127;
-  float u = (float)cv * ZS__Q_INV255;
-  float s = (u * u) * vs;
-  *m = (t * fabsf(t)) * ms;
-  *v = s * s;
-}
-
-void zs__q8_dequant_scalar(const int8_t *mq, float ms, const uint8_t *vq,
-                           float vs, float *m, float *v) {
-  int i;
-  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) q8_dequant1(mq[i], ms, vq[i], vs, m + i, v + i);
-}
-
-void zs__q8_quant_scalar(const float *m, const float *s, float mmax,
-                         float smax, int8_t *mq, uint8_t *vq) {
-  float cm = zs__q8_coef(mmax, 16129.0f), cs = zs__q8_coef(smax, 65025.0f);
-  int i;
-  for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
-    float tm = zs__maxps(fabsf(m[i]) * cm, ZS__Q_TMIN);
-    float ts = zs__maxps(s[i] * cs, ZS__Q_TMIN);
-    int qm = zs__q8_round(tm, sqrtf(tm)), qv = zs__q8_round(ts, sqrtf(ts));
-    mq[i] = (int8_t)(m[i] < 0.0f ? -qm : qm);
-    vq[i] = (uint8_t)qv;
-  }
-}
-
-static void q8_moments(const zs__optim_args *a, const int8_t *mq, float ms,
-                       const uint8_t *vq, float vs, float *mt, float *st,
-                       float *mmax, float *smax) {
+static void scalar_q8_moments(const zs__optim_args *a, const int8_t *mq,
+                              float ms, const uint8_t *vq, float vs,
+                              float *mt, float *st, float *mmax,
+                              float *smax) {
   float mx = 0.0f, sx = 0.0f;
   int i;
   for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
     float g = zs__load(a->grad, a->gd, (size_t)i) * a->gs;
     float p = a->l2 ? zs__load(a->param, a->pd, (size_t)i) : 0.0f;
     float m, v, s;
-    q8_dequant1(mq[i], ms, vq[i], vs, &m, &v);
+    zs__q8_dequant1(mq[i], ms, vq[i], vs, &m, &v);
     s = adam_moments(a, g, p, &m, &v);
     mt[i] = m;
     st[i] = s;
@@ -107,20 +60,20 @@ static void q8_moments(const zs__optim_args *a, const int8_t *mq, float ms,
   *smax = sx;
 }
 
-static void q8_finish(const zs__optim_args *a, const float *mt,
-                      const float *st, float mmax, float smax, int8_t *mq,
-                      uint8_t *vq) {
+static void scalar_q8_finish(const zs__optim_args *a, const float *mt,
+                             const float *st, float mmax, float smax,
+                             int8_t *mq, uint8_t *vq) {
   int i;
   for (i = 0; i < ZS_OPTIM_QBLOCK; i++) {
     float p = adam_param(a, zs__load(a->param, a->pd, (size_t)i), mt[i], st[i]);
     zs__store(a->param, a->pd, (size_t)i, p);
     if (a->out) zs__store(a->out, a->od, (size_t)i, p);
   }
-  zs__q8_quant_scalar(mt, st, mmax, smax, mq, vq);
+  zs__q8_quant_block(mt, st, mmax, smax, mq, vq);
 }
 
-static void adagrad(const zs__optim_args *a0, size_t n) {
-  zs__optim_args own = *a0; /* private (see adam_span) */
+static void scalar_adagrad(const zs__optim_args *a0, size_t n) {
+  zs__optim_args own = *a0; /* private (see scalar_adam) */
   const zs__optim_args *a = &own;
   size_t i;
   for (i = 0; i < n; i++) {
@@ -138,8 +91,8 @@ static void adagrad(const zs__optim_args *a0, size_t n) {
   }
 }
 
-static void lion(const zs__optim_args *a0, size_t n) {
-  zs__optim_args own = *a0; /* private (see adam_span) */
+static void scalar_lion(const zs__optim_args *a0, size_t n) {
+  zs__optim_args own = *a0; /* private (see scalar_adam) */
   const zs__optim_args *a = &own;
   size_t i;
   for (i = 0; i < n; i++) {
@@ -158,8 +111,8 @@ static void lion(const zs__optim_args *a0, size_t n) {
   }
 }
 
-static double sumsq(const void *g, int dt, float scale, size_t begin,
-                    size_t end) {
+static double scalar_sumsq(const void *g, int dt, float scale, size_t begin,
+                           size_t end) {
   double lane[16] = {0}, total = 0.0;
   size_t i;
   int l;
@@ -172,4 +125,5 @@ static double sumsq(const void *g, int dt, float scale, size_t begin,
 }
 
 const zs__optim_kernels zs__optim_scalar = {
-    "scalar", adam_span, {q8_moments, q8_finish}, adagrad, lion, sumsq};
+    "scalar", scalar_adam, {scalar_q8_moments, scalar_q8_finish},
+    scalar_adagrad, scalar_lion, scalar_sumsq};

@@ -1,7 +1,9 @@
 /* swap.c - the NVMe optimizer swapper: creation (file layout, buffers,
- * aio handle), hyperparameters, per-partition state access for
- * checkpoints, information and statistics. The pipelined step is in
- * swap_step.c. */
+ * aio handle), the slots of the file (reserve, commit, unreserve), the
+ * checks and the kernel call the other swap files share, hyperparameters,
+ * information and statistics. The per-partition state access for
+ * checkpoints is in swap_state.c, the pipelined step in swap_step.c; both
+ * build on this file, which calls neither (below all three: swap_lock.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,17 @@ void zs_swap_step_args_init(zs_swap_step_args *a) {
   a->out_dtype = ZS_DTYPE_BF16;
   a->grad_scale = 1.0;
   a->lr = -1;
+}
+
+int zs__swap_check_complete(const zs_swap *s, const char *fn) {
+  int i, done = 0;
+  if (!s || !s->inc_step) return 0;
+  for (i = 0; i < s->nparts; i++) done += s->parts[i].state == ZS__PART_DONE;
+  return zs__fail(ZS_ESTATE, "%s: resumable step %lld stopped partway (%d of "
+                  "%d partitions are stepped); call zs_swap_step again to "
+                  "complete it, or zs_swap_abandon_step to return every "
+                  "partition to step %lld, first", fn, (long long)s->inc_step,
+                  done, s->nparts, (long long)s->steps);
 }
 
 int zs__swap_fault(int write, int part) {

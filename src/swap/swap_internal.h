@@ -1,5 +1,10 @@
-/* swap_internal.h - the swapper's handle, shared by swap.c (creation,
- * state access) and swap_step.c (the pipelined step). */
+/* swap_internal.h - the swapper's handle, shared by the files of the swap
+ * area. Their calls run one way:
+ *   swap_state.c (state access) and swap_step.c (the pipelined step)
+ *     -> swap.c (creation, slots, checks, the kernel call)
+ *     -> swap_lock.c (holding the file);
+ * nothing calls up, and swap_state.c and swap_step.c call each other in
+ * nothing. */
 #ifndef ZS_SWAP_INTERNAL_H
 #define ZS_SWAP_INTERNAL_H
 
@@ -83,19 +88,13 @@ int zs__swap_unlink_owned(const char *path, intptr_t *owner);
 /* Releases an owner handle (-1 is ignored). */
 void zs__swap_release(intptr_t owner);
 
+/* ------------------------------------------------- swap.c, for the others */
+
 /* ZS_ESTATE naming fn if a resumable step is incomplete (calls that write
  * state must wait for it to be completed or abandoned). */
 int zs__swap_check_complete(const zs_swap *s, const char *fn);
-/* The buffer the state calls use as scratch: buffer 0, or (while a
- * resumable step is incomplete) the spare one, allocated on first use. */
-int zs__swap_scratch(zs_swap *s, void **buf);
-
 /* Size in bytes of one state element (1 for Q8). */
 size_t zs__swap_state_es(int state_dtype);
-/* Reads / writes one image of one partition at file offset off
- * synchronously through the aio handle, applying the "swap.read" /
- * "swap.write" fault sites. */
-int zs__swap_io(zs_swap *s, int part, int64_t off, void *buf, int write);
 /* Where part's next image goes: its reserved offset if it has one, else a
  * new reservation (two slots: the slot not committed; compact: a free slot
  * of its class, of which there is always one while at most buffer_count

@@ -5,7 +5,9 @@
  * succeeded, so a failure keeps the old state. These calls use buffer 0 as scratch (no step runs
  * at the same time: one call at a time per handle); while a resumable step
  * is incomplete the buffers hold images still to be written, so the reads
- * use a spare buffer then and the writes are refused. */
+ * use a spare buffer then and the writes are refused. Built on swap.c's
+ * slots (reserve, commit, unreserve) and its checks; swap.c calls nothing
+ * here. */
 #include <string.h>
 
 #include "swap/swap_internal.h"
@@ -18,18 +20,9 @@ static int check_part(const zs_swap *s, int part, const char *fn) {
   return 0;
 }
 
-int zs__swap_check_complete(const zs_swap *s, const char *fn) {
-  int i, done = 0;
-  if (!s || !s->inc_step) return 0;
-  for (i = 0; i < s->nparts; i++) done += s->parts[i].state == ZS__PART_DONE;
-  return zs__fail(ZS_ESTATE, "%s: resumable step %lld stopped partway (%d of "
-                  "%d partitions are stepped); call zs_swap_step again to "
-                  "complete it, or zs_swap_abandon_step to return every "
-                  "partition to step %lld, first", fn, (long long)s->inc_step,
-                  done, s->nparts, (long long)s->steps);
-}
-
-int zs__swap_scratch(zs_swap *s, void **buf) {
+/* The buffer these calls use as scratch: buffer 0, or (while a resumable
+ * step is incomplete) the spare one, allocated on first use. */
+static int scratch(zs_swap *s, void **buf) {
   if (!s->inc_step) {
     *buf = s->bufs[0];
     return 0;
@@ -45,7 +38,11 @@ int zs__swap_scratch(zs_swap *s, void **buf) {
   return 0;
 }
 
-int zs__swap_io(zs_swap *s, int part, int64_t off, void *buf, int write) {
+/* Reads / writes one image of one partition at file offset off
+ * synchronously through the aio handle, applying the "swap.read" /
+ * "swap.write" fault sites. */
+static int image_io(zs_swap *s, int part, int64_t off, void *buf,
+                    int write) {
   zs__swap_part *p = &s->parts[part];
   int rc = write ? zs_aio_write(s->aio, s->file, buf, p->slot, off)
                  : zs_aio_read(s->aio, s->file, buf, p->slot, off);
@@ -65,7 +62,7 @@ int zs__swap_io(zs_swap *s, int part, int64_t off, void *buf, int write) {
  * image only once the write succeeded. */
 static int commit_buf0(zs_swap *s, int part) {
   int64_t off = zs__swap_reserve(s, part);
-  int rc = off < 0 ? (int)off : zs__swap_io(s, part, off, s->bufs[0], 1);
+  int rc = off < 0 ? (int)off : image_io(s, part, off, s->bufs[0], 1);
   if (rc < 0) {
     zs__swap_unreserve(s, part);
     return rc;
@@ -187,8 +184,8 @@ int zs_swap_get_state(zs_swap *s, int part, float *param, float *m, float *v) {
   if ((rc = check_state_ptrs(s, fn, m, v)) < 0) return rc;
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
   p = &s->parts[part];
-  if ((rc = zs__swap_scratch(s, (void **)&b)) < 0) return rc;
-  if ((rc = zs__swap_io(s, part, p->loc, b, 0)) < 0) return rc;
+  if ((rc = scratch(s, (void **)&b)) < 0) return rc;
+  if ((rc = image_io(s, part, p->loc, b, 0)) < 0) return rc;
   if (param) memcpy(param, b + p->param_off, p->n * 4);
   if (s->state_dtype == ZS_DTYPE_Q8) {
     if (m || v)
@@ -247,8 +244,8 @@ int zs_swap_read_arrays(zs_swap *s, int part, float *param, void *m, void *v,
   if ((rc = check_arrays(s, fn, m, v, m_scale, v_scale)) < 0) return rc;
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
   dst[0] = param, dst[1] = m, dst[2] = v, dst[3] = m_scale, dst[4] = v_scale;
-  if ((rc = zs__swap_scratch(s, &b)) < 0) return rc;
-  if ((rc = zs__swap_io(s, part, s->parts[part].loc, b, 0)) < 0) return rc;
+  if ((rc = scratch(s, &b)) < 0) return rc;
+  if ((rc = image_io(s, part, s->parts[part].loc, b, 0)) < 0) return rc;
   array_spans(s, part, off, bytes);
   for (i = 0; i < 5; i++)
     if (dst[i] && off[i] >= 0)
@@ -272,7 +269,7 @@ int zs_swap_write_arrays(zs_swap *s, int part, const float *param,
   /* The arrays not named keep their bytes: start from the committed image
    * (or from zeros when the partition holds no state yet). */
   if (p->ready) {
-    if ((rc = zs__swap_io(s, part, p->loc, s->bufs[0], 0)) < 0) return rc;
+    if ((rc = image_io(s, part, p->loc, s->bufs[0], 0)) < 0) return rc;
   } else {
     memset(s->bufs[0], 0, (size_t)p->slot);
   }
@@ -315,8 +312,8 @@ int zs_swap_read_image(zs_swap *s, int part, void *buf, int64_t len) {
                     "(zs_swap_image_bytes), got %lld", fn,
                     (long long)s->parts[part].image, (long long)len);
   if ((rc = check_ready(s, part, fn)) < 0) return rc;
-  if ((rc = zs__swap_scratch(s, &b)) < 0) return rc;
-  if ((rc = zs__swap_io(s, part, s->parts[part].loc, b, 0)) < 0) return rc;
+  if ((rc = scratch(s, &b)) < 0) return rc;
+  if ((rc = image_io(s, part, s->parts[part].loc, b, 0)) < 0) return rc;
   memcpy(buf, b, (size_t)len);
   return 0;
 }
