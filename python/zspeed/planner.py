@@ -301,15 +301,21 @@ class PlanReport:
                  + (f"{m['disk_gib']:.0f} GiB disk" if m.get("disk_gib") else "no NVMe disk given")
                  + f", {m['cores']} cores (CPU Adam {m['cpu_ns']:.2f} ns/element measured here"
                  + (f", scaled to {m['cores']} cores" if m.get("scaled") else "") + ")", ""]
-        head = (f"  {'configuration':<52} {'fits':<5} {'GPU GiB':>8} {'host GiB':>9} {'NVMe GiB':>9} {'CPU step':>9}"
-                f" {'step':>8}")
+        # The columns are as wide as their widest cell (a label such as "ZeRO-3, both offloaded,
+        # int8 states, ratio auto (GPU takes 83%)" widens the first): every row lines up.
+        titles = ("configuration", "fits", "GPU GiB", "host GiB", "NVMe GiB", "CPU step", "step")
+        rows = [(c.name, "yes" if c.fits else "no", f"{c.total('gpu') / GiB:.2f}",
+                 f"{c.total('host') * m['gpus'] / GiB:.2f}", f"{c.total('nvme') * m['gpus'] / GiB:.2f}",
+                 f"{c.cpu_step_s:.2f} s" if c.cpu_step_s is not None else "-",
+                 f"{c.step_s:.2f} s" if c.step_s is not None else "-") for c in self.candidates]
+        widths = [max(len(r[i]) for r in [titles, *rows]) for i in range(len(titles))]
+
+        def row(cells) -> str:  # the first two columns left-aligned, the numbers right-aligned
+            return "  " + "  ".join(t.ljust(w) if i < 2 else t.rjust(w) for i, (t, w) in enumerate(zip(cells, widths)))
+        head = row(titles)
         lines += [head, "  " + "-" * (len(head) - 2)]
-        for c in self.candidates:
-            cpu = f"{c.cpu_step_s:.2f} s" if c.cpu_step_s is not None else "-"
-            step = f"{c.step_s:.2f} s" if c.step_s is not None else "-"
-            lines.append(f"  {c.name:<52} {'yes' if c.fits else 'no':<5} {c.total('gpu') / GiB:>8.2f} "
-                         f"{c.total('host') * m['gpus'] / GiB:>9.2f} {c.total('nvme') * m['gpus'] / GiB:>9.2f} "
-                         f"{cpu:>9} {step:>8}")
+        for c, cells in zip(self.candidates, rows):
+            lines.append(row(cells))
             for w in c.why:
                 lines.append(f"      does not fit: {w}")
         best = self.best

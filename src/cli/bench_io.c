@@ -2,10 +2,16 @@
  * aio engine on one file, like DeepSpeed's ds_io and fio. Each loop moves
  * the whole file through one reused buffer, submitting every request at
  * once so the engine keeps queue_depth blocks in flight per lane; the
- * result is the median GB/s (10^9 bytes/s) over the loops. */
+ * result is the median GB/s (10^9 bytes/s) over the loops. Without --file
+ * the file is zspeed's own scratch file (DIR/zspeed_bench_io.bin), removed
+ * when the command ends: done, failed or interrupted (SIGINT, SIGTERM). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef _WIN32
+#  include <unistd.h>
+#endif
 
 #include "zs_cli.h"
 #include "zs_internal.h"
@@ -20,8 +26,11 @@ typedef struct {
 static void bio_usage(FILE *out) {
   fprintf(out,
           "usage: zspeed bench io [options]\n\n"
-          "  --file PATH          file to use (created/extended as needed)\n"
-          "  --folder DIR         use DIR/zspeed_bench_io.bin instead\n"
+          "  --folder DIR         where the scratch file zspeed_bench_io.bin goes\n"
+          "                       (default: the current folder); it is removed\n"
+          "                       when the command ends, even on error or Ctrl-C\n"
+          "  --file PATH          use PATH instead (created/extended as needed)\n"
+          "                       and keep it afterwards\n"
           "  --size N             bytes to move per loop (default 1G; K/M/G)\n"
           "  --block-size N       aio block size (default 1M)\n"
           "  --queue-depth N      blocks in flight per thread (default 32)\n"
@@ -37,6 +46,33 @@ static void bio_usage(FILE *out) {
           "  --json               one JSON object per direction\n");
 }
 
+/* The scratch file's path while the signal handlers are in place. */
+static char bio_scratch[1024];
+static volatile sig_atomic_t bio_stop;
+
+/* SIGINT/SIGTERM while a scratch file exists. POSIX: unlink() and raise()
+ * are async-signal-safe, so the handler removes the file and the command dies
+ * of the signal at once (a request stuck on a dead disk cannot hold it up;
+ * the space comes back when the process's descriptor closes). Windows runs
+ * the handler on another thread and cannot delete a file that is open: it
+ * sets bio_stop, the loops stop submitting and drain, bio_run closes and
+ * removes the file and raises the signal again; a second Ctrl-C ends the
+ * command at once. */
+static void bio_on_signal(int sig) {
+#ifndef _WIN32
+  static const char msg[] = "zspeed bench io: interrupted (scratch file removed)\n";
+  unlink(bio_scratch);
+  if (write(2, msg, sizeof msg - 1) < 0) {
+    /* nothing to do: the command is ending */
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+#else
+  bio_stop = sig;
+  signal(sig, SIG_DFL);
+#endif
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -49,6 +85,7 @@ static double bio_pass(zs_aio *h, zs_aio_file *f, void *buf,
   int64_t off, rc;
   for (off = 0; off < o->size; off += o->buffer) {
     int64_t len = ZS_MIN(o->buffer, o->size - off);
+    if (bio_stop) break;
     rc = write ? zs_aio_pwrite(h, f, buf, len, off) : zs_aio_pread(h, f, buf, len, off);
     if (rc < 0) {
       *err = (int)rc;
@@ -61,6 +98,7 @@ static double bio_pass(zs_aio *h, zs_aio_file *f, void *buf,
     *err = (int)rc;
     return -1;
   }
+  if (bio_stop) return -1; /* *err stays 0: interrupted */
   return (double)(zs__now_ns() - t0) / 1e9;
 }
 
@@ -71,7 +109,8 @@ static int bio_run(zs__bio_opts *o) {
   void *buf = NULL;
   char path[1024];
   unsigned flags = ZS_AIO_RDWR | ZS_AIO_CREATE;
-  int rc, dir, locked = 0, err = 0, ret = 1;
+  int rc, dir, locked = 0, err = 0, ret = 1, scratch = !o->file;
+  int caught = 0; /* the scratch file's signal handlers are in place */
   double *gbs = NULL;
   zs_aio_config_init(&cfg);
   cfg.block_size = o->block;
@@ -93,9 +132,21 @@ static int bio_run(zs__bio_opts *o) {
     fprintf(stderr, "zspeed bench io: --direct takes auto, on or off\n");
     return 2;
   }
-  if (o->file) snprintf(path, sizeof path, "%s", o->file);
-  else snprintf(path, sizeof path, "%s/zspeed_bench_io.bin", o->folder ? o->folder : ".");
+  if (o->file) rc = snprintf(path, sizeof path, "%s", o->file);
+  else rc = snprintf(path, sizeof path, "%s/zspeed_bench_io.bin", o->folder ? o->folder : ".");
+  if (rc < 0 || (size_t)rc >= sizeof path) { /* never a truncated name */
+    fprintf(stderr, "zspeed bench io: the file's path is longer than %d bytes\n",
+            (int)sizeof path - 1);
+    return 2;
+  }
   if ((rc = zs_aio_create(&h, &cfg)) != 0) goto fail;
+  if (scratch) {
+    snprintf(bio_scratch, sizeof bio_scratch, "%s", path);
+    bio_stop = 0;
+    signal(SIGINT, bio_on_signal);
+    signal(SIGTERM, bio_on_signal);
+    caught = 1;
+  }
   if ((rc = zs_aio_file_open(&f, path, flags)) != 0) goto fail;
   if ((rc = zs_alloc_pinned(&buf, (size_t)o->buffer, ZS_PIN_FALLBACK, &locked)) != 0)
     goto fail;
@@ -104,10 +155,12 @@ static int bio_run(zs__bio_opts *o) {
   if (!gbs) goto fail;
   if (!o->json)
     printf("zspeed bench io: %s, %.2f GiB, block %lld KiB, qd %d, threads %d, "
-           "buffer %lld MiB\n  backend %s (%s)\n  file: %s\n",
+           "buffer %lld MiB\n  backend %s (%s)\n  file: %s\n  %s\n",
            path, (double)o->size / (double)(1 << 30), (long long)(o->block >> 10),
            o->qd, o->threads, (long long)(o->buffer >> 20), zs_aio_backend(h),
-           zs_aio_backend_why(h), zs_aio_file_why(f));
+           zs_aio_backend_why(h), zs_aio_file_why(f),
+           scratch ? "scratch file: removed when done (--file PATH keeps one)"
+                   : "--file: kept when done");
   /* Reading needs the whole file: write it once (untimed) if it is short. */
   if (strcmp(o->rw, "read") == 0 && zs_aio_file_size(f) < o->size) {
     if (bio_pass(h, f, buf, o, 1, &err) < 0) goto fail_err;
@@ -141,13 +194,28 @@ static int bio_run(zs__bio_opts *o) {
   goto done;
 fail_err:
   rc = err;
+  if (!rc) {
+    fprintf(stderr, "zspeed bench io: interrupted\n");
+    goto done;
+  }
 fail:
   fprintf(stderr, "zspeed bench io: %s\n", rc ? zs_last_error() : "out of memory");
 done:
   free(gbs);
   if (buf) zs_free_pinned(buf, (size_t)o->buffer);
   zs_aio_destroy(h);
-  zs_aio_file_close(f);
+  /* Closed before removing: Windows cannot delete a file that is open. An
+   * open that failed may still have created the scratch file (O_CREAT, then
+   * O_DIRECT refused): it goes too, quietly. */
+  if (f) zs_aio_file_close(f);
+  if (caught) {
+    if (zs__file_remove(path) != 0 && f)
+      fprintf(stderr, "zspeed bench io: %s\n", zs_last_error());
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    /* Windows: die of the signal, as the caller (a shell, a script) expects. */
+    if (bio_stop) raise(bio_stop);
+  }
   return ret;
 }
 

@@ -174,7 +174,7 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
     device = plan.device
     if ratio == "auto":
         if split.device_memory(device) is None:
-            log.warning("zspeed: offload_optimizer.ratio \"auto\" -> 1.000: the CPU steps 100.0%% of the parameters "
+            log.warning("zspeed: offload_optimizer.ratio \"auto\" -> 1.000: the CPU steps 100.0% of the parameters "
                         "(no GPU)")
             return _host_path(plan, config, layout, name, params, client, coll)
         cpu_s, gpu_s = split.measure_rates(device, name, params, force, threads, model_dtype=plan.dtype)

@@ -3,7 +3,7 @@
 DeepSpeed users are used to its start-up lines ("DeepSpeed info: version=...", then the
 ZeRO stage, the optimizer, the offload); zspeed gives the same facts in one INFO block::
 
-    [Rank 0] zspeed info: version=0.1.0, git-hash=unknown, git-branch=unknown
+    [Rank 0] zspeed info: version=0.1.0, git-hash=6ae335c, git-branch=main
       ZeRO stage ........ 2; world size 1 (1 rank on this host, gloo)
       model ............. 0.81M trained parameters on cpu, torch.float32
       optimizer ......... AdamW (run by zspeed CPUAdam), state fp32, step synchronous
@@ -12,7 +12,8 @@ ZeRO stage, the optimizer, the offload); zspeed gives the same facts in one INFO
       I/O backend ....... io_uring (auto) (for NVMe offload; unused here)
       memory ............ no GPU (model on cpu); host 12.38 MiB (gradients 3.09, fp32 masters 3.09, ...)
 
-(the demo's run on a 2-core machine without a GPU). After ``zspeed.hf.install()`` the first line
+(the demo's run on a 2-core machine without a GPU, from a wheel built at commit 6ae335c of
+main; run from the checkout's ``python/``, the hash and branch read ``unknown``). After ``zspeed.hf.install()`` the first line
 reads "DeepSpeed info: version=<the DeepSpeed API version> (zspeed <version> through
 zspeed.hf.install()), ...", the line transformers and users look for. With ``offload_optimizer.ratio`` a line
 says the CPU's share of the parameters (the number ``ratio`` is that share); on a GPU the
