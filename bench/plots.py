@@ -174,22 +174,43 @@ def plot_trace(rows: dict, plt) -> Path:
         if e.get("ph") == "M" and e.get("name") == "thread_name":
             names[(e["pid"], e["tid"])] = e["args"]["name"]
     palette = {"wait": "#e31a1c", "forward": "#1f78b4", "backward": "#33a02c", "step": "#ff7f00"}
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(tracks) + 1.8))
-    for y, track in enumerate(tracks):
-        for e in (e for e in shown if (e["pid"], e["tid"]) == track):
-            key = next((k for k in palette if k in e["name"]), None)
-            ax.barh(y, e["dur"] / 1e3, left=(e["ts"] - t0) / 1e3, height=0.6 if key != "wait" else 0.3,
-                    color=palette.get(key, "#b2b2b2"), edgecolor="white", linewidth=0.3)
-    ax.set_yticks(range(len(tracks)), [names.get(t, f"thread {t[1]}") for t in tracks], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("milliseconds")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in palette.values()]
-    ax.legend(handles, ["a wait", "forward", "backward", "optimizer step / CPU step"],
-              fontsize=7, loc="lower right", ncol=2)
-    ax.set_title(r["what"].split(";")[0] + " (CPU only): the step of one iteration runs on its own thread\n"
-                 "while the next forward waits, module by module, for the weights it needs", fontsize=9)
+    labels = [names.get(t, f"thread {t[1]}").replace("zspeed-overlapped-step", "overlapped step") for t in tracks]
+    # The zoom: from the optimizer step before the last forward to a few ms into that forward,
+    # where the overlap is (the overview's scale makes it a sliver).
+    last = steps[-1]
+    before = [e for e in shown if e["name"] == "optimizer step" and e["ts"] <= last["ts"]]
+    z0 = (max(before, key=lambda e: e["ts"])["ts"] if before else last["ts"]) - 500
+    z1 = last["ts"] + 7000
+    fig, (ax, zx) = plt.subplots(2, 1, figsize=(10, 1.3 * len(tracks) + 3.4),
+                                 gridspec_kw={"height_ratios": [1, 1.2]})
+
+    def draw(axis, lo, hi, origin):
+        for y, track in enumerate(tracks):
+            for e in (e for e in shown if (e["pid"], e["tid"]) == track):
+                if e["ts"] + e["dur"] < lo or e["ts"] > hi:
+                    continue
+                key = next((k for k in palette if k in e["name"]), None)
+                axis.barh(y, e["dur"] / 1e3, left=(e["ts"] - origin) / 1e3, height=0.6 if key != "wait" else 0.3,
+                          color=palette.get(key, "#b2b2b2"), edgecolor="white", linewidth=0.3)
+        axis.set_yticks(range(len(tracks)), labels, fontsize=10)
+        axis.invert_yaxis()
+        axis.tick_params(axis="x", labelsize=9)
+
+    draw(ax, t0, t1, t0)
+    ax.axvspan((z0 - t0) / 1e3, (z1 - t0) / 1e3, color="#999999", alpha=0.15, lw=0)
+    ax.set_xlabel("milliseconds (the last two steps of the run; shaded: the zoom below)", fontsize=10)
+    draw(zx, z0, z1, last["ts"])
+    zx.set_xlim((z0 - last["ts"]) / 1e3, (z1 - last["ts"]) / 1e3)
+    zx.axvline(0, color="black", lw=0.8, ls="--")
+    zx.set_xlabel("milliseconds from the start of the next forward (dashed)", fontsize=10)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*palette.values(), "#b2b2b2"]]
+    zx.legend(handles, ["a wait", "forward", "backward", "optimizer step / CPU step", "gradients' statistics, copies"],
+              fontsize=9, loc="lower right", ncol=3)
+    ax.set_title(r["what"].split(";")[0] + " (CPU only): the CPU step of one iteration runs on its own\n"
+                 "thread while the next forward starts; the forward waits only where a module's weights "
+                 "are not back yet", fontsize=10)
     _footer(fig, [r])
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, "trace_overlap.png", plt)
 
 
