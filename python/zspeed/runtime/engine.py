@@ -56,6 +56,7 @@ from .layout import FlatLayout
 from .paths import NoOptimizerPath
 from .engine_optimizer import needs_wrapper
 from .optimizer_classes import wrapper_class
+from .zero.utils import is_zero_supported_optimizer
 from .loss_scaler import build_loss_scaler
 from .lr_schedules import build_scheduler
 from .hooks import ZERO3_COPY_MESSAGE, EngineHook, ZeRO3CopyError, guard_copies
@@ -398,7 +399,7 @@ class ZSpeedEngine(torch.nn.Module):
             log.warning("zspeed: an optimizer was passed to zspeed.initialize and the config has an "
                         "'optimizer' section (%s): the passed %s is used and the section is ignored, as "
                         "in DeepSpeed.", config.optimizer_name, type(client).__name__)
-        if config.zero_stage >= 1 and not _zero_tested(client):
+        if config.zero_stage >= 1 and not is_zero_supported_optimizer(client):
             if not config.top["zero_allow_untested_optimizer"]:
                 from .errors import ConfigAssertionError
                 raise ConfigAssertionError(
@@ -1285,23 +1286,6 @@ class ZSpeedEngine(torch.nn.Module):
             self.optimizer_path.load_masters(sm.cut(lambda gi, pi: src[self._names[gi][pi]]))
             return
         self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
-
-
-# The optimizer classes DeepSpeed's ZeRO accepts from a script without
-# zero_allow_untested_optimizer (DeepSpeed lists exact classes; so does zspeed).
-_ZERO_TESTED_TORCH = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
-
-
-def _zero_tested(client) -> bool:
-    if type(client) in _ZERO_TESTED_TORCH:
-        return True
-    try:
-        from ..ops import _ds_optim, _torch_optim
-    except ImportError:
-        return False
-    return type(client) in (_torch_optim.CPUAdam, _torch_optim.CPUAdagrad, _torch_optim.CPULion,
-                            _ds_optim.DeepSpeedCPUAdam, _ds_optim.DeepSpeedCPULion, _ds_optim.FusedAdam,
-                            _ds_optim.FusedLion)
 
 
 class _OutputHooks:
