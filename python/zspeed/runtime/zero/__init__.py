@@ -192,6 +192,12 @@ class Init:
                 ctx._patched.append((cls, init))
                 cls.__init__ = ctx._wrap(init)
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)
+        # torch.nn.utils.skip_init builds a module on the meta device, then to_empty() gives it
+        # new (real) parameters: those are converted and partitioned there, as DeepSpeed's Init does.
+        self._orig_to_empty = None
+        if "_zspeed_wrapped" not in torch.nn.Module.to_empty.__dict__:
+            self._orig_to_empty = torch.nn.Module.to_empty
+            torch.nn.Module.to_empty = self._wrap_to_empty(self._orig_to_empty)
         self._orig_apply = None
         if Init.override_module_apply and "_zspeed_wrapped" not in torch.nn.Module.apply.__dict__:
             self._orig_apply = torch.nn.Module.apply
@@ -224,6 +230,9 @@ class Init:
         if self._orig_apply is not None:
             torch.nn.Module.apply = self._orig_apply
             self._orig_apply = None
+        if self._orig_to_empty is not None:
+            torch.nn.Module.to_empty = self._orig_to_empty
+            self._orig_to_empty = None
         if self._build_ctx is not None:
             self._rng_mode.__exit__(None, None, None)
             self._build_ctx.__exit__(None, None, None)
@@ -247,6 +256,22 @@ class Init:
                 ctx._convert(module)
         __init__._zspeed_wrapped = True
         return __init__
+
+    def _wrap_to_empty(self, to_empty):
+        """Module.to_empty inside the context: the new parameters of every module whose
+        constructor has returned are converted (dtype, host memory, this rank's shard) as its
+        constructor's were; a module still being built is converted when its constructor returns."""
+        ctx = self
+
+        @functools.wraps(to_empty)
+        def wrapped(module, *args, **kwargs):
+            out = to_empty(module, *args, **kwargs)
+            for m in module.modules():
+                if id(m) not in ctx._depth:
+                    ctx._convert(m)
+            return out
+        wrapped._zspeed_wrapped = True
+        return wrapped
 
     def _wrap_apply(self, apply):
         """Module.apply inside the context: ``fn`` sees each module's partitioned parameters
