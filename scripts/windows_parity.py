@@ -298,8 +298,8 @@ def compare(a_dir: Path, b_dir: Path) -> int:
         if torch_same:
             fails.append(f"{run}: torch's gradients are bit-identical on both builds, so the run must be too: "
                          f"{d or 'losses differ'}{first_loss}")
-        elif _largest_difference(px, py) > TOLERANCE:
-            fails.append(f"{run}: differs by {_largest_difference(px, py):.3g} > {TOLERANCE:g} (torch's gradients "
+        elif (largest := _largest_difference(px, py)) > TOLERANCE:
+            fails.append(f"{run}: differs by {largest:.3g} > {TOLERANCE:g} (torch's gradients "
                          f"differ, but not by that much)")
     print("\n".join(lines))
     if fails:

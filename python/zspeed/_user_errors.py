@@ -75,11 +75,12 @@ def record(exc: BaseException) -> bool:
     folder = os.environ.get(ENV_ERROR_DIR)
     if not folder or wants_traceback() or not isinstance(exc, ZSpeedError):
         return False
-    rank = os.environ.get("RANK", "0")
-    path = os.path.join(folder, f"rank{int(rank) if rank.isdigit() else 0}.json")
+    text = os.environ.get("RANK", "0")
+    rank = int(text) if text.isdigit() else 0
+    path = os.path.join(folder, f"rank{rank}.json")
     try:
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump({"rank": int(rank) if rank.isdigit() else 0, "type": type(exc).__name__,
+            json.dump({"rank": rank, "type": type(exc).__name__,
                        "message": str(exc).strip()}, f)
         os.replace(path + ".tmp", path)
     except OSError:

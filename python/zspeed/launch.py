@@ -42,6 +42,7 @@ import argparse
 import difflib
 import os
 import re
+import signal
 import sys
 from typing import List, NamedTuple, Optional
 
@@ -171,6 +172,9 @@ def _check_count(flag: str, n: int, why: str = "") -> None:
 
 _MAX_HOSTFILE = 1 << 20  # bytes: a hostfile is a few lines
 # A host name, an IPv4 address or an IPv6 address (optionally in brackets).
+# The exit codes of ranks torchrun stops itself (SIGTERM, then SIGKILL) once another has failed
+# (Windows has no SIGKILL: its number is the same 9).
+_STOPPED_BY_TORCHRUN = (-int(signal.SIGTERM), -int(getattr(signal, "SIGKILL", 9)))
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*|[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?)$")
 
 
@@ -445,7 +449,7 @@ def _agent(argv: List[str]) -> int:
         failures = dict(getattr(e, "failures", {}) or {})
         text, rest = job_report(read_records(folder), failures.keys())
         # Ranks torchrun stopped itself (SIGTERM, then SIGKILL) once another had failed.
-        stopped = [r for r in rest if getattr(failures[r], "exitcode", None) in (-15, -9)]
+        stopped = [r for r in rest if getattr(failures[r], "exitcode", None) in _STOPPED_BY_TORCHRUN]
         others = {r: failures[r] for r in rest if r not in stopped}
         if not text:
             sys.stderr.write(e.format_msg() + "\n")

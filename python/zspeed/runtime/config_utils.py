@@ -72,13 +72,15 @@ if _pd is not None:
         checks isinstance without ABC registration)."""
 
         def __instancecheck__(cls, obj):
-            return (cls is _BASE[0] and isinstance(obj, ReadOnlyConfig)) or super().__instancecheck__(obj)
+            return (cls is _base() and isinstance(obj, ReadOnlyConfig)) or super().__instancecheck__(obj)
 
         def __subclasscheck__(cls, sub):
-            return (cls is _BASE[0] and isinstance(sub, type) and issubclass(sub, ReadOnlyConfig)) or \
+            return (cls is _base() and isinstance(sub, type) and issubclass(sub, ReadOnlyConfig)) or \
                 super().__subclasscheck__(sub)
 
-    _BASE: list = [None]
+    def _base():
+        """DeepSpeedConfigModel itself (defined below; None while it is being defined)."""
+        return globals().get("DeepSpeedConfigModel")
 
     class DeepSpeedConfigModel(_pd.BaseModel, metaclass=_Meta):
         """DeepSpeed's base of config sections: a pydantic model with DeepSpeed's rules (the
@@ -95,7 +97,6 @@ if _pd is not None:
             super().__init__(**data)
             _move_deprecated(self)
 
-    _BASE[0] = DeepSpeedConfigModel
 else:
     class DeepSpeedConfigModel(metaclass=ABCMeta):
         """DeepSpeed's base of config sections; without pydantic only zspeed's own sections are
