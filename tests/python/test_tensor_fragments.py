@@ -269,7 +269,8 @@ def test_local_parts_of_a_zero3_parameter(case, tmp_path):
 def test_ds_tensor_is_a_live_view_of_this_ranks_part(case, tmp_path):
     """DeepSpeed's p.ds_tensor under a ZeRO-3 engine: this rank's part of the parameter (the local
     API's elements, in the model's dtype), the shard itself: after a step it holds the new weights
-    (the masters rounded), and an in-place write is what the next gather reads."""
+    (the masters rounded), and an in-place write, or an assignment to its .data, is what the next
+    gather reads."""
     e, _ = _engine(case, tmp_path)
     e.backward(z3._loss(e, z3._data(1)[0]))
     if case == "s3-cpu-bf16":  # gradients held in the host shards (docs/ZERO3.md): it holds them,
@@ -287,8 +288,17 @@ def test_ds_tensor_is_a_live_view_of_this_ranks_part(case, tmp_path):
         p.ds_tensor.fill_(0.5)
     with zspeed.zero.GatheredParameters([p]):
         assert torch.all(p == 0.5)
+    # DeepSpeed's scripts assign through .data (tests/unit/v1/zero/test_zero.py): reaches the store too
+    p.ds_tensor.data = torch.full_like(p.ds_tensor.data, 0.25)
+    with zspeed.zero.GatheredParameters([p]):
+        assert torch.all(p == 0.25)
+    assert isinstance(p.ds_tensor.data, torch.Tensor) and torch.all(p.ds_tensor == 0.25)
+    with pytest.raises(ValueError, match=r"ds_tensor.data = a tensor of shape \(3,\).*safe_set_full_fp32_param"):
+        p.ds_tensor.data = torch.zeros(3)
+    with zspeed.zero.GatheredParameters([p]):
+        assert torch.all(p == 0.25)  # nothing written by the refused assignment
     e.close()  # handed back (one rank): the parameter whole again, no ZeRO-3 attributes
-    assert not hasattr(p, "ds_tensor") and torch.all(p == 0.5)
+    assert not hasattr(p, "ds_tensor") and torch.all(p == 0.25)
 
 
 def test_what_is_not_served_is_refused_by_name(tmp_path):

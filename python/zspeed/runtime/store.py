@@ -65,6 +65,32 @@ def flat_base(views: list, flats: list) -> list | None:
     return out
 
 
+class ShardView(torch.Tensor):
+    """``p.ds_tensor`` under the engine: a view of this rank's part of the store. Assigning
+    ``ds_tensor.data = t`` (DeepSpeed's scripts and tests do) copies ``t`` into the store, as an in-place
+    write does, instead of pointing the view elsewhere, which the engine would never read: the next
+    gather sees it. A ``t`` of another shape is refused (the store's layout is fixed)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # plain tensor speed; results are Tensors
+
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"zspeed: ds_tensor.data takes a tensor, not {type(value).__name__}")
+        if value.shape != self.shape:
+            raise ValueError(
+                f"zspeed: ds_tensor.data = a tensor of shape {tuple(value.shape)}: this rank's part of the parameter "
+                f"has shape {tuple(self.shape)} and lives in the engine's store (its layout is fixed), so a new value "
+                f"must have that shape; write the whole parameter with deepspeed.utils.safe_set_full_fp32_param or "
+                f"inside zero.GatheredParameters(..., modifier_rank=0) instead")
+        with torch.no_grad():
+            torch.Tensor.data.__get__(self).copy_(value)
+
+
 class ParamStore:
     """What every store has: the layout of its parameters, the partition plan (also with one
     rank), the comm strategy, and this rank's local space. Subclasses hold the shards
@@ -307,15 +333,16 @@ class PartitionedStore(ParamStore):
     def _expose_shards(self) -> None:
         """DeepSpeed's ``p.ds_tensor`` under the engine: this rank's part of each parameter (the
         elements the safe_*_local_* calls read and write, without the shard's padding; empty on a
-        rank holding none of it), a live view of the store in the model's dtype. Writing into it in
-        place changes the weights the next gather reads, not the fp32 masters (the next step
+        rank holding none of it), a live view of the store in the model's dtype (ShardView: an
+        assignment to its ``.data`` is copied in). Writing into it in place changes the weights the next gather reads, not the fp32 masters (the next step
         writes them back), as DeepSpeed's; while the gradients are held in the shards
         (GradsInShards) it holds gradients."""
         for gi, gp in enumerate(self.plan.groups):
             flat, parts = self.flat[gi], {pc.param: pc for pc in self.plan.pieces(gi)}
             for pi, p in enumerate(self.layout.params[gi]):
                 pc = parts.get(pi)
-                p.ds_tensor = flat.narrow(0, 0, 0) if pc is None else flat.narrow(0, pc.at, pc.length)
+                part = flat.narrow(0, 0, 0) if pc is None else flat.narrow(0, pc.at, pc.length)
+                p.ds_tensor = part.as_subclass(ShardView)
 
     def shard(self, gi: int, ui: int) -> torch.Tensor:
         u = self.plan.groups[gi].units[ui]
