@@ -32,12 +32,56 @@ class _ZsMissing:  # added by zspeed's scripts/ds-suite/adapt.py
 '''
 
 
-def works(stmt, cache={}):
-    if stmt not in cache:
-        env = dict(os.environ, ZSPEED_AS_DEEPSPEED="1")
-        r = subprocess.run([sys.executable, "-c", stmt], env=env, capture_output=True)
-        cache[stmt] = r.returncode == 0
-    return cache[stmt]
+_RESULTS = {}
+_CHECK = """
+import json, sys
+out = {}
+for stmt in json.load(sys.stdin):
+    try:
+        exec(stmt, {})
+        out[stmt] = True
+    except BaseException:
+        out[stmt] = False
+print(json.dumps(out))
+"""
+
+
+def _statements(src):
+    """The deepspeed import statements ``adapt`` asks about in ``src`` (one name each)."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return []
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] == "deepspeed":
+            out += [f"from {node.module} import {a.name}" for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.Import):
+            out += [f"import {a.name}" for a in node.names if a.name.split(".")[0] == "deepspeed"]
+    return out
+
+
+def check_all(statements):
+    """Whether each import statement works under zspeed, all tried in one child process (one
+    interpreter start with torch instead of one per statement)."""
+    import json
+    todo = sorted(set(statements) - set(_RESULTS))
+    if not todo:
+        return
+    env = dict(os.environ, ZSPEED_AS_DEEPSPEED="1")
+    r = subprocess.run([sys.executable, "-c", _CHECK], env=env, input=json.dumps(todo), capture_output=True,
+                       text=True)
+    last = r.stdout.strip().splitlines()[-1:] if r.returncode == 0 else []
+    if not last:
+        raise SystemExit(f"adapt.py: the import check failed ({r.returncode}): {r.stderr[-2000:]}")
+    _RESULTS.update(json.loads(last[0]))
+
+
+def works(stmt):
+    if stmt not in _RESULTS:
+        check_all([stmt])
+    return _RESULTS[stmt]
 
 
 def adapt(src):
@@ -98,6 +142,13 @@ def main():
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
     shutil.copytree(src_dir, out_dir)
+    sources = []
+    for root, _, files in os.walk(out_dir):
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(root, f), encoding="utf-8") as fh:
+                    sources.append(fh.read())
+    check_all([stmt for src in sources for stmt in _statements(src)])
     total = 0
     for root, _, files in os.walk(out_dir):
         for f in files:

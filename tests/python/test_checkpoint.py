@@ -770,3 +770,25 @@ def test_a_save_killed_while_writing_the_recovery_scripts_leaves_nothing_for_goo
     e.save_checkpoint(ck)
     assert not any(f.exists() for f in left) and mine.read_text() == "the user's"
     assert not [n for n in os.listdir(ck) if "zspeed-tmp" in n]
+
+
+@pytest.mark.parametrize("stage,optim", [(0, "optim.safetensors"), (3, "optim.rank0.safetensors")])
+def test_deepspeeds_checkpoint_file_names_point_at_the_files_saved(stage, tmp_path, optim):
+    """DeepSpeed's path helpers (engine._get_ckpt_name, _get_optimizer_ckpt_name, _get_zero_ckpt_name,
+    deepspeed.checkpoint.utils.get_model_ckpt_name_for_rank) name the files zspeed writes: whole
+    files where rank 0 writes the state, each rank's part where the state is kept in pieces."""
+    from zspeed.checkpoint import get_model_ckpt_name_for_rank
+    c = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+         "zero_optimization": {"stage": stage}}
+    e, *_ = zspeed.initialize(model=TinyLM(), config=c)
+    train(e, data(2), loss=lm_loss)
+    assert e.save_checkpoint(tmp_path, tag="t1")
+    model = e._get_ckpt_name(str(tmp_path), "t1")
+    assert model == str(tmp_path / "t1" / "model.safetensors") and os.path.isfile(model)
+    assert get_model_ckpt_name_for_rank(str(tmp_path / "t1"), "00") == model
+    with pytest.raises(ValueError, match="no model parallelism"):
+        get_model_ckpt_name_for_rank(str(tmp_path / "t1"), "01")
+    name = e._get_optimizer_ckpt_name(str(tmp_path), "t1", 0)
+    assert name == str(tmp_path / "t1" / optim) and os.path.isfile(name)
+    assert e._get_zero_ckpt_name(str(tmp_path), "t1") == name
+    e.close()

@@ -347,13 +347,48 @@ def test_deepspeed_cpu_adam_names_and_subgroups():
     assert torch.allclose(flat.detach(), p_before, rtol=1e-5, atol=1e-6)
     assert torch.allclose(opt.state[0]["exp_avg"], st_before["exp_avg"], rtol=1e-5, atol=1e-7)
     assert torch.allclose(opt.state[0]["exp_avg_sq"], st_before["exp_avg_sq"], rtol=1e-4, atol=1e-9)
-    with pytest.raises(RuntimeError, match="no optimizer state"):
+    with pytest.raises(RuntimeError, match="Cannot rollback optimizer state for sub_group_id 5"):
         opt.rollback_subgroup(5)
+    opt.rollback_subgroup(0)
+    opt.rollback_subgroup(0)
+    with pytest.raises(RuntimeError, match="Cannot rollback sub_group_id 0: step count is 0"):
+        opt.rollback_subgroup(0)
     other = torch.nn.Parameter(torch.zeros(2))
     other.grad = torch.zeros(2)
     opt.add_param_group({"params": [other]})
     with pytest.raises(ValueError, match="one flat sub-group"):
         opt.step_subgroup(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rollback_subgroup_of_half_parameters_undoes_the_step(dtype):
+    """A bf16/fp16 sub-group: the rollback returns the parameter and the moments to their values
+    before the step, up to the roundings in their dtypes (computed in float64): the step's rounding
+    and the rollback's make a few units of the last place of each tensor's dtype (fp32 moments: the
+    parameter's error is its own dtype's). bf16 states are refused: subtracting the gradient's share
+    from moments rounded to bf16 leaves errors as large as the moments."""
+    from zspeed.ops.adam import DeepSpeedCPUAdam
+    g = torch.Generator().manual_seed(11)
+    p = torch.nn.Parameter(torch.randn(1031, generator=g).to(dtype))
+    opt = DeepSpeedCPUAdam([p], lr=1e-3, weight_decay=0.01)
+    p.grad = torch.randn(1031, generator=g).to(dtype)
+    opt.step_subgroup(0)  # (lr 1e-3 below)
+    p.grad = torch.randn(1031, generator=g).to(dtype)
+    before = (p.detach().double(), opt.state[0]["exp_avg"].double(), opt.state[0]["exp_avg_sq"].double())
+    opt.step_subgroup(0)
+    assert not torch.equal(p.detach().double(), before[0])
+    opt.rollback_subgroup(0)
+    assert opt.state[0]["step"] == 1
+    ulp, st_ulp = torch.finfo(dtype).eps, torch.finfo(torch.float32).eps
+    assert torch.allclose(p.detach().double(), before[0], rtol=4 * ulp, atol=0)
+    assert torch.allclose(opt.state[0]["exp_avg"].double(), before[1], rtol=8 * st_ulp, atol=1e-6)
+    assert torch.allclose(opt.state[0]["exp_avg_sq"].double(), before[2], rtol=8 * st_ulp, atol=1e-6)
+    narrow = DeepSpeedCPUAdam([p], lr=1e-3, fp32_optimizer_states=False)
+    narrow.step_subgroup(0)
+    if narrow.state[0]["exp_avg"].dtype != torch.float32:  # (bf16 moments for bf16 and fp16 parameters)
+        with pytest.raises(TypeError, match="a rollback needs fp32 states"):
+            narrow.rollback_subgroup(0)
+        assert narrow.state[0]["step"] == 1
 
 
 def test_deepspeed_cpu_lion_defaults_and_state_dtype():

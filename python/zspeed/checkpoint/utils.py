@@ -1,7 +1,20 @@
-"""``deepspeed.checkpoint.utils.clone_tensors_for_torch_save``."""
+"""``deepspeed.checkpoint.utils``: ``clone_tensors_for_torch_save`` and
+``get_model_ckpt_name_for_rank``."""
 from __future__ import annotations
 
-__all__ = ["clone_tensors_for_torch_save"]
+import os
+
+__all__ = ["clone_tensors_for_torch_save", "get_model_ckpt_name_for_rank"]
+
+
+def get_model_ckpt_name_for_rank(base_folder, mp_rank_str):
+    """The file of the module's state in a tag folder ``base_folder``: zspeed's
+    ``model.safetensors`` (DeepSpeed's ``mp_rank_<mp>_model_states.pt``; docs/COMPAT.md). zspeed
+    has no model parallelism, so the one model-parallel rank is "00"."""
+    if str(mp_rank_str) not in ("0", "00"):
+        raise ValueError(f"get_model_ckpt_name_for_rank: model-parallel rank {mp_rank_str!r}: zspeed has no "
+                         f"model parallelism, so a checkpoint has one module state file (rank '00')")
+    return os.path.join(base_folder, "model.safetensors")
 
 
 def clone_tensors_for_torch_save(item, device=None):

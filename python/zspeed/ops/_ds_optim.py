@@ -103,23 +103,30 @@ class DeepSpeedCPUAdam(CPUAdam):
     @torch.no_grad()
     def rollback_subgroup(self, sub_group_id: int, closure=None):
         """Undoes the last ``step_subgroup(sub_group_id)`` given the same gradient: the
-        parameter and the moments return to their values before that step (up to fp32
-        rounding; computed in float64), and the step count goes back by one. Needs fp32
-        states and a parameter that was updated with adamw_mode (DeepSpeed's rollback is
-        AdamW's too)."""
+        parameter and the moments return to their values before that step, computed in
+        float64 and rounded to each tensor's dtype (so exact up to that rounding: about 1e-7
+        relative for fp32, the last bit of a bf16/fp16 parameter), and the step count goes back
+        by one. Undoes AdamW steps (adamw_mode, DeepSpeed's rollback is AdamW's too) with fp32
+        states; the parameter may be fp32, bf16 or fp16. DeepSpeed's own rollback handles fp32
+        parameters only (others only lose a step count, with a printed error)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         state = self.state.get(sub_group_id) if sub_group_id in self.state else None
-        if not state:
-            raise RuntimeError(f"cannot roll back sub-group {sub_group_id}: it has no optimizer state yet")
+        if not state:  # (DeepSpeed's messages, which scripts and its tests match)
+            raise RuntimeError(f"Cannot rollback optimizer state for sub_group_id {sub_group_id} as it has not "
+                               f"been initialized (no step_subgroup({sub_group_id}) yet).")
         step = int(state.get("step", 0))
         if step <= 0:
-            raise RuntimeError(f"cannot roll back sub-group {sub_group_id}: its step count is {step}")
+            raise RuntimeError(f"Cannot rollback sub_group_id {sub_group_id}: step count is {step}")
         group, p = self._subgroup_param("rollback_subgroup")
-        if state["exp_avg"].dtype != torch.float32 or p.dtype != torch.float32:
-            raise TypeError("rollback_subgroup needs fp32 parameters and fp32 optimizer states")
+        if state["exp_avg"].dtype != torch.float32 or state["exp_avg_sq"].dtype != torch.float32:
+            raise TypeError(
+                f"rollback_subgroup: the optimizer states are {state['exp_avg'].dtype}; a rollback needs fp32 states "
+                f"(fp32_optimizer_states=True, state_dtype fp32): undoing a step subtracts the gradient's share "
+                f"from the stored moments, and their rounding in a narrower type would leave errors as large as the "
+                f"moments themselves")
         if not group.get("adamw_mode", self.adamw_mode):
             raise ValueError("rollback_subgroup undoes AdamW steps (adamw_mode=True) only")
         b1, b2 = group["betas"]
@@ -131,9 +138,9 @@ class DeepSpeedCPUAdam(CPUAdam):
         g = p.grad.double().view(m.shape)
         update = (m / bc1) / ((v / bc2).sqrt() + eps)
         before = (p.double().view(m.shape) + lr * update) / (1.0 - lr * wd)
-        p.copy_(before.view(p.shape).float())
-        state["exp_avg"].copy_(((m - (1.0 - b1) * g) / b1).float())
-        state["exp_avg_sq"].copy_(((v - (1.0 - b2) * g * g) / b2).clamp_(min=0.0).float())
+        p.copy_(before.view(p.shape))  # (copy_ rounds to each tensor's dtype)
+        state["exp_avg"].copy_((m - (1.0 - b1) * g) / b1)
+        state["exp_avg_sq"].copy_(((v - (1.0 - b2) * g * g) / b2).clamp_(min=0.0))
         state["step"] = step - 1
         return loss
 

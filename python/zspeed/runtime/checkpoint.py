@@ -260,6 +260,12 @@ def _files_of(ck) -> _WholeFiles:
 _FILES = {False: _WholeFiles(), True: _PieceFiles()}
 
 
+def optimizer_file(ck) -> str:
+    """The name of the file in a tag folder that holds this rank's optimizer state, as ``ck`` saves
+    it (the engine's ``_get_optimizer_ckpt_name``)."""
+    return f"optim.rank{ck.rank}.safetensors" if _files_of(ck).every_rank_writes else "optim.safetensors"
+
+
 def _prepare(ck, tag, client_state, *, shared: bool) -> _Save:
     """The tag and, for the rank that writes the shared files, everything they hold."""
     sv = _Save()

@@ -1107,6 +1107,23 @@ class ZSpeedEngine(torch.nn.Module):
             self._fetcher.refresh_persistent(wait=True)
         return out
 
+    # DeepSpeed's names of a checkpoint's files, for scripts that compute paths: zspeed's files
+    # (docs/CHECKPOINTS.md), as the tag folder holds them.
+    def _get_ckpt_name(self, checkpoints_path, tag, mp_placeholder=None, pp_placeholder=None) -> str:
+        """The file of the module's state in a checkpoint: ``<path>/<tag>/model.safetensors``."""
+        return os.path.join(checkpoints_path, str(tag), "model.safetensors")
+
+    def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
+        """The file of this rank's optimizer state: ``optim.safetensors`` where rank 0 writes
+        the whole state, ``optim.rank<r>.safetensors`` where each rank writes its part (zspeed has
+        no expert-parallel files: ``expp_rank`` is accepted and does not change the name)."""
+        from .checkpoint import optimizer_file
+        return os.path.join(checkpoints_path, str(tag), optimizer_file(self._checkpoint_parts()))
+
+    def _get_zero_ckpt_name(self, checkpoints_path, tag) -> str:
+        """DeepSpeed's name of this rank's ZeRO optimizer file: the same file as above."""
+        return self._get_optimizer_ckpt_name(checkpoints_path, tag)
+
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
         """DeepSpeed's: the whole model's state_dict in the training dtype, written by rank 0 into
