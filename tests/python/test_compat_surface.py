@@ -404,6 +404,51 @@ def test_deepspeed_cpu_lion_defaults_and_state_dtype():
     DeepSpeedCPULion([q]).step()
 
 
+@pytest.mark.parametrize("fp32_states", [True, False])
+def test_deepspeed_cpu_adagrad_matches_float64_reference(fp32_states):
+    """DeepSpeed's signature (lr 1e-2, eps 1e-10) on odd sizes against a float64 Adagrad; fp32
+    sums are within 1e-6 relative (fp32 arithmetic), bf16 parameters within their rounding."""
+    from zspeed.ops.adagrad import CPUAdagrad, DeepSpeedCPUAdagrad
+    g = torch.Generator().manual_seed(5)
+    w0 = torch.randn(1027, generator=g)
+    grads = [torch.randn(1027, generator=g) for _ in range(3)]
+    p = torch.nn.Parameter(w0.clone())
+    opt = DeepSpeedCPUAdagrad([p], weight_decay=0.01, fp32_optimizer_states=fp32_states)
+    assert isinstance(opt, CPUAdagrad) and opt.defaults["lr"] == 1e-2 and opt.defaults["eps"] == 1e-10
+    w, acc = w0.double(), torch.zeros(1027, dtype=torch.float64)
+    for gr in grads:
+        p.grad = gr.clone()
+        opt.step()
+        d = gr.double() + 0.01 * w
+        acc += d * d
+        w = w - 1e-2 * d / (acc.sqrt() + 1e-10)
+    assert opt.state[p]["sum"].dtype == torch.float32  # fp32 parameters keep an fp32 sum either way
+    assert torch.allclose(p.detach().double(), w, rtol=1e-6, atol=1e-7)
+    b = torch.nn.Parameter(torch.randn(37).bfloat16())
+    b.grad = torch.randn(37).bfloat16()
+    narrow = DeepSpeedCPUAdagrad([b], fp32_optimizer_states=fp32_states)
+    narrow.step()
+    assert narrow.state[b]["sum"].dtype == (torch.float32 if fp32_states else torch.bfloat16)
+    with pytest.raises(ValueError, match="amsgrad"):
+        DeepSpeedCPUAdagrad([p], amsgrad=True)
+
+
+@pytest.mark.parametrize("name,cls", [("Adam", "DeepSpeedCPUAdam"), ("AdamW", "DeepSpeedCPUAdam"),
+                                      ("Lion", "DeepSpeedCPULion"), ("Adagrad", "DeepSpeedCPUAdagrad")])
+def test_offloaded_engine_optimizer_is_deepspeeds_cpu_class(name, cls, monkeypatch):
+    """With offload_optimizer cpu, engine.optimizer.optimizer is an instance of DeepSpeed's CPU
+    class for the configured optimizer (DeepSpeed's tests check isinstance)."""
+    from zspeed.ops import _ds_optim
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
+    c = {"train_batch_size": 2, "optimizer": {"type": name, "params": {"lr": 1e-3}},
+         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    e, *_ = zspeed.initialize(model=torch.nn.Linear(5, 3), config=c)
+    assert isinstance(e.optimizer.optimizer, getattr(_ds_optim, cls))
+    if name == "AdamW":
+        assert e.optimizer.optimizer.adam_w_mode is True
+    e.close()
+
+
 def test_op_builders_report_and_load_the_prebuilt_ops(monkeypatch):
     import zspeed.ops as ops
     from zspeed.ops import op_builder as ob

@@ -4,6 +4,8 @@ and zspeed.ops.lion):
 - :class:`DeepSpeedCPUAdam`: zspeed's :class:`~zspeed.ops.adam.CPUAdam` (same
   signature) with DeepSpeed's ``adam_w_mode`` attribute and its sub-group calls
   ``step_subgroup`` / ``rollback_subgroup``;
+- :class:`DeepSpeedCPUAdagrad`: :class:`~zspeed.ops.adagrad.CPUAdagrad` with DeepSpeed's
+  signature and ``fp32_optimizer_states``;
 - :class:`DeepSpeedCPULion`: :class:`~zspeed.ops.lion.CPULion` with DeepSpeed's
   defaults (lr 1e-3, betas (0.9, 0.999)) and ``fp32_optimizer_states``;
 - :class:`FusedAdam` and :class:`FusedLion`: DeepSpeed's device optimizers, here in
@@ -17,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ._torch_optim import CPUAdam, CPULion
+from ._torch_optim import CPUAdagrad, CPUAdam, CPULion
 
-__all__ = ["DeepSpeedCPUAdam", "DeepSpeedCPULion", "FusedAdam", "FusedLion", "TorchLion"]
+__all__ = ["DeepSpeedCPUAdagrad", "DeepSpeedCPUAdam", "DeepSpeedCPULion", "FusedAdam", "FusedLion", "TorchLion"]
 
 
 class TorchLion(torch.optim.Optimizer):
@@ -162,6 +164,30 @@ class DeepSpeedCPULion(CPULion):
     def _init_state(self, group, p, state):
         dtype = torch.bfloat16 if (not self.fp32_optimizer_states and p.dtype == torch.bfloat16) else torch.float32
         state["exp_avg"] = torch.zeros(p.shape, dtype=dtype)
+
+
+class DeepSpeedCPUAdagrad(CPUAdagrad):
+    """DeepSpeed's ``DeepSpeedCPUAdagrad(model_params, lr=1e-2, eps=1e-10, weight_decay=0,
+    amsgrad=False, fp32_optimizer_states=True)`` run by zspeed's C kernel (zspeed's extra
+    keywords: ``initial_accumulator_value`` and ``num_threads``). ``fp32_optimizer_states=False``
+    keeps the sum of bf16 parameters in bf16, as DeepSpeed keeps it in the parameter's dtype;
+    the kernel has no fp16 sum, so fp16 and fp32 parameters keep an fp32 sum. amsgrad (which
+    Adagrad does not have; DeepSpeed's kernel ignores it) is refused."""
+
+    checkpoint_class = "CPUAdagrad"
+
+    def __init__(self, model_params, lr=1e-2, eps=1e-10, weight_decay=0, amsgrad=False,
+                 fp32_optimizer_states=True, initial_accumulator_value=0, num_threads=None):
+        if amsgrad:
+            raise ValueError("DeepSpeedCPUAdagrad: amsgrad is an Adam variant; Adagrad has none (use amsgrad=False)")
+        self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        super().__init__(model_params, lr=lr, weight_decay=weight_decay, eps=eps,
+                         initial_accumulator_value=initial_accumulator_value, num_threads=num_threads)
+
+    def _init_state(self, group, p, state):
+        super()._init_state(group, p, state)
+        if not self.fp32_optimizer_states and p.dtype == torch.bfloat16:
+            state["sum"] = state["sum"].to(torch.bfloat16)
 
 
 class FusedAdam(torch.optim.Optimizer):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .._requires import require_torch as _require_torch
 from . import _kernels
 
-__all__ = ["CPUAdagrad", "adagrad_step"]
+__all__ = ["CPUAdagrad", "DeepSpeedCPUAdagrad", "adagrad_step"]
 
 
 def adagrad_step(param, grad, state_sum, *, lr=1e-2, weight_decay=0.0,
@@ -29,4 +29,8 @@ def __getattr__(name):
         _require_torch(f"zspeed.ops.adagrad.{name}")
         from ._torch_optim import CPUAdagrad
         return CPUAdagrad
+    if name == "DeepSpeedCPUAdagrad":
+        _require_torch(f"zspeed.ops.adagrad.{name}")
+        from ._ds_optim import DeepSpeedCPUAdagrad
+        return DeepSpeedCPUAdagrad
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

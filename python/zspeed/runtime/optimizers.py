@@ -225,19 +225,23 @@ def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
         return HostOptimizer(_torch_family(name, params, groups, fused), native=False)
     adam, adagrad, lion, grad_stats = _native_ops()
     if name in ("Adam", "AdamW"):
-        opt: Any = adam.CPUAdam(groups, lr=params["lr"], bias_correction=params["bias_correction"],
-                                betas=tuple(params["betas"]), eps=params["eps"],
-                                weight_decay=params["weight_decay"], amsgrad=False,
-                                adamw_mode=params["adam_w_mode"], state_dtype=params["state_dtype"],
-                                num_threads=num_threads)
+        # DeepSpeed's classes (CPUAdam/CPULion with DeepSpeed's names and calls): a script that
+        # checks isinstance(engine.optimizer.optimizer, DeepSpeedCPUAdam) finds what DeepSpeed's does.
+        opt: Any = adam.DeepSpeedCPUAdam(groups, lr=params["lr"], bias_correction=params["bias_correction"],
+                                         betas=tuple(params["betas"]), eps=params["eps"],
+                                         weight_decay=params["weight_decay"], amsgrad=False,
+                                         adamw_mode=params["adam_w_mode"], state_dtype=params["state_dtype"],
+                                         num_threads=num_threads)
     elif name == "Adagrad":
-        opt = adagrad.CPUAdagrad(groups, lr=params["lr"], lr_decay=params["lr_decay"],
-                                 weight_decay=params["weight_decay"],
-                                 initial_accumulator_value=params["initial_accumulator_value"],
-                                 eps=params["eps"], num_threads=num_threads)
+        if params["lr_decay"] != 0:  # (refused by CPUAdagrad too; DeepSpeed's class has no lr_decay)
+            raise ConfigError(f"optimizer.params.lr_decay = {params['lr_decay']}: zspeed's CPU Adagrad has no lr "
+                              f"decay; use 0 and a scheduler")
+        opt = adagrad.DeepSpeedCPUAdagrad(groups, lr=params["lr"], weight_decay=params["weight_decay"],
+                                          initial_accumulator_value=params["initial_accumulator_value"],
+                                          eps=params["eps"], num_threads=num_threads)
     else:
-        opt = lion.CPULion(groups, lr=params["lr"], betas=tuple(params["betas"]),
-                           weight_decay=params["weight_decay"], num_threads=num_threads)
+        opt = lion.DeepSpeedCPULion(groups, lr=params["lr"], betas=tuple(params["betas"]),
+                                    weight_decay=params["weight_decay"], num_threads=num_threads)
     return HostOptimizer(opt, native=True,
                          grad_stats=lambda ts, scale: grad_stats(ts, scale=scale, num_threads=num_threads))
 
