@@ -345,3 +345,24 @@ def test_a_disk_too_small_for_a_small_model_says_how_much_in_units_that_show_it(
         zspeed.initialize(model=eh.mlp(), config=cfg)
     text = str(info.value)
     assert "0.0 GiB" not in text and "KiB of free space" in text and "1000 bytes free" in text, text
+
+
+def test_a_scheduler_built_on_a_client_cpu_adam_reaches_the_nvme_swapper(tmp_path):
+    """The NVMe path takes a DeepSpeedCPUAdam's settings, not its object: the client's param_groups
+    become the engine's, so its scheduler (lr 0 from step 2 on) changes what the swapper steps with,
+    as DeepSpeed steps the client itself."""
+    from zspeed.ops.adam import DeepSpeedCPUAdam
+    m = _model()
+    opt = DeepSpeedCPUAdam(m.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if s < 2 else 0.0)
+    cfg = _cfg("nvme", tmp_path, sched=False)
+    del cfg["optimizer"]
+    e, o, _, s = zspeed.initialize(model=m, optimizer=opt, lr_scheduler=sched, config=cfg)
+    assert opt.param_groups is o.param_groups and s is sched
+    _train(e, 2)
+    assert o.param_groups[0]["lr"] == 0.0 and "initial_lr" in o.param_groups[0]
+    before = [p.detach().clone() for p in e.module.parameters()]
+    _train(e, 3)
+    for x, p in zip(before, e.module.parameters()):
+        assert torch.equal(x, p.detach())
+    e.close()

@@ -35,7 +35,7 @@ CASES = [  # (config, client optimizer?, the row's key, what the refusal says)
     (_zero(stage=3, offload_optimizer={"device": "cpu", "ratio": 0.5, "delayed_update": True}), False, "ratio",
      "and delayed_update cannot be combined"),
     (_zero(stage=2, offload_optimizer={"device": "cpu", "ratio": 0.5}), True, "ratio",
-     "do not pass an optimizer to initialize()"),
+     "not from another optimizer object"),
 ]
 
 

@@ -283,8 +283,45 @@ def test_engine_errors_name_the_fix():
     m = eh.mlp()
     c = _cfg(0.5)
     del c["optimizer"]
-    with pytest.raises(ConfigError, match="do not pass an optimizer"):
+    with pytest.raises(ConfigError, match="not from another optimizer object.*pass a DeepSpeedCPUAdam"):
         zspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), config=c)
+    from zspeed.ops.lion import DeepSpeedCPULion
+    with pytest.raises(ConfigError, match="Adam or AdamW"):
+        zspeed.initialize(model=m, optimizer=DeepSpeedCPULion(m.parameters()), config=c)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_split_takes_a_deepspeed_cpu_adam_passed_to_initialize(stage):
+    """DeepSpeed's SuperOffload examples pass a DeepSpeedCPUAdam with offload_optimizer.ratio: both
+    halves take its settings, so the run equals the one built from the config's AdamW section
+    (same lr, betas, eps, weight decay) bit for bit, and a scheduler built on the client (here lr
+    0 after the first two steps) reaches both halves."""
+    from zspeed.ops.adam import DeepSpeedCPUAdam
+
+    def run(client: bool):
+        c = _cfg(0.5)
+        c["zero_optimization"]["stage"] = stage
+        del c["scheduler"]
+        m = eh.mlp()
+        if client:
+            del c["optimizer"]
+            opt = DeepSpeedCPUAdam(m.parameters(), lr=2e-2, weight_decay=0.01)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if s < 2 else 0.0)
+            e, *_ = zspeed.initialize(model=m, optimizer=opt, lr_scheduler=sched, config=c)
+        else:
+            c["scheduler"] = {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 2e-2,
+                                                               "lr_range_test_step_size": 10**9}}
+            e, *_ = zspeed.initialize(model=m, config=c)
+        eh.train(e, DATA, 2)
+        return e
+    a, b = run(False), run(True)
+    assert "Split" in type(b.optimizer_path).__name__
+    for x, y in zip(_weights(a), _weights(b)):
+        assert torch.equal(x, y)
+    before = _weights(b)
+    eh.train(b, DATA, 3, start=2)  # lr 0 from the client's scheduler: nothing moves on either side
+    for x, y in zip(before, _weights(b)):
+        assert torch.equal(x, y)
 
 
 def test_auto_keeps_the_split_when_the_move_would_not_fit_in_host_memory(monkeypatch, caplog):

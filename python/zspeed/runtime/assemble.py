@@ -46,6 +46,12 @@ def client_kind(client) -> str:
     return "native" if native_client(client) else "other"
 
 
+def client_algorithm(client) -> str | None:
+    """The algorithm of a native client optimizer ("Adam", "AdamW", "Adagrad", "Lion"), which the
+    plan checks in place of the config's; None for no client or another kind."""
+    return client_as_config(client)[0] if client is not None and native_client(client) else None
+
+
 def host_threads(share: float | None = None) -> int | None:
     """Threads of this rank's CPU optimizer: the cores of this host shared by the ranks on it
     (times ``share``, SuperOffload's cpuadam_cores_perc, when given), unless ZSPEED_NUM_THREADS
@@ -168,6 +174,11 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
     """offload_optimizer.ratio < 1 (or "auto"): the optimizer split between the GPU and the CPU
     (split.py), or the ordinary CPU path when "auto" chooses to step everything there."""
     from . import split
+    if client is not None:
+        # A zspeed CPU Adam passed to initialize (the plan refused other clients): both halves take
+        # its settings; its groups' own lr, betas, eps and weight decay are the groups stepped.
+        name, params = client_as_config(client)
+        client = None
     ratio, auto = plan.ratio, None
     force = bool(config.top["zero_force_ds_cpu_optimizer"])
     threads = host_threads()

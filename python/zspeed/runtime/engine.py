@@ -41,7 +41,8 @@ from .._native import ZSpeedError
 from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, check_param_dtype, parse_config
 from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import attach as attach_fragments
-from .assemble import client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
+from .assemble import client_algorithm, client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
+from .optimizers import share_client_groups
 from .device import pick_device
 from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
@@ -259,7 +260,7 @@ class ZSpeedEngine(torch.nn.Module):
 
         self.plan = RunPlan.build(config, world_size=self.world_size, rank=self.global_rank, device=self.device,
                                   dtype=self.dtype, backend=comm.get_backend() if self.world_size > 1 else None,
-                                  client=client_kind(optimizer))
+                                  client=client_kind(optimizer), client_optimizer=client_algorithm(optimizer))
         self.collectives = for_plan(self.plan)
         self._layout = FlatLayout(groups)
         self._model_params = self._layout.params
@@ -300,6 +301,8 @@ class ZSpeedEngine(torch.nn.Module):
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
         self.basic_optimizer = self.optimizer_path.optimizer
+        if isinstance(optimizer, torch.optim.Optimizer) and optimizer is not self.basic_optimizer:
+            share_client_groups(optimizer, self.basic_optimizer)
         self.optimizer = (wrapper_class(config, optimizer)(self, self.basic_optimizer)
                           if needs_wrapper(config) and not self._inference else self.basic_optimizer)
         # DeepSpeed's names of the modules whose gradients it all-reduces sparse (Embedding with

@@ -23,7 +23,7 @@ from .checkpoint_files import real
 from .config import ConfigError
 
 __all__ = ["TorchLion", "adam_state_dtype", "convert_adam_state", "build_device_optimizer", "build_host_optimizer", "HostOptimizer",
-           "rebuild_like", "native_client", "client_as_config"]
+           "rebuild_like", "native_client", "client_as_config", "share_client_groups"]
 
 
 def _torch_family(name: str, params: dict, groups, fused):
@@ -107,6 +107,24 @@ def client_as_config(client) -> tuple[str, dict]:
         return "Adagrad", dict(lr=d["lr"], lr_decay=0.0, eps=d["eps"], weight_decay=d["weight_decay"],
                                initial_accumulator_value=d["initial_accumulator_value"], torch_adam=False)
     return "Lion", dict(lr=d["lr"], betas=list(d["betas"]), weight_decay=d["weight_decay"], torch_adam=False)
+
+
+def share_client_groups(client: torch.optim.Optimizer, basic: torch.optim.Optimizer) -> None:
+    """A client optimizer whose settings the engine took instead of its object (the NVMe path, the
+    GPU/CPU split): its ``param_groups`` become the engine's, so that an lr scheduler built on it
+    (passed to initialize, or stepped by the script) changes the lr the engine steps with, as in
+    DeepSpeed, which steps the client itself. Keys only the client's groups have (a scheduler's
+    ``initial_lr``, ...) are kept."""
+    live = [g for g in client.param_groups if any(p.requires_grad for p in g["params"])]
+    if len(live) != len(basic.param_groups):
+        raise ConfigError(f"the client optimizer {type(client).__name__} has {len(live)} parameter groups with "
+                          f"trainable parameters, but zspeed built {len(basic.param_groups)}; pass the optimizer's own "
+                          f"parameters as model_parameters (or leave them out).")
+    for mine, theirs in zip(basic.param_groups, live):
+        for k, v in theirs.items():
+            if k != "params":
+                mine.setdefault(k, v)
+    client.param_groups = basic.param_groups
 
 
 def _cpu_fused_supported() -> bool | None:

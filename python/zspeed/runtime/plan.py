@@ -61,10 +61,13 @@ class Facts:
         return self.ratio == "auto"
 
     @classmethod
-    def from_config(cls, cfg, *, world_size: int | None = None, client: str | None = None) -> "Facts":
+    def from_config(cls, cfg, *, world_size: int | None = None, client: str | None = None,
+                    client_optimizer: str | None = None) -> "Facts":
+        """``client_optimizer``: the algorithm of a client optimizer zspeed runs itself (a native one:
+        "Adam", "AdamW", "Adagrad", "Lion"), which replaces the config's."""
         return cls(stage=cfg.zero_stage, offload=cfg.offload_device,
                    delayed=bool(cfg.offload["delayed_update"]), overlap=bool(cfg.offload["overlap_forward"]),
-                   ratio=cfg.offload["ratio"], optimizer=cfg.optimizer_name,
+                   ratio=cfg.offload["ratio"], optimizer=client_optimizer or cfg.optimizer_name,
                    torch_adam=bool((cfg.optimizer_params or {}).get("torch_adam")),
                    amsgrad=bool((cfg.optimizer_params or {}).get("amsgrad")),
                    grad_sum=cfg.top["gradient_allreduce_op"] == "sum",
@@ -164,11 +167,12 @@ FEATURES: tuple = (
                   "it splits the offloaded optimizer's work with the GPU", "Remove the key or offload to cpu.",
                   "cpu, nvme", "optimizer offload"),
              _not_with_delayed(),
-             _req("client", {"none"}, "builds its own Adam/AdamW on both sides from the config's optimizer "
-                  "section, so do not pass an optimizer to initialize()",
+             _req("client", {"none", "native"}, "builds its own Adam/AdamW on both sides from the config's "
+                  "optimizer section or the settings of a zspeed CPU Adam passed to initialize() (DeepSpeedCPUAdam, "
+                  "as DeepSpeed's SuperOffload examples pass), not from another optimizer object",
                   "the GPU's half is torch's fused AdamW, the CPU's zspeed's",
-                  "Remove optimizer= (configure it in the 'optimizer' section), or use ratio 1.", "config's",
-                  "optimizer"),
+                  "Remove optimizer= (configure it in the 'optimizer' section), pass a DeepSpeedCPUAdam, or use "
+                  "ratio 1.", "config's or zspeed's", "optimizer"),
              _req("optimizer", {"Adam", "AdamW"}, "splits Adam/AdamW between the GPU and the CPU",
                   "both halves must run the same algorithm", "Use Adam or AdamW, or ratio 1.", "Adam, AdamW",
                   "optimizer")),
@@ -271,9 +275,9 @@ class RunPlan:
 
     @classmethod
     def build(cls, config, *, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
-              backend: str | None, client: str) -> "RunPlan":
+              backend: str | None, client: str, client_optimizer: str | None = None) -> "RunPlan":
         """The plan of ``config`` for this launch (after :func:`check` of every row)."""
-        check(Facts.from_config(config, world_size=world_size, client=client))
+        check(Facts.from_config(config, world_size=world_size, client=client, client_optimizer=client_optimizer))
         stage, several = config.zero_stage, world_size > 1
         pdev, off = config.offload_param["device"], config.offload
         store = _STORE[stage, several]
