@@ -449,6 +449,37 @@ def test_offloaded_engine_optimizer_is_deepspeeds_cpu_class(name, cls, monkeypat
     e.close()
 
 
+@pytest.mark.parametrize("name,offload,torch_adam,adam_w_mode,expect", [
+    ("AdamW", False, False, False, ("FusedAdam", True)), ("AdamW", False, True, False, ("AdamW", None)),
+    ("AdamW", True, False, False, ("DeepSpeedCPUAdam", True)), ("AdamW", True, True, True, ("AdamW", None)),
+    ("Adam", False, False, False, ("FusedAdam", False)), ("Adam", False, True, False, ("Adam", None)),
+    ("Adam", True, False, False, ("DeepSpeedCPUAdam", False)), ("Adam", False, False, True, ("FusedAdam", True)),
+    ("Adam", False, True, True, ("AdamW", None)), ("Lion", False, False, None, ("FusedLion", None)),
+    ("Lion", True, False, None, ("DeepSpeedCPULion", None))])
+def test_the_engines_basic_optimizer_has_deepspeeds_class(name, offload, torch_adam, adam_w_mode, expect,
+                                                         monkeypatch):
+    """engine.optimizer.optimizer is an instance of the class DeepSpeed's engine builds for the
+    config (DeepSpeed's tests/unit/ops/adam/test_adamw.py table; torch's fused Adam/AdamW stands
+    in for FusedAdam), with DeepSpeed's adam_w_mode (AdamW is always decoupled)."""
+    from zspeed.ops import _ds_optim
+    monkeypatch.setenv("ZSPEED_DEVICE", "cpu")
+    params = {"lr": 1.5e-4}
+    if name != "Lion":
+        params.update(torch_adam=torch_adam, adam_w_mode=adam_w_mode)
+    c = {"train_batch_size": 2, "optimizer": {"type": name, "params": params}, "gradient_clipping": 1.0,
+         "zero_optimization": {"stage": 2, "cpu_offload": offload}}
+    e, *_ = zspeed.initialize(model=torch.nn.Linear(5, 3), config=c)
+    cls_name, mode = expect
+    cls = getattr(torch.optim, cls_name, None) or getattr(_ds_optim, cls_name)
+    basic = e.optimizer.optimizer
+    assert isinstance(basic, cls), type(basic)
+    if cls_name == "FusedAdam":
+        assert not isinstance(basic, _ds_optim.FusedLion) and isinstance(basic, torch.optim.Optimizer)
+    if mode is not None:
+        assert basic.adam_w_mode == mode
+    e.close()
+
+
 def test_op_builders_report_and_load_the_prebuilt_ops(monkeypatch):
     import zspeed.ops as ops
     from zspeed.ops import op_builder as ob

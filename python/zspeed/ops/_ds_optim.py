@@ -190,7 +190,24 @@ class DeepSpeedCPUAdagrad(CPUAdagrad):
             state["sum"] = state["sum"].to(torch.bfloat16)
 
 
-class FusedAdam(torch.optim.Optimizer):
+class _RunsAs(type):
+    """Metaclass of FusedAdam: the engine's device Adam/AdamW is torch's (fused on the GPU, the
+    same update as FusedAdam's with bias correction), marked ``_runs_as = FusedAdam``, so that
+    ``isinstance(engine.optimizer.optimizer, FusedAdam)`` holds as in DeepSpeed."""
+
+    def __instancecheck__(cls, obj):
+        return type.__instancecheck__(cls, obj) or getattr(obj, "_runs_as", None) is cls
+
+
+def runs_as_fused_adam(opt: torch.optim.Optimizer, adam_w_mode: bool) -> torch.optim.Optimizer:
+    """Marks torch's Adam/AdamW ``opt`` as the engine's FusedAdam (see _RunsAs), with DeepSpeed's
+    ``adam_w_mode`` attribute."""
+    opt._runs_as = FusedAdam
+    opt.adam_w_mode = bool(adam_w_mode)
+    return opt
+
+
+class FusedAdam(torch.optim.Optimizer, metaclass=_RunsAs):
     """DeepSpeed's ``FusedAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999),
     eps=1e-8, adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True)``
     for parameters on any device, in plain torch.
