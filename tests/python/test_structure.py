@@ -3,7 +3,8 @@ count): no import circles in the package, checkpoint.py reads only checkpoint pa
 ``engine._`` name), every runtime class that defines __init__ and derives from another of
 the package's classes calls its base's, and the tests on run modes (stage, world_size,
 overlap, delayed, nvme, comm_cpu, cuda, sharded, offload, lowp) in python/zspeed/runtime
-stay within a budget that only goes down."""
+stay within a budget that only goes down; only runtime/config.py and plan.py index the parsed
+config's sections (everything else reads typed properties or the run plan)."""
 from __future__ import annotations
 
 import ast
@@ -140,3 +141,29 @@ def test_subclasses_call_their_base_init():
         if not calls:
             bad.append(f"{name}({', '.join(bases)})")
     assert bad == []
+
+
+# The parsed config's sections: only config.py and plan.py index them; every other module reads a
+# typed property of the config or a field of the run plan (issue: config read once).
+_SECTIONS = {"top", "zero", "offload", "offload_param", "fp16", "bf16", "aio", "data_types", "optimizer_params",
+             "scheduler_params", "checkpoint", "activation_checkpointing", "compile", "monitor",
+             "throughput_timer", "torch_autocast", "amp", "zenflow", "leaf_module", "raw"}
+
+
+def test_only_config_and_plan_read_raw_config_sections():
+    found = []
+    for f in sorted(PKG.rglob("*.py")):
+        if f.parent == RUNTIME and f.name in ("config.py", "plan.py"):
+            continue
+        for n in ast.walk(ast.parse(f.read_text())):
+            target = None
+            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute):
+                target = n.value
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" \
+                    and isinstance(n.func.value, ast.Attribute):
+                target = n.func.value
+            if target is not None and target.attr in _SECTIONS and \
+                    ast.unparse(target.value).split(".")[-1] in ("config", "cfg", "_config"):
+                found.append(f"{f.relative_to(PKG)}:{n.lineno}: {ast.unparse(n)[:80]}")
+    assert not found, ("raw reads of a config section outside runtime/config.py and plan.py (add a typed "
+                       "property to ZSpeedConfig or a field to RunPlan):\n  " + "\n  ".join(found))

@@ -155,7 +155,7 @@ def _host_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, 
         log.info("zspeed: %d rank(s) on this host share its cores: %d CPU optimizer threads per rank "
                  "(set ZSPEED_NUM_THREADS to choose)", comm.get_local_world_size(), threads)
     return HostPath(layout, buffers, name, params, client=client,
-                    force_native=bool(config.top["zero_force_ds_cpu_optimizer"]), chunk_elems=plan.chunk_elems,
+                    force_native=config.force_ds_cpu_optimizer, chunk_elems=plan.chunk_elems,
                     num_threads=threads, timing=plan.timing)
 
 
@@ -167,7 +167,7 @@ def _nvme_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, 
         client = None
     buffers, layout = _host_buffers(plan, config, layout, coll)
     return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
-                    aio=config.aio, sub_group_size=int(config.zero["sub_group_size"]))
+                    aio=config.aio, sub_group_size=config.sub_group_size)
 
 
 def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, client, coll) -> OptimizerPath:
@@ -180,7 +180,7 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
         name, params = client_as_config(client)
         client = None
     ratio, auto = plan.ratio, None
-    force = bool(config.top["zero_force_ds_cpu_optimizer"])
+    force = config.force_ds_cpu_optimizer
     threads = host_threads()
     device = plan.device
     if ratio == "auto":
@@ -200,7 +200,7 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
                               timing=plan.timing, auto=auto, tier=plan.cpu_tier, host_elems=plan.host_elems,
                               grads_in_shards=plan.grads_in_shards,
                               nvme=dict(offload_cfg=config.offload, aio=config.aio,
-                                        sub_group_size=int(config.zero["sub_group_size"])))
+                                        sub_group_size=config.sub_group_size))
     return split.SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
                            bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
                            num_threads=threads, timing=plan.timing, auto=auto)

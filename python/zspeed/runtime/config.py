@@ -1301,6 +1301,73 @@ class ZSpeedConfig:
     def log_level(self) -> str | None:
         return self.top["log_level"]
 
+    # The settings the engine and its parts read, typed here so that nothing outside config.py
+    # and plan.py indexes a section (tests/python/test_structure.py checks it).
+    @property
+    def seed(self) -> int | None:
+        return None if self.top["seed"] is None else int(self.top["seed"])
+
+    @property
+    def steps_per_print(self):
+        return self.top["steps_per_print"]
+
+    @property
+    def wall_clock_breakdown(self) -> bool:
+        return bool(self.top["wall_clock_breakdown"])
+
+    @property
+    def dataloader_drop_last(self) -> bool:
+        return bool(self.top["dataloader_drop_last"])
+
+    @property
+    def dump_state(self) -> bool:
+        return bool(self.top["dump_state"])
+
+    @property
+    def trace(self):
+        """zspeed_trace: where the Chrome trace goes (None: no trace)."""
+        return self.top["zspeed_trace"]
+
+    @property
+    def allow_untested_optimizer(self) -> bool:
+        return bool(self.top["zero_allow_untested_optimizer"])
+
+    @property
+    def force_ds_cpu_optimizer(self) -> bool:
+        return bool(self.top["zero_force_ds_cpu_optimizer"])
+
+    @property
+    def sub_group_size(self) -> int:
+        return int(self.zero["sub_group_size"])
+
+    @property
+    def sanity_checks(self) -> bool:
+        return bool(self.zero["enable_sanity_checks"])
+
+    @property
+    def auto_cast(self) -> bool:
+        """fp16.auto_cast: fp16 models cast floating-point inputs to fp16."""
+        return bool(self.fp16["auto_cast"])
+
+    @property
+    def skips_nonfinite(self) -> bool:
+        """Whether a step with a non-finite gradient is skipped: always with fp16 (its loss
+        scaler), with bf16 when bf16.check_grad_overflow asks."""
+        return self.fp16_enabled or bool(self.bf16["check_grad_overflow"])
+
+    @property
+    def torch_adam(self) -> bool:
+        """optimizer.params.torch_adam: torch's Adam/AdamW instead of zspeed's or DeepSpeed's kernel."""
+        return bool((self.optimizer_params or {}).get("torch_adam", False))
+
+    @property
+    def nvme_path(self):
+        return self.offload["nvme_path"]
+
+    @property
+    def nvme_buffer_count(self) -> int:
+        return int(self.offload["buffer_count"])
+
     # DeepSpeed's DeepSpeedConfig attributes for the data_types section (the strings as written,
     # None when unset).
     @property

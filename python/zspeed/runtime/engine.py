@@ -227,7 +227,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._in_engine_backward = False
         self._direct_backward_active = False
         self._loss_scaled_by_script = False
-        self._skip_nonfinite = config.fp16_enabled or bool(config.bf16["check_grad_overflow"])
+        self._skip_nonfinite = config.skips_nonfinite
         self._clip = config.gradient_clipping
         self._gas = config.gradient_accumulation_steps
         # The tensor-fragment API (fragments.py): a boundary's backward has run since the last step,
@@ -312,7 +312,7 @@ class ZSpeedEngine(torch.nn.Module):
         # turns it off and calls it itself); zspeed's backward reduces a boundary's gradients over
         # the ranks whatever it says (see allreduce_gradients).
         self.enable_backward_allreduce = True
-        self._trace = tracer_from(config.top["zspeed_trace"], self.global_rank, self.world_size)
+        self._trace = tracer_from(config.trace, self.global_rank, self.world_size)
         # DeepSpeed's throughput timer and wall-clock timers (timing.py)
         self._timing = EngineTiming(config, self.train_batch_size(), self.global_rank)
         self.tput_timer = self._timing.tput
@@ -338,7 +338,7 @@ class ZSpeedEngine(torch.nn.Module):
         self.training_dataloader = None
         if training_data is not None:
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
-        if config.top["dump_state"]:
+        if config.dump_state:
             log.info("zspeed engine: %s", self._describe())
         log_summary(self)
 
@@ -403,7 +403,7 @@ class ZSpeedEngine(torch.nn.Module):
                         "'optimizer' section (%s): the passed %s is used and the section is ignored, as "
                         "in DeepSpeed.", config.optimizer_name, type(client).__name__)
         if config.zero_stage >= 1 and not is_zero_supported_optimizer(client):
-            if not config.top["zero_allow_untested_optimizer"]:
+            if not config.allow_untested_optimizer:
                 from .errors import ConfigAssertionError
                 raise ConfigAssertionError(
                     f"ZeRO stage {config.zero_stage} with the client optimizer {type(client).__name__}, which "
@@ -464,11 +464,11 @@ class ZSpeedEngine(torch.nn.Module):
     def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
         """A DataLoader over ``dataset`` with the micro-batch size (DeepSpeed's name)."""
         gen = None
-        seed = self._config.top["seed"]
+        seed = self._config.seed
         if seed is not None:
             gen = torch.Generator().manual_seed(int(seed))
         bs = batch_size or self.train_micro_batch_size_per_gpu()
-        drop = bool(self._config.top["dataloader_drop_last"])
+        drop = self._config.dataloader_drop_last
         if self.world_size > 1:
             # Each rank reads its own 1/world_size of every epoch, as DeepSpeed's loader does.
             sampler = torch.utils.data.distributed.DistributedSampler(
@@ -495,7 +495,7 @@ class ZSpeedEngine(torch.nn.Module):
         return dict(self._timing.snapshot)
 
     def wall_clock_breakdown(self) -> bool:
-        return bool(self._config.top["wall_clock_breakdown"])
+        return self._config.wall_clock_breakdown
 
     def gradient_clipping(self) -> float:
         """The global gradient norm the step clips to (0: no clipping; DeepSpeed's default 1.0)."""
@@ -667,7 +667,7 @@ class ZSpeedEngine(torch.nn.Module):
         called by the script itself (instead of engine.backward) trains like
         engine.backward(loss): see _OutputHooks."""
         self._check_open()
-        if self._config.fp16["auto_cast"]:
+        if self._config.auto_cast:
             inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
         self.tput_timer.start()
         with self._collectives("forward"), self._timing.phase("fwd"):  # ZeRO-3 gathers and a step in the background communicate
@@ -997,7 +997,7 @@ class ZSpeedEngine(torch.nn.Module):
     def _count_step(self) -> None:
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
-        spp = self._config.top["steps_per_print"]
+        spp = self._config.steps_per_print
         if spp and self.global_steps % spp == 0:
             log.info("step=%d lr=%s loss_scale=%g grad_norm=%s skipped=%d", self.global_steps, self.get_lr(),
                      self.loss_scaler.loss_scale, self._global_grad_norm, self.skipped_steps)
@@ -1533,8 +1533,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
                           verbose=False)
     cfg = parse_config(config if config is not None else config_params, args=args,
                        world_size=comm.get_world_size())
-    if cfg.top["seed"] is not None:
-        torch.manual_seed(int(cfg.top["seed"]))
+    if cfg.seed is not None:
+        torch.manual_seed(cfg.seed)
     if "activation_checkpointing" in cfg.raw:
         # The section configures zspeed.checkpointing (DeepSpeed leaves that to the script's own
         # deepspeed.checkpointing.configure call, which still wins when it comes first or later).

@@ -173,8 +173,8 @@ class NVMePath(OffloadedPath):
         # per partition.
         shards_out = plan.store == "partitioned" and (plan.param_medium == "host" or plan.device.type == "cpu")
         if shards_out:
-            cap = max(1, min(int(config.zero["sub_group_size"]), PARTITION_CAP))
-            spare = min(on_disk, 4 * max(2, int(config.offload["buffer_count"])) * cap)
+            cap = max(1, min(config.sub_group_size, PARTITION_CAP))
+            spare = min(on_disk, 4 * max(2, config.nvme_buffer_count) * cap)
             disk = int((4 + per) * (on_disk + spare))
             what = (f"once, plus spare slots for {spare:,} elements: a failed write loses nothing, as each "
                     f"partition's new image goes to a free slot")
@@ -184,7 +184,7 @@ class NVMePath(OffloadedPath):
         return [Need("host", "gradients", 0 if plan.grads_in_shards else s.esize * n),
                 Need("host", "weights out", 0 if shards_out else s.esize * n), *host,
                 Need("nvme", f"offload_optimizer ({on_disk:,} elements x {4 + per:.1f} bytes of fp32 masters and "
-                     f"{sd} optimizer state, {what})", disk if on_disk else 0, where=config.offload["nvme_path"])]
+                     f"{sd} optimizer state, {what})", disk if on_disk else 0, where=config.nvme_path)]
 
     def __init__(self, layout: FlatLayout, buffers: HostBuffers, name: str, params: dict, *, client,
                  offload_cfg: dict, aio: dict, sub_group_size: int):

@@ -21,7 +21,7 @@ __all__ = ["wrapper_class"]
 
 def _stage0(config, client) -> type:
     fused = client is None and config.optimizer_name in ("Adam", "AdamW") and \
-        not config.optimizer_params.get("torch_adam", False)
+        not config.torch_adam
     return FP16_Optimizer if fused else FP16_UnfusedOptimizer
 
 

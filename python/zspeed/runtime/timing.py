@@ -33,11 +33,11 @@ class EngineTiming:
     """The engine's throughput timer and its wall-clock breakdown (see the module's text)."""
 
     def __init__(self, config, batch_size: int, rank: int):
-        spp = config.top["steps_per_print"]
+        spp = config.steps_per_print
         self.tput = T.ThroughputTimer(_Switches(config.throughput_timer), batch_size=batch_size,
                                       steps_per_output=spp if spp and spp != float("inf") else None)
         self.timers = T.SynchronizedWallClockTimer()
-        on = bool(config.top["wall_clock_breakdown"])
+        on = config.wall_clock_breakdown
         # phase -> the timers it starts (none with the breakdown off)
         self._names = {k: [_MICRO[k], _GLOBAL[k]] if on else [] for k in _MICRO}
         self._micro = list(_MICRO.values()) if on else []

@@ -70,7 +70,7 @@ def _sanity_checks_from(config) -> bool:
     if config is None:
         return False
     if isinstance(config, ZSpeedConfig):
-        return bool(config.zero["enable_sanity_checks"])
+        return config.sanity_checks
     if not isinstance(config, dict):
         return False  # (_dtype_from has refused it already)
     zero = config.get("zero_optimization") or {}
