@@ -81,18 +81,18 @@ class HostPath(OffloadedPath):
                         for p, m in zip(ps, ms):
                             m.copy_(p.detach().reshape(-1))  # (converted by the copy: one pass)
         if not lowp:
-            self._out = self.host_masters
+            self.weights_out = self.host_masters
         elif own is not None:
-            self._out = own
+            self.weights_out = own
         else:
-            _, self._out = buffers.alloc(buffers.model_dtype)
+            _, self.weights_out = buffers.alloc(buffers.model_dtype)
         # What the optimizer writes besides the masters: the low-precision weights.
-        self._lowp_out = self._out if lowp else None
+        self.lowp_out = self.weights_out if lowp else None
         self.host = build_host_optimizer(name, params, layout.with_params(self.host_masters), client=client,
                                          force_native=force_native, num_threads=num_threads)
         self.optimizer = self.host.optimizer
         self.chunks = _chunks(layout, chunk_elems)
-        self._chunk_of = {k: i for i, c in enumerate(self.chunks) for k in c}
+        self.chunk_of = {k: i for i, c in enumerate(self.chunks) for k in c}
         self.runner = RUNNERS[timing](self)
 
     @property
@@ -144,7 +144,7 @@ class HostPath(OffloadedPath):
         self.runner.close()
         super().close()
 
-    def _select(self, chunk: list) -> list:
+    def chunk_grads(self, chunk: list) -> list:
         """The gradients restricted to one chunk: None (skipped by the optimizer) elsewhere."""
         if len(self.chunks) == 1:
             return self._grads
@@ -160,7 +160,7 @@ class HostPath(OffloadedPath):
     def load_masters(self, masters: list) -> None:
         self.flush()
         copy_masters(self.host_masters, masters)
-        self.buffers.refresh(self.host_masters, self._lowp_out)
+        self.buffers.refresh(self.host_masters, self.lowp_out)
 
 
 def _chunks(layout: FlatLayout, chunk_elems: int) -> list:

@@ -112,7 +112,7 @@ class SyncRunner:
         if pend is None:  # a new step (else: the retry of one that raised partway)
             with path.trace.span("wait for last step's copies"):
                 path.buffers.wait_host_buffers()
-            pend = self.pending = Pending(path.host, [path._select(c) for c in path.chunks], factor)
+            pend = self.pending = Pending(path.host, [path.chunk_grads(c) for c in path.chunks], factor)
         self.advance(pend)
         path.buffers.end_write_back()
         self.pending = None
@@ -124,7 +124,7 @@ class SyncRunner:
         for i in range(pend.next, len(path.chunks)):
             if pend.stepped <= i:
                 with path.trace.span(self.span, chunk=i, params=len(path.chunks[i])):
-                    pend.host.step(pend.grads[i], pend.factor, path._lowp_out)
+                    pend.host.step(pend.grads[i], pend.factor, path.lowp_out)
                 pend.stepped = i + 1
                 path.buffers.chunk_stepped(path.chunks[i])
             self.after_chunk(pend, i)
@@ -132,7 +132,7 @@ class SyncRunner:
 
     def after_chunk(self, pend: Pending, i: int) -> None:
         with self.path.trace.span("copy back (queue)", chunk=i):
-            self.path.buffers.write_back(self.path._out, self.path.chunks[i])
+            self.path.buffers.write_back(self.path.weights_out, self.path.chunks[i])
 
     # What the path forwards to its runner.
     def flush(self) -> None:
@@ -304,7 +304,7 @@ class OverlapRunner(_BackgroundRunner):
         self._group = sm.comm.new_group()
         units = path.buffers.entry_units()  # per group of the path's layout, per entry: (store group, unit)
         last: dict = {}
-        for (gi, ei), ci in path._chunk_of.items():
+        for (gi, ei), ci in path.chunk_of.items():
             key = units[gi][ei]
             last[key] = max(last.get(key, -1), ci)
         # The units this path steps (all of the store's, or the CPU's share of a split), in local order.
@@ -318,7 +318,7 @@ class OverlapRunner(_BackgroundRunner):
         sm = path.sharded
         if sm is None:
             key = path.layout.index.get(id(p))
-            return None if key is None else path._chunk_of[key]
+            return None if key is None else path.chunk_of[key]
         key = sm.layout.index.get(id(p))
         if key is None:
             return None
@@ -352,7 +352,7 @@ class OverlapRunner(_BackgroundRunner):
         if sm is not None:  # ZeRO-3: the gathered copies are stale from here on (the fetcher waits per unit)
             sm.mark_stale()
         # release() drops the path's gradients next: the step keeps its own selection of them.
-        pend = self.pending = Pending(self._twin(), [path._select(c) for c in path.chunks], factor)
+        pend = self.pending = Pending(self._twin(), [path.chunk_grads(c) for c in path.chunks], factor)
         inf = pend.inflight = InFlight(len(self.waits))
         if self._copy_stream is not None:
             # The copies into the parameters come after everything queued so far (the backward
@@ -374,11 +374,11 @@ class OverlapRunner(_BackgroundRunner):
         copy_span = path.trace.cuda_span("weights to GPU", side, chunk=i) if side is not None \
             else contextlib.nullcontext()
         with path.trace.span("copy back (queue)", chunk=i), on_stream, copy_span:
-            path.buffers.write_back(path._out, path.chunks[i])
+            path.buffers.write_back(path.weights_out, path.chunks[i])
             while pend.k < len(self.waits) and self.waits[pend.k][0] <= i:
                 unit = self.waits[pend.k][1]
                 if unit is not None:  # every rank's new shard of this unit into every rank's model
-                    path.buffers.gather_unit(*unit, path._out, self._group)
+                    path.buffers.gather_unit(*unit, path.weights_out, self._group)
                 ev = None
                 if side is not None:
                     ev = torch.cuda.Event()
@@ -437,7 +437,7 @@ class DelayedRunner(_BackgroundRunner):
     def start(self, factor: float) -> None:
         self.flush()
         path = self.path
-        pend = self.pending = Pending(self._twin(), [path._select(c) for c in path.chunks], factor)
+        pend = self.pending = Pending(self._twin(), [path.chunk_grads(c) for c in path.chunks], factor)
         path.buffers.swap_grads()  # the next backward must not overwrite what the step reads
 
         def body():
@@ -455,7 +455,7 @@ class DelayedRunner(_BackgroundRunner):
         path = self.path
         keys = [k for c in path.chunks for k in c]
         with path.trace.span("copy back (queue)"):
-            path.buffers.write_back(path._out, keys)
+            path.buffers.write_back(path.weights_out, keys)
         path.buffers.end_write_back()
 
 
