@@ -468,16 +468,25 @@ class ShardedBuffers(ShardGrads, HostBuffers):
         self.wait_host_buffers()
 
 
-def phased_step(path, factor: float) -> None:
-    """``path``'s fp32 gradients (``_gflat``) times ``factor``, then its optimizer's step, each
-    once per step (``_phase``: 1 scaled, 2 stepped) even when called again after what follows
-    the step raised."""
-    if factor != 1.0 and path._phase == 0:
-        torch._foreach_mul_(path._gflat, factor)
-    path._phase = max(path._phase, 1)
-    if path._phase == 1:
-        path.optimizer.step()
-        path._phase = 2
+class PhasedStep:
+    """A device optimizer's step over fp32 gradients ``grads``: the gradients times the step's
+    factor, then ``optimizer.step()``, each once per step (``phase``: 1 scaled, 2 stepped) even
+    when called again after what follows the step raised; ``reset`` when the step is over."""
+
+    def __init__(self, grads: list):
+        self.grads = grads
+        self.phase = 0
+
+    def run(self, optimizer, factor: float) -> None:
+        if factor != 1.0 and self.phase == 0:
+            torch._foreach_mul_(self.grads, factor)
+        self.phase = max(self.phase, 1)
+        if self.phase == 1:
+            optimizer.step()
+            self.phase = 2
+
+    def reset(self) -> None:
+        self.phase = 0
 
 
 class ShardedDevicePath(OptimizerPath):
@@ -516,7 +525,7 @@ class ShardedDevicePath(OptimizerPath):
         else:
             self.optimizer = build_device_optimizer(name, params, sm.layout.with_params(flat_groups), dev)
         self.reducer = GradReducer(sm, self._gflat, stage=stage, overlap=overlap, comm=comm, comm_dtype=comm_dtype)
-        self._phase = 0  # of the step under way: 1 gradients scaled, 2 stepped (see apply)
+        self._steps = PhasedStep(self._gflat)
 
     def before_backward(self, boundary: bool) -> None:
         self.reducer.before_backward(boundary)
@@ -535,12 +544,12 @@ class ShardedDevicePath(OptimizerPath):
 
     def apply(self, factor: float) -> None:
         # Called again after it raised: each phase that ran is not repeated (the all-gather is).
-        phased_step(self, factor)
+        self._steps.run(self.optimizer, factor)
         self._to_model()
-        self._phase = 0
+        self._steps.reset()
 
     def abandon_step(self) -> None:
-        self._phase = 0
+        self._steps.reset()
 
     def _to_model(self) -> None:
         with torch.no_grad():
@@ -551,7 +560,7 @@ class ShardedDevicePath(OptimizerPath):
         self.sm.publish()
 
     def release(self) -> None:
-        self._phase = 0
+        self._steps.reset()
         self.reducer.reset()
         self.zero_grad()
 

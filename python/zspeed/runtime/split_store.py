@@ -41,7 +41,7 @@ import torch
 from .checkpoint_files import Deferred, materialized, real
 from .collectives import Collectives
 from .cpu import HostPath
-from .dp import GradReducer, ShardGrads, ShardedBuffers, phased_step
+from .dp import GradReducer, PhasedStep, ShardGrads, ShardedBuffers
 from .layout import FlatLayout
 from .memory import Need
 from .offload import HostBuffers
@@ -112,7 +112,7 @@ class DeviceShare(OptimizerPath):
             f.grad = g
         self._views = [layout.views(f, i) for i, f in enumerate(self._flat)]
         self.optimizer = build_device_optimizer(name, params, layout.with_params([[f] for f in self._flat]), dev)
-        self._phase = 0  # of the step under way: 1 gradients scaled, 2 stepped (see apply)
+        self._steps = PhasedStep(self._gflat)
         self._streams = streams_for(dev)
         self._written = None  # CUDA event after the copies of the new weights into host shards
 
@@ -134,9 +134,9 @@ class DeviceShare(OptimizerPath):
         # Called again after the CPU half raised: the phases that ran are not repeated. On the
         # trace: the GPU's own time for its half (a CUDA span on the compute stream).
         with getattr(self.trace, _SPANS.get(self.sm.device.type, "span"))("gpu half: AdamW and new weights"):
-            phased_step(self, factor)
+            self._steps.run(self.optimizer, factor)
             self._publish()
-        self._phase = 0
+        self._steps.reset()
 
     def _publish(self) -> None:
         """The new weights into the shards (queued on the current stream) and to the model."""
@@ -155,10 +155,10 @@ class DeviceShare(OptimizerPath):
             ev.synchronize()
 
     def abandon_step(self) -> None:
-        self._phase = 0
+        self._steps.reset()
 
     def release(self) -> None:
-        self._phase = 0
+        self._steps.reset()
 
     def zero_grad(self) -> None:
         pass  # the model's gradients are the store split's
