@@ -41,6 +41,7 @@ ranks would deadlock, as it would under DeepSpeed.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 
@@ -112,7 +113,7 @@ class _ExternalUse(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         f = self.fetcher
-        if f._busy:
+        if f.busy:
             return func(*args, **(kwargs or {}))
         hits = None
         for a in (*args, *(kwargs.values() if kwargs else ())):
@@ -123,11 +124,8 @@ class _ExternalUse(TorchFunctionMode):
                     if type(b) is torch.nn.Parameter and id(b) in f.states:
                         hits = _add(hits, f.states[id(b)])
         if hits:
-            f._busy += 1
-            try:
+            with f.working():
                 f.external_use(hits)
-            finally:
-                f._busy -= 1
         return func(*args, **(kwargs or {}))
 
 
@@ -224,7 +222,7 @@ class ParamFetcher:
         # offload_optimizer.overlap_forward: (store, ready(gi, ui, block)) -- a shard of that
         # store may still be being stepped in the background, and is gathered only once it is not.
         self._gate = None
-        self._busy = 0
+        self._busy = 0  # > 0 while the fetcher itself works (its own tensor calls are not intercepted)
         _FETCHERS.add(self)
 
     # -- the hooks, under DeepSpeed's names ---------------------------------------------------------
@@ -519,8 +517,7 @@ class ParamFetcher:
         if not sts:
             self._pos_stack.append(None)
             return None
-        self._busy += 1
-        try:
+        with self.working():
             for st in sts:
                 st.p.ds_active_sub_modules.add(m.ds_id)
             self.need(sts)
@@ -530,8 +527,6 @@ class ParamFetcher:
             self._pos_stack.append(pos)
             if self.frozen is not None and torch.is_grad_enabled():
                 self._hook_inputs(args, m)
-        finally:
-            self._busy -= 1
         return None
 
     def _hook_inputs(self, args, m) -> None:
@@ -564,8 +559,7 @@ class ParamFetcher:
         sts = self._of(m)
         if not sts:
             return None
-        self._busy += 1
-        try:
+        with self.working():
             for st in sts:
                 st.p.ds_active_sub_modules.discard(m.ds_id)
             if torch.is_grad_enabled():
@@ -576,8 +570,6 @@ class ParamFetcher:
                 self.release([st for st in sts if id(st) not in keep])
             else:
                 self.release(sts)
-        finally:
-            self._busy -= 1
         return None
 
     def _hook_outputs(self, out, m) -> None:
@@ -588,13 +580,13 @@ class ParamFetcher:
             f = ref()
             if f is not None and not fired[0]:
                 fired[0] = True
-                f._pre_backward(m)
+                f.pre_backward(m)
             return None
         for t in _tensors(out):
             if t.requires_grad and t.grad_fn is not None:
                 t.register_hook(before_module_backward)
 
-    def _pre_backward(self, m) -> None:
+    def pre_backward(self, m) -> None:
         sts = self._of(m)
         for st in sts:
             st.hold = True
@@ -622,6 +614,27 @@ class ParamFetcher:
         # else: touched outside any module's forward (the root's own code): it stays
         # gathered until the end of backward, or the next release_all().
 
+    @property
+    def busy(self) -> bool:
+        """Whether the fetcher itself is working (gathering, releasing): tensor calls then are its own."""
+        return self._busy > 0
+
+    @contextlib.contextmanager
+    def working(self):
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+
+    def externals_of(self, module_id: int):
+        """The states of the parameters used in module ``module_id``'s forward that it does not own."""
+        return self._external.get(module_id, ())
+
+    def remove_gate(self, gate) -> None:
+        if self._gate is gate:
+            self._gate = None
+
     def add_external(self, module, p) -> None:
         st = self.states[id(p)]
         ext = self._external.setdefault(id(module), [])
@@ -642,12 +655,9 @@ class ParamFetcher:
         settle = self.before_pin() if self.before_pin is not None else None
         if settle is not None:  # (a step in the background or one that raised partway: complete it first)
             settle("GatheredParameters")
-        self._busy += 1
-        try:
+        with self.working():
             self.need(sts)
             self.streams.synchronize_current()
-        finally:
-            self._busy -= 1
         for st in sts:
             st.pins += 1
         return sts
@@ -761,7 +771,7 @@ class _ExternalParameters:
 
     def __call__(self) -> list:
         f = self._fetcher()
-        ext = f._external.get(self._module_id, ()) if f is not None else ()
+        ext = f.externals_of(self._module_id) if f is not None else ()
         return [(id(st.p), st.p) for st in ext]
 
 
@@ -771,8 +781,8 @@ class _GateHandle:
 
     def remove(self) -> None:
         f = self._fetcher()
-        if f is not None and f._gate is self._gate:
-            f._gate = None
+        if f is not None:
+            f.remove_gate(self._gate)
 
 
 def _tensors(obj, out=None, depth=0):
