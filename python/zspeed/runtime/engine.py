@@ -271,7 +271,7 @@ class ZSpeedEngine(torch.nn.Module):
         keep = _kept_buffers(model, keep_in_fp32_pattern(model, config.keep_in_fp32_modules, param_dtype))
         self.module = self._placement.place(model, self._layout)
         _restore_buffers(self.module, loaded, buffer_dtype, keep)
-        hook = _ParamGradHook(self)
+        hook = _ParamGradHook(weakref.WeakMethod(self._param_grad))
         for ps in self._model_params:
             for p in ps:
                 p.register_hook(hook)
@@ -329,8 +329,9 @@ class ZSpeedEngine(torch.nn.Module):
                 if p.requires_grad:
                     self._path_hooks.append(p.register_post_accumulate_grad_hook(lambda q: got.add(id(q))))
         # module.state_dict() (what exports and EMA copies read) sees the finished step.
-        self._path_hooks.append(self.module.register_state_dict_pre_hook(_SettleFirst(self)))
-        guard_copies(self.module, _before_copy(weakref.ref(self)))  # EMA copies see the finished step
+        self._path_hooks.append(self.module.register_state_dict_pre_hook(
+            _SettleFirst(weakref.WeakMethod(self._settle_before_read))))
+        guard_copies(self.module, _copy_guard(weakref.WeakMethod(self._before_copy)))  # EMA copies see the finished step
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler) if not self._inference else None
         if self._inference:
@@ -686,7 +687,7 @@ class ZSpeedEngine(torch.nn.Module):
                         raise
                     raise ConfigError(hint) from e
         if torch.is_grad_enabled():
-            _OutputHooks(self).register(out)
+            _OutputHooks(weakref.WeakMethod(self._output_grad)).register(out)
         return out
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -1254,6 +1255,38 @@ class ZSpeedEngine(torch.nn.Module):
         return self.optimizer_path.stats(reset=reset)
 
     # -- the engine's state as checkpoint parts (parts.py; checkpoint.py reads only these) -----------
+    # -- what the module's hooks call (through weak references: see the classes below) --------
+    def _output_grad(self, grad: torch.Tensor):
+        """The first gradient of a backward the script started itself (loss.backward())."""
+        if self._inference:
+            raise self.optimizer_path.refuse("loss.backward()")
+        if self._in_engine_backward or self._direct_backward_active:
+            return None
+        if self._config.fp16_enabled and not self._loss_scaled_by_script:
+            raise RuntimeError(
+                "fp16 training needs a scaled loss, but loss.backward() was called on an unscaled loss. Call "
+                "engine.backward(loss), or engine.scale(loss).backward() (DeepSpeed's two ways).")
+        self._begin_direct_backward()
+        return None
+
+    def _param_grad(self, grad: torch.Tensor):
+        if self._direct_backward_active and self._gas > 1:
+            return grad / self._gas
+        return None
+
+    def _settle_before_read(self) -> None:
+        # (not during a checkpoint load: it reads the module to plan, then replaces what a torn
+        # step touched, or leaves that step pending when it refuses the checkpoint)
+        if not self._closed and not self._loading:
+            self._settle()
+
+    def _before_copy(self) -> None:
+        if self._closed:
+            return
+        if self._stage3:
+            raise ZeRO3CopyError(ZERO3_COPY_MESSAGE)
+        self._settle()
+
     def _checkpoint_parts(self) -> CheckpointParts:
         return CheckpointParts(model=self._model_part,
                                optim=OptimizerPart(self._names, self._model_params, self.optimizer_path,
@@ -1326,8 +1359,8 @@ class _OutputHooks:
     dividing at the parameters counts every gradient once. DeepSpeed also refuses direct
     backward passes at ZeRO stage 0; zspeed takes them at every stage."""
 
-    def __init__(self, engine):
-        self.engine = weakref.proxy(engine)
+    def __init__(self, on_grad):
+        self._on_grad = on_grad  # weakly bound: ZSpeedEngine._output_grad
 
     def register(self, out, seen: set | None = None) -> None:
         seen = set() if seen is None else seen
@@ -1343,17 +1376,8 @@ class _OutputHooks:
                 self.register(o, seen)
 
     def _hook(self, grad: torch.Tensor):
-        e = self.engine
-        if e._inference:
-            raise e.optimizer_path.refuse("loss.backward()")
-        if e._in_engine_backward or e._direct_backward_active:
-            return None
-        if e._config.fp16_enabled and not e._loss_scaled_by_script:
-            raise RuntimeError(
-                "fp16 training needs a scaled loss, but loss.backward() was called on an unscaled loss. Call "
-                "engine.backward(loss), or engine.scale(loss).backward() (DeepSpeed's two ways).")
-        e._begin_direct_backward()
-        return None
+        on_grad = self._on_grad()
+        return None if on_grad is None else on_grad(grad)
 
 
 # The ZeRO stages where DeepSpeed refuses engine.no_sync() / coalesce_grad_reduction(), with its
@@ -1384,44 +1408,38 @@ def _take_from_earlier_engines(model: torch.nn.Module) -> None:
 
 class _SettleFirst(EngineHook):
     """A state_dict pre-hook on the engine's module: the optimizer step under way completes
-    first (ZSpeedEngine._settle; weakly bound to the engine)."""
+    first (ZSpeedEngine._settle_before_read; weakly bound to the engine)."""
 
-    def __init__(self, engine):
-        self._engine = weakref.ref(engine)
+    def __init__(self, settle):
+        self._settle = settle
 
     def __call__(self, module, prefix, keep_vars):
-        e = self._engine()
-        # (not during a checkpoint load: it reads the module to plan, then replaces what a torn
-        # step touched, or leaves that step pending when it refuses the checkpoint)
-        if e is not None and not e._closed and not e._loading:
-            e._settle()
+        settle = self._settle()
+        if settle is not None:
+            settle()
 
 
-def _before_copy(engine_ref):
-    """What guard_copies runs before the engine's module is copied or pickled."""
+def _copy_guard(before_ref):
+    """What guard_copies runs before the engine's module is copied or pickled
+    (ZSpeedEngine._before_copy, weakly bound)."""
     def before():
-        e = engine_ref()
-        if e is None or e._closed:
-            return
-        if e._stage3:
-            raise ZeRO3CopyError(ZERO3_COPY_MESSAGE)
-        e._settle()
+        fn = before_ref()
+        if fn is not None:
+            fn()
     return before
 
 
 class _ParamGradHook(EngineHook):
     """Each parameter's gradient of a backward the script started itself, divided by
-    gradient_accumulation_steps as engine.backward divides the loss (weakly bound to the
-    engine, so the model's hooks do not keep a finished engine alive)."""
+    gradient_accumulation_steps as engine.backward divides the loss (ZSpeedEngine._param_grad,
+    weakly bound, so the model's hooks do not keep a finished engine alive)."""
 
-    def __init__(self, engine):
-        self._engine = weakref.ref(engine)
+    def __init__(self, on_grad):
+        self._on_grad = on_grad
 
     def __call__(self, grad: torch.Tensor):
-        e = self._engine()
-        if e is not None and e._direct_backward_active and e._gas > 1:
-            return grad / e._gas
-        return None
+        on_grad = self._on_grad()
+        return None if on_grad is None else on_grad(grad)
 
 
 def _one_line(e: BaseException) -> str:
