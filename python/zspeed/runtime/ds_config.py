@@ -53,8 +53,7 @@ class DeepSpeedConfig(ZSpeedConfig):
         self.zero_optimization_stage = self.zero_stage
         self.zero_enabled = self.zero_stage > 0
         self.bfloat16_enabled = self.bf16_enabled
-        self.steps_per_print = self.top["steps_per_print"]
-        self.wall_clock_breakdown = self.top["wall_clock_breakdown"]
+        # (steps_per_print, wall_clock_breakdown, dump_state, dataloader_drop_last: ZSpeedConfig's properties)
         from ..monitor.config import DeepSpeedMonitorConfig
         self.monitor_config = DeepSpeedMonitorConfig(**self.monitor)
 
