@@ -40,7 +40,7 @@ from .. import comm
 from .._native import ZSpeedError
 from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, check_param_dtype, parse_config
 from .errors import FragmentError, NoSyncError, UnusedParametersError
-from .fragments import attach as attach_fragments
+from .fragments import EngineCalls, attach as attach_fragments
 from .assemble import client_algorithm, client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
 from .optimizers import share_client_groups
 from .device import pick_device
@@ -319,7 +319,11 @@ class ZSpeedEngine(torch.nn.Module):
         self.timers = self._timing.timers
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
-        attach_fragments(self, [p for ps in self._model_params for p in ps])
+        self._fragments = attach_fragments(
+            self, [p for ps in self._model_params for p in ps], layout=self._layout, stage3=self._stage3,
+            calls=EngineCalls(check_open=weakref.WeakMethod(self._check_open), settle=weakref.WeakMethod(self._settle),
+                              collect_grads=weakref.WeakMethod(self._grads_for_fragments),
+                              local_backward=weakref.WeakMethod(self._local_backward_mode)))
         # zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload,
         # a step whose trained parameters did not all get a gradient is refused (see _decide_step).
         self._got_grad = None
@@ -798,6 +802,10 @@ class ZSpeedEngine(torch.nn.Module):
                 f"{what}: this step's gradients were already read or set through the tensor-fragment API "
                 f"(safe_get_full_grad / safe_set_full_grad ...), which collects them where the step reads them; "
                 f"call engine.step() before the next backward.")
+
+    def _local_backward_mode(self) -> str | None:
+        """None, or the context the backward passes run in: "no_sync", "coalesce_grad_reduction"."""
+        return self._local_backward
 
     def _grads_for_fragments(self, what: str) -> None:
         """The boundary's gradients collected where the step reads them (what the step does first),

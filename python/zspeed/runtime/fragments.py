@@ -52,14 +52,34 @@ __all__ = ["Fragments", "attach", "fragments_of"]
 _BY_PARAM: dict = {}
 
 
-def attach(engine, params) -> "Fragments":
-    """A Fragments for ``engine``, reachable from each of ``params`` (the trained ones)."""
-    f = Fragments(engine)
+class EngineCalls:
+    """The engine's own methods the fragments call (ZSpeedEngine passes weak method references:
+    the registry must not keep an engine alive): check_open(), settle(), collect_grads(what) and
+    local_backward() (None, "no_sync" or "coalesce_grad_reduction")."""
+
+    def __init__(self, **methods):
+        self._methods = methods
+
+    def __getattr__(self, name):
+        try:
+            ref = self.__dict__["_methods"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+        fn = ref()
+        if fn is None:
+            raise RuntimeError("the engine of these parameters no longer exists")
+        return fn
+
+
+def attach(engine, params, *, layout, stage3: bool, calls: EngineCalls) -> "Fragments":
+    """A Fragments for ``engine`` (whose ``layout`` of the trained parameters, ZeRO-3 switch and
+    own ``calls`` it is given), reachable from each of ``params`` (the trained ones); the engine
+    keeps it (the registry holds weak references only)."""
+    f = Fragments(engine, layout, stage3, calls)
     ref = weakref.ref(f)
     for p in params:
         key = id(p)
         _BY_PARAM[key] = (weakref.ref(p, lambda _r, key=key: _BY_PARAM.pop(key, None)), ref)
-    engine._fragments = f  # the engine holds it; the registry only weak references
     return f
 
 
@@ -79,8 +99,7 @@ class _WholeEntries:
 
     spread = False  # (a full value needs no sum over the ranks)
 
-    def __init__(self, engine):
-        layout = engine._layout
+    def __init__(self, engine, layout):
         self._numels = layout.numels
         starts, at = [], 0
         for ps in layout.params:
@@ -108,7 +127,7 @@ class _WholeEntries:
 class _PieceEntries:
     """A path over a store's local space: a parameter's entries are this rank's pieces of it."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, layout):
         self.sm = engine.optimizer_path.sharded
         self.spread = engine.world_size > 1  # (the ranks' pieces are summed into a full value)
 
@@ -132,11 +151,12 @@ _ENTRIES = {False: _WholeEntries, True: _PieceEntries}  # by whether the path st
 class Fragments:
     """The per-parameter views of one engine (see the module docstring)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, layout, stage3: bool, calls: EngineCalls):
         self._engine = weakref.ref(engine)
-        self._key = dict(engine._layout.index)    # id(parameter) -> (group, index)
-        self._of = _ENTRIES[engine.optimizer_path.sharded is not None](engine)
-        self._local_api = engine._stage3           # the safe_*_local_* calls serve ZeRO-3 only
+        self._calls = calls
+        self._key = dict(layout.index)    # id(parameter) -> (group, index)
+        self._of = _ENTRIES[engine.optimizer_path.sharded is not None](engine, layout)
+        self._local_api = stage3           # the safe_*_local_* calls serve ZeRO-3 only
 
     @property
     def engine(self):
@@ -145,7 +165,7 @@ class Fragments:
     # -- where a parameter's entries are ---------------------------------------------------------
     def _where(self, p) -> tuple:
         e = self.engine
-        e._check_open()
+        self._calls.check_open()
         key = self._key.get(id(p))
         if key is None:
             raise FragmentError("this parameter is not one the engine trains (was it added after "
@@ -226,14 +246,14 @@ class Fragments:
     # -- fp32 masters ------------------------------------------------------------------------------
     def get_fp32(self, p, local: bool = False) -> torch.Tensor:
         e, gi, pi, _what, _ = self._begin(p, "get_{}_fp32_param", local)
-        e._settle()
+        self._calls.settle()
         rows = e.optimizer_path.masters()
         return self._local(e, gi, pi, rows, torch.float32) if local else \
             self._assemble(e, p, gi, pi, rows, torch.float32)
 
     def set_fp32(self, p, value, local: bool = False) -> None:
         e, gi, pi, _what, v = self._begin(p, "set_{}_fp32_param", local, value)
-        e._settle()
+        self._calls.settle()
         path = e.optimizer_path
         self._of.check_writable()
         rows = [list(r) for r in path.masters()]
@@ -244,18 +264,17 @@ class Fragments:
 
     # -- gradients ---------------------------------------------------------------------------------
     def _grad_rows(self, e, what: str) -> list:
-        e._grads_for_fragments(what)
+        self._calls.collect_grads(what)
         return e.optimizer_path.grad_rows()
 
     def _grad_factor(self, e) -> float:
         """Stored gradient * this = the gradient the docstring describes."""
         return 1.0 / (e.loss_scaler.loss_scale * e.plan.grad_divisor)
 
-    @staticmethod
-    def _in_no_sync(e) -> bool:
+    def _in_no_sync(self, e) -> bool:
         """Inside engine.no_sync() (ZeRO stages 0-1): each rank's gradients accumulate unreduced
         in the parameters' .grad, where the tensor-fragment API reads and writes them."""
-        return e._local_backward == "no_sync"
+        return self._calls.local_backward() == "no_sync"
 
     def get_grad(self, p, local: bool = False) -> torch.Tensor:
         e, gi, pi, what, _ = self._begin(p, "get_{}_grad", local)
@@ -330,7 +349,7 @@ class Fragments:
 
     def get_state(self, p, key: str, local: bool = False) -> torch.Tensor | None:
         e, gi, pi, what, _ = self._begin(p, "get_{}_optimizer_state", local)
-        e._settle()
+        self._calls.settle()
         rows, got = self._state_rows(e, gi, pi, key, what)
         if self._across_ranks(e) and not local:
             # Every rank takes part in the sum, also one whose pieces have no state yet (or none).
@@ -348,7 +367,7 @@ class Fragments:
 
     def set_state(self, p, value, key: str, local: bool = False) -> None:
         e, gi, pi, what, v = self._begin(p, "set_{}_optimizer_state", local, value)
-        e._settle()
+        self._calls.settle()
         path = e.optimizer_path
         rows = self._states(e)
         entries = self._entries(e, gi, pi)
