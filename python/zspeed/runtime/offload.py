@@ -254,8 +254,12 @@ class OffloadedPath(OptimizerPath):
 
     def grad_stats(self, scale: float) -> tuple[float, bool]:
         if self._edited:  # (norms taken on the device while copying are of the old values)
-            return self._host_grad_stats([g for row in self._grads for g in row], scale)
+            return self.host_grad_stats(scale)
         return self.buffers.grad_stats(self._grads, scale, self._host_grad_stats)
+
+    def host_grad_stats(self, scale: float) -> tuple[float, bool]:
+        """grad_stats computed on the host from the gathered gradients themselves."""
+        return self._host_grad_stats([g for row in self._grads for g in row], scale)
 
     def grad_rows(self, create: tuple | None = None) -> list:
         return self._grads  # (every entry has one: zeros where backward left none)

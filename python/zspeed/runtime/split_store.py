@@ -577,7 +577,7 @@ class StoreSplitPath(TwoHalves):
         if self.dev is not None:
             total, bad = self.dev.grad_stats(scale)
         for h in self._offloaded():
-            s, b = h._host_grad_stats([g for row in h._grads for g in row], scale)
+            s, b = h.host_grad_stats(scale)
             total, bad = total + s, bad or b
         return total, bad
 
