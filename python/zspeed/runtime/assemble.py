@@ -124,7 +124,13 @@ def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client, coll: Coll
     """The optimizer path of the plan (``client``: the optimizer passed to initialize, or None),
     over the parameter store it needs."""
     name, params = config.optimizer_name, config.optimizer_params
-    if client is not None:
+    if client is not None and plan.optimizer in ("nvme", "split"):
+        # These paths run zspeed's kernels themselves: a native client's settings (its groups' own
+        # lr, betas, eps and weight decay are the groups stepped), not its object; the plan refused
+        # other clients there.
+        name, params = client_as_config(client)
+        client = None
+    elif client is not None:
         name, params = None, {}  # the client's optimizer replaces the config's (DeepSpeed's rule)
     return _PATHS[plan.optimizer](plan, config, layout, name, params, client, coll)
 
@@ -160,11 +166,6 @@ def _host_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, 
 
 
 def _nvme_path(plan: RunPlan, config, layout: FlatLayout, name, params, client, coll) -> OptimizerPath:
-    if client is not None:
-        # The NVMe swapper runs zspeed's kernels itself: the client's settings, not its object
-        # (another client was refused by the plan).
-        name, params = client_as_config(client)
-        client = None
     buffers, layout = _host_buffers(plan, config, layout, coll)
     return NVMePath(layout, buffers, name, params, client=client, offload_cfg=config.offload,
                     aio=config.aio, sub_group_size=config.sub_group_size)
@@ -174,11 +175,6 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
     """offload_optimizer.ratio < 1 (or "auto"): the optimizer split between the GPU and the CPU
     (split.py), or the ordinary CPU path when "auto" chooses to step everything there."""
     from . import split
-    if client is not None:
-        # A zspeed CPU Adam passed to initialize (the plan refused other clients): both halves take
-        # its settings; its groups' own lr, betas, eps and weight decay are the groups stepped.
-        name, params = client_as_config(client)
-        client = None
     ratio, auto = plan.ratio, None
     force = config.force_ds_cpu_optimizer
     threads = host_threads()

@@ -64,17 +64,24 @@ def build_device_optimizer(name: str, params: dict, groups, device: torch.device
     return _torch_family(name, params, groups, fused)
 
 
+def _live_groups(client: torch.optim.Optimizer, built: int) -> list:
+    """The client's groups with trainable parameters, one for each of the ``built`` groups the
+    engine made from them (ConfigError if they do not match)."""
+    live = [g for g in client.param_groups if any(p.requires_grad for p in g["params"])]
+    if len(live) != built:
+        raise ConfigError(f"the client optimizer {type(client).__name__} has {len(live)} parameter groups "
+                          f"with trainable parameters, but zspeed built {built}; pass the "
+                          f"optimizer's own parameters as model_parameters (or leave it out).")
+    return live
+
+
 def rebuild_like(client: torch.optim.Optimizer, master_groups: list) -> torch.optim.Optimizer:
     """The client's optimizer, now over the master weights: as DeepSpeed does with the
     optimizer a script passes, the same object is kept (so the script's own references and
     any lr scheduler built on it stay valid) and the parameters of its groups are replaced
     by the masters, group by group. State already held for a parameter moves to its master
     when the groups match one to one; groups without trainable parameters are dropped."""
-    live = [g for g in client.param_groups if any(p.requires_grad for p in g["params"])]
-    if len(live) != len(master_groups):
-        raise ConfigError(f"the client optimizer {type(client).__name__} has {len(live)} parameter groups "
-                          f"with trainable parameters, but zspeed built {len(master_groups)}; pass the "
-                          f"optimizer's own parameters as model_parameters (or leave it out).")
+    live = _live_groups(client, len(master_groups))
     old_state = client.state
     new_state: dict = {}
     for g, masters in zip(live, master_groups):
@@ -123,11 +130,7 @@ def share_client_groups(client: torch.optim.Optimizer, basic: torch.optim.Optimi
     (passed to initialize, or stepped by the script) changes the lr the engine steps with, as in
     DeepSpeed, which steps the client itself. Keys only the client's groups have (a scheduler's
     ``initial_lr``, ...) are kept."""
-    live = [g for g in client.param_groups if any(p.requires_grad for p in g["params"])]
-    if len(live) != len(basic.param_groups):
-        raise ConfigError(f"the client optimizer {type(client).__name__} has {len(live)} parameter groups with "
-                          f"trainable parameters, but zspeed built {len(basic.param_groups)}; pass the optimizer's own "
-                          f"parameters as model_parameters (or leave them out).")
+    live = _live_groups(client, len(basic.param_groups))
     for mine, theirs in zip(basic.param_groups, live):
         for k, v in theirs.items():
             if k != "params":
