@@ -271,7 +271,7 @@ class ZSpeedEngine(torch.nn.Module):
         keep = _kept_buffers(model, keep_in_fp32_pattern(model, config.keep_in_fp32_modules, param_dtype))
         self.module = self._placement.place(model, self._layout)
         _restore_buffers(self.module, loaded, buffer_dtype, keep)
-        hook = _ParamGradHook(weakref.WeakMethod(self._param_grad))
+        hook = _WeakHook(self._param_grad)
         for ps in self._model_params:
             for p in ps:
                 p.register_hook(hook)
@@ -334,8 +334,8 @@ class ZSpeedEngine(torch.nn.Module):
                     self._path_hooks.append(p.register_post_accumulate_grad_hook(lambda q: got.add(id(q))))
         # module.state_dict() (what exports and EMA copies read) sees the finished step.
         self._path_hooks.append(self.module.register_state_dict_pre_hook(
-            _SettleFirst(weakref.WeakMethod(self._settle_before_read))))
-        guard_copies(self.module, _copy_guard(weakref.WeakMethod(self._before_copy)))  # EMA copies see the finished step
+            _WeakHook(self._settle_before_read)))
+        guard_copies(self.module, _WeakHook(self._before_copy))  # EMA copies see the finished step
 
         self.lr_scheduler = self._build_scheduler(lr_scheduler) if not self._inference else None
         if self._inference:
@@ -691,7 +691,7 @@ class ZSpeedEngine(torch.nn.Module):
                         raise
                     raise ConfigError(hint) from e
         if torch.is_grad_enabled():
-            _OutputHooks(weakref.WeakMethod(self._output_grad)).register(out)
+            _OutputHooks(_WeakHook(self._output_grad)).register(out)
         return out
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -1101,7 +1101,7 @@ class ZSpeedEngine(torch.nn.Module):
                 self.optimizer_path.flush()
             self._load_failed = "a checkpoint load is under way"
 
-        self._loading = True  # (the plan's reads of the module do not complete a torn step: see _SettleFirst)
+        self._loading = True  # (the plan's reads of the module do not complete a torn step: see _settle_before_read)
         try:
             out = load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag,
                                   load_module_strict=load_module_strict, load_optimizer_states=with_states,
@@ -1282,13 +1282,15 @@ class ZSpeedEngine(torch.nn.Module):
             return grad / self._gas
         return None
 
-    def _settle_before_read(self) -> None:
+    def _settle_before_read(self, *_hook_args) -> None:
+        """A state_dict pre-hook on the module: the optimizer step under way completes first."""
         # (not during a checkpoint load: it reads the module to plan, then replaces what a torn
         # step touched, or leaves that step pending when it refuses the checkpoint)
         if not self._closed and not self._loading:
             self._settle()
 
     def _before_copy(self) -> None:
+        """Before the module is deep-copied or pickled (guard_copies)."""
         if self._closed:
             return
         if self._stage3:
@@ -1367,8 +1369,8 @@ class _OutputHooks:
     dividing at the parameters counts every gradient once. DeepSpeed also refuses direct
     backward passes at ZeRO stage 0; zspeed takes them at every stage."""
 
-    def __init__(self, on_grad):
-        self._on_grad = on_grad  # weakly bound: ZSpeedEngine._output_grad
+    def __init__(self, on_grad: _WeakHook):
+        self._hook = on_grad
 
     def register(self, out, seen: set | None = None) -> None:
         seen = set() if seen is None else seen
@@ -1382,10 +1384,6 @@ class _OutputHooks:
         elif isinstance(out, dict):
             for o in out.values():
                 self.register(o, seen)
-
-    def _hook(self, grad: torch.Tensor):
-        on_grad = self._on_grad()
-        return None if on_grad is None else on_grad(grad)
 
 
 # The ZeRO stages where DeepSpeed refuses engine.no_sync() / coalesce_grad_reduction(), with its
@@ -1414,40 +1412,17 @@ def _take_from_earlier_engines(model: torch.nn.Module) -> None:
         old.close()
 
 
-class _SettleFirst(EngineHook):
-    """A state_dict pre-hook on the engine's module: the optimizer step under way completes
-    first (ZSpeedEngine._settle_before_read; weakly bound to the engine)."""
+class _WeakHook(EngineHook):
+    """A hook the engine puts on its module, its parameters or its outputs: it calls an engine
+    method through a weak reference (``weakref.WeakMethod``), so the model's hooks do not keep a
+    finished engine alive; once the engine is gone it does nothing (returns None)."""
 
-    def __init__(self, settle):
-        self._settle = settle
+    def __init__(self, method):
+        self._method = weakref.WeakMethod(method)
 
-    def __call__(self, module, prefix, keep_vars):
-        settle = self._settle()
-        if settle is not None:
-            settle()
-
-
-def _copy_guard(before_ref):
-    """What guard_copies runs before the engine's module is copied or pickled
-    (ZSpeedEngine._before_copy, weakly bound)."""
-    def before():
-        fn = before_ref()
-        if fn is not None:
-            fn()
-    return before
-
-
-class _ParamGradHook(EngineHook):
-    """Each parameter's gradient of a backward the script started itself, divided by
-    gradient_accumulation_steps as engine.backward divides the loss (ZSpeedEngine._param_grad,
-    weakly bound, so the model's hooks do not keep a finished engine alive)."""
-
-    def __init__(self, on_grad):
-        self._on_grad = on_grad
-
-    def __call__(self, grad: torch.Tensor):
-        on_grad = self._on_grad()
-        return None if on_grad is None else on_grad(grad)
+    def __call__(self, *args):
+        fn = self._method()
+        return None if fn is None else fn(*args)
 
 
 def _one_line(e: BaseException) -> str:
