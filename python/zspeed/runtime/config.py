@@ -1012,6 +1012,20 @@ _TORCH_ADAM_IGNORED = {"nvme": "optimizer.params.torch_adam has no effect with o
 _EVEN_ALLGATHER = {1: True, 2: True}
 
 
+class _Setting:
+    """A read-only attribute of ZSpeedConfig: ``section[key]`` of the parsed config (``top`` for
+    the top level), converted by ``conv``."""
+
+    def __init__(self, section: str, key: str, conv=None):
+        self.section, self.key, self.conv = section, key, conv
+
+    def __get__(self, config, owner=None):
+        if config is None:
+            return self
+        v = getattr(config, self.section)[self.key]
+        return v if self.conv is None else self.conv(v)
+
+
 class ZSpeedConfig:
     """A validated DeepSpeed config with every default filled in.
 
@@ -1272,82 +1286,38 @@ class ZSpeedConfig:
                               f"choose another directory.")
 
     # -- convenience ----------------------------------------------------------------------
-    @property
-    def zero_stage(self) -> int:
-        return self.zero["stage"]
-
-    @property
-    def offload_device(self) -> str:
-        return self.offload["device"]
+    zero_stage = _Setting("zero", "stage")
+    offload_device = _Setting("offload", "device")
 
     @property
     def offloaded(self) -> bool:
         """Optimizer state off the device: in CPU memory (cpu) or streamed from NVMe (nvme)."""
         return self.offload["device"] in ("cpu", "nvme")
 
-    @property
-    def fp16_enabled(self) -> bool:
-        return self.fp16["enabled"]
-
-    @property
-    def bf16_enabled(self) -> bool:
-        return self.bf16["enabled"]
+    fp16_enabled = _Setting("fp16", "enabled")
+    bf16_enabled = _Setting("bf16", "enabled")
 
     @property
     def gradient_clipping(self) -> float:
         return float(self.top["gradient_clipping"])
 
-    @property
-    def log_level(self) -> str | None:
-        return self.top["log_level"]
+    log_level = _Setting("top", "log_level")
 
     # The settings the engine and its parts read, typed here so that nothing outside config.py
     # and plan.py indexes a section (tests/python/test_structure.py checks it).
-    @property
-    def seed(self) -> int | None:
-        return None if self.top["seed"] is None else int(self.top["seed"])
-
-    @property
-    def steps_per_print(self):
-        return self.top["steps_per_print"]
-
-    @property
-    def wall_clock_breakdown(self) -> bool:
-        return bool(self.top["wall_clock_breakdown"])
-
-    @property
-    def dataloader_drop_last(self) -> bool:
-        return bool(self.top["dataloader_drop_last"])
-
-    @property
-    def dump_state(self) -> bool:
-        return bool(self.top["dump_state"])
-
-    @property
-    def trace(self):
-        """zspeed_trace: where the Chrome trace goes (None: no trace)."""
-        return self.top["zspeed_trace"]
-
-    @property
-    def allow_untested_optimizer(self) -> bool:
-        return bool(self.top["zero_allow_untested_optimizer"])
-
-    @property
-    def force_ds_cpu_optimizer(self) -> bool:
-        return bool(self.top["zero_force_ds_cpu_optimizer"])
-
-    @property
-    def sub_group_size(self) -> int:
-        return int(self.zero["sub_group_size"])
-
-    @property
-    def sanity_checks(self) -> bool:
-        return bool(self.zero["enable_sanity_checks"])
-
-    @property
-    def auto_cast(self) -> bool:
-        """fp16.auto_cast: fp16 models cast floating-point inputs to fp16."""
-        return bool(self.fp16["auto_cast"])
+    seed = _Setting("top", "seed", lambda v: None if v is None else int(v))
+    steps_per_print = _Setting("top", "steps_per_print")
+    wall_clock_breakdown = _Setting("top", "wall_clock_breakdown", bool)
+    dataloader_drop_last = _Setting("top", "dataloader_drop_last", bool)
+    dump_state = _Setting("top", "dump_state", bool)
+    trace = _Setting("top", "zspeed_trace")  # where the Chrome trace goes (None: no trace)
+    allow_untested_optimizer = _Setting("top", "zero_allow_untested_optimizer", bool)
+    force_ds_cpu_optimizer = _Setting("top", "zero_force_ds_cpu_optimizer", bool)
+    sub_group_size = _Setting("zero", "sub_group_size", int)
+    sanity_checks = _Setting("zero", "enable_sanity_checks", bool)
+    auto_cast = _Setting("fp16", "auto_cast", bool)  # fp16 models cast floating-point inputs to fp16
+    nvme_path = _Setting("offload", "nvme_path")
+    nvme_buffer_count = _Setting("offload", "buffer_count", int)
 
     @property
     def skips_nonfinite(self) -> bool:
@@ -1360,31 +1330,12 @@ class ZSpeedConfig:
         """optimizer.params.torch_adam: torch's Adam/AdamW instead of zspeed's or DeepSpeed's kernel."""
         return bool((self.optimizer_params or {}).get("torch_adam", False))
 
-    @property
-    def nvme_path(self):
-        return self.offload["nvme_path"]
-
-    @property
-    def nvme_buffer_count(self) -> int:
-        return int(self.offload["buffer_count"])
-
     # DeepSpeed's DeepSpeedConfig attributes for the data_types section (the strings as written,
     # None when unset).
-    @property
-    def param_dtype(self) -> str | None:
-        return self.data_types["param_dtype"]
-
-    @property
-    def buffer_dtype(self) -> str | None:
-        return self.data_types["buffer_dtype"]
-
-    @property
-    def grad_accum_dtype(self) -> str | None:
-        return self.data_types["grad_accum_dtype"]
-
-    @property
-    def keep_in_fp32_modules(self):
-        return self.data_types["keep_in_fp32_modules"]
+    param_dtype = _Setting("data_types", "param_dtype")
+    buffer_dtype = _Setting("data_types", "buffer_dtype")
+    grad_accum_dtype = _Setting("data_types", "grad_accum_dtype")
+    keep_in_fp32_modules = _Setting("data_types", "keep_in_fp32_modules")
 
     @property
     def dynamic_loss_scale(self) -> bool:
