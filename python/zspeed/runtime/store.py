@@ -334,9 +334,10 @@ class PartitionedStore(ParamStore):
         """DeepSpeed's ``p.ds_tensor`` under the engine: this rank's part of each parameter (the
         elements the safe_*_local_* calls read and write, without the shard's padding; empty on a
         rank holding none of it), a live view of the store in the model's dtype (ShardView: an
-        assignment to its ``.data`` is copied in). Writing into it in place changes the weights the next gather reads, not the fp32 masters (the next step
-        writes them back), as DeepSpeed's; while the gradients are held in the shards
-        (GradsInShards) it holds gradients."""
+        assignment to its ``.data`` is copied in). Writing into it in place changes the weights
+        the next gather reads, not the fp32 masters (the next step writes them back), as
+        DeepSpeed's; while the gradients are held in the shards (GradsInShards) it holds
+        gradients."""
         for gi, gp in enumerate(self.plan.groups):
             flat, parts = self.flat[gi], {pc.param: pc for pc in self.plan.pieces(gi)}
             for pi, p in enumerate(self.layout.params[gi]):
