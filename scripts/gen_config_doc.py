@@ -1,4 +1,4 @@
-"""Writes docs/CONFIG.md from the config schema (python/zspeed/runtime/config.py).
+"""Writes docs/CONFIG.md from the config schema (python/zspeed/runtime/config_schema.py).
 
     python scripts/gen_config_doc.py            # rewrite docs/CONFIG.md
     python scripts/gen_config_doc.py --check    # exit 1 if it is out of date
@@ -14,7 +14,7 @@ from zspeed.runtime.plan import combinations_table  # noqa: E402
 
 HEADER = """# Supported DeepSpeed config keys
 
-Generated from the schema in `python/zspeed/runtime/config.py` by
+Generated from the schema in `python/zspeed/runtime/config_schema.py` by
 `scripts/gen_config_doc.py` (a test checks it is current). Keys have
 DeepSpeed's names, defaults and meaning. Any other key is an error that names
 the key, its section and the closest known key; zspeed needs no
