@@ -76,6 +76,33 @@ def test_untested_client_optimizer_with_zero_needs_the_key():
                       config={"train_batch_size": 6, "zero_optimization": {"stage": 1}})
 
 
+@pytest.mark.parametrize("module,name", [("torch.optim", "Adam"), ("torch.optim", "AdamW"),
+                                         ("torch.optim", "Adagrad"), ("zspeed.ops.adam", "DeepSpeedCPUAdam"),
+                                         ("zspeed.ops.adagrad", "DeepSpeedCPUAdagrad"),
+                                         ("zspeed.ops.lion", "DeepSpeedCPULion"), ("zspeed.ops.adam", "FusedAdam"),
+                                         ("zspeed.ops.lion", "FusedLion")])
+def test_every_class_deepspeed_tests_zero_with_is_taken_without_the_key(module, name):
+    """DeepSpeed 0.19's ZERO_SUPPORTED_OPTIMIZERS (runtime/zero/utils.py: torch's Adam, AdamW and
+    Adagrad, FusedAdam, DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion, FusedLion): a
+    client of each class initializes at ZeRO-2 without zero_allow_untested_optimizer and trains
+    (DeepSpeedCPUAdagrad was refused before the optimizer table held it)."""
+    import importlib
+    if module.startswith("zspeed.ops") and not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
+    cls = getattr(importlib.import_module(module), name)
+    from zspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS, is_zero_supported_optimizer
+    assert cls in ZERO_SUPPORTED_OPTIMIZERS
+    model = mlp()
+    client = cls(model.parameters(), lr=1e-3)
+    assert is_zero_supported_optimizer(client)
+    off = OFFLOAD if name.startswith("DeepSpeedCPU") else {"stage": 2}
+    e, o, _, _ = zspeed.initialize(model=model, optimizer=client, config=cfg(zero_optimization=off))
+    before = _params(e)
+    _run(e, batches(2))
+    assert e.global_steps == 2 and not torch.equal(before[0], _params(e)[0])
+    e.close()
+
+
 @pytest.mark.parametrize("device", ["cpu", "nvme"])
 def test_client_deepspeed_cpu_adam_with_offload_matches_the_config(device, tmp_path):
     if not native_ops_available():

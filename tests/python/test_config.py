@@ -467,3 +467,26 @@ def test_a_parameter_beside_type_says_to_move_it_into_params(section, key):
     with pytest.raises(ConfigError, match=f"'{key}' in section '{section}' is a parameter.*"
                                           f"only inside {section}.params.*Move it into"):
         parse_config({"train_batch_size": 1, section: sec}, world_size=1)
+
+
+def test_every_optimizer_of_the_table_is_a_config_type_with_a_kernel_and_a_checkpoint_layout():
+    """zspeed._optimizers is the one list of optimizers: each row is a type a config may name (any
+    letter case), has a params schema (documented in docs/CONFIG.md), a kernel the NVMe swapper
+    runs, and the state keys the checkpoint loader checks, under both its class names."""
+    from zspeed._optimizers import ALGORITHMS, checkpoint_classes, listed
+    rows = {path for path, *_ in schema_rows()}
+    classes = checkpoint_classes()
+    for name, a in ALGORITHMS.items():
+        c = parse_config({"train_batch_size": 1, "optimizer": {"type": name.upper(), "params": {}}})
+        assert c.optimizer_name == name and c.optimizer_params["lr"] > 0
+        assert f"{name.lower()}.params.lr" in rows
+        assert classes[a.cpu_class][0] == classes[a.device_class][0] == a.states and a.states
+        assert name in listed()
+    try:
+        from zspeed.ops.swap import OPTIMIZERS
+    except ImportError:
+        pytest.skip("libzspeed not available: the swapper's kernels cannot be listed")
+    assert {a.kernel for a in ALGORITHMS.values()} <= set(OPTIMIZERS)
+    import re
+    with pytest.raises(ConfigError, match=re.escape(f"zspeed supports {listed()}")):
+        parse_config({"train_batch_size": 1, "optimizer": {"type": "Adamax"}})

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._native import ZSpeedError, check, lib
+from .._optimizers import ALGORITHMS
 from .._signatures.aio import AioConfig
 from .._signatures.optim import BF16, F16, F32, OPTIM_QBLOCK, Q8
 from .._signatures.swap import SwapConfig, SwapOptimizer, SwapStats, SwapStepArgs
@@ -45,10 +46,8 @@ OPTIMIZERS = {"adamw": (SwapOptimizer.ADAM, 1), "adam": (SwapOptimizer.ADAM, 0),
 STATE_DTYPES = {"fp32": F32, "bf16": BF16, "int8": Q8}
 # numpy dtype of the stored fp32 / bf16 state elements (bf16 as bit patterns).
 _STORED = {F32: np.float32, BF16: np.uint16}
-# torch's state key names per optimizer: (key of m, key of v).
-_STATE_KEYS = {SwapOptimizer.ADAM: ("exp_avg", "exp_avg_sq"),
-               SwapOptimizer.ADAGRAD: (None, "sum"),
-               SwapOptimizer.LION: ("exp_avg", None)}
+# torch's state key names per optimizer: (key of m, key of v), the kernel's two state slots.
+_STATE_KEYS = {OPTIMIZERS[a.kernel][0]: a.slots for a in ALGORITHMS.values()}
 
 
 def _view(obj: Any, what: str, n: int, dtype: str | None = None) -> tuple[int, int]:

@@ -61,6 +61,7 @@ from typing import Any
 
 import torch
 
+from .._optimizers import checkpoint_classes
 from .._version import __version__
 from .store import full_numel, per_element
 from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, _ST_DTYPES, CheckpointError, CheckpointReader, Deferred,
@@ -544,10 +545,7 @@ def _check_shapes(what: str, expected: dict, got: dict, strict: bool) -> None:
 # -- load: optimizer state ----------------------------------------------------------------------
 # Per optimizer class as checkpoints record it: its per-element state keys, and whether the
 # step counter is a plain integer (zspeed's classes) or a tensor (torch's).
-_CLASSES = {"CPUAdam": (("exp_avg", "exp_avg_sq"), "int"), "CPUAdagrad": (("sum",), "int"),
-            "CPULion": (("exp_avg",), None), "AdamW": (("exp_avg", "exp_avg_sq"), "tensor"),
-            "Adam": (("exp_avg", "exp_avg_sq"), "tensor"), "Adagrad": (("sum",), "tensor"),
-            "TorchLion": (("exp_avg",), None)}
+_CLASSES = checkpoint_classes()
 _Q8_SCALES = ("exp_avg_scale", "exp_avg_sq_scale")
 # Group settings that choose how the optimizer runs or stores its state, not the training's
 # trajectory: the engine's configuration wins over the checkpoint's.

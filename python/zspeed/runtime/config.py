@@ -26,6 +26,7 @@ from typing import Any
 from .._native import ZSpeedError
 from .errors import ConfigAssertionError, ConfigError, ConfigNotImplementedError
 from .plan import Facts, check as check_combinations
+from .._optimizers import listed
 from .config_json import check_huge_ints, load_json_config
 from .config_schema import (AUTO_DEFAULT, AUTO_DERIVE, AUTO_KEEP, DEFAULT_LEAF_MODULE_CLASSES, MONITORS, SCHEMA,  # noqa: F401
                             _DS_OPTIMIZERS_UNSUPPORTED, _DS_UNSUPPORTED_TOP, _DTYPE_NAMES, _OPTIMIZER_CANON,
@@ -431,17 +432,17 @@ class ZSpeedConfig:
         o = _parse_section("optimizer", given, SCHEMA["optimizer"].keys, autos)
         t = o["type"]
         if t is None:
-            raise ConfigError("the 'optimizer' section needs a 'type' (Adam, AdamW, Adagrad or Lion).")
+            raise ConfigError(f"the 'optimizer' section needs a 'type' ({listed('or')}).")
         low = t.lower()
         if low not in _OPTIMIZER_PARAMS:
             if low in _DS_OPTIMIZERS_UNSUPPORTED:
                 raise ConfigError(f"optimizer type '{t}' is a DeepSpeed optimizer that zspeed does not "
-                                  f"implement; use Adam, AdamW, Adagrad or Lion, or pass your own "
+                                  f"implement; use {listed('or')}, or pass your own "
                                   f"torch optimizer to zspeed.initialize(optimizer=...).")
             close = difflib.get_close_matches(low, list(_OPTIMIZER_PARAMS), n=1, cutoff=0.6)
             hint = f" Did you mean '{_OPTIMIZER_CANON[close[0]]}'?" if close else ""
             raise ConfigError(f"unknown optimizer type '{t}' in section 'optimizer'; zspeed supports "
-                              f"Adam, AdamW, Adagrad and Lion.{hint}")
+                              f"{listed()}.{hint}")
         self.optimizer_name = _OPTIMIZER_CANON[low]
         self.optimizer_params = _parse_typed_params("optimizer", self.optimizer_name, o["params"],
                                                     _OPTIMIZER_PARAMS[low], autos)

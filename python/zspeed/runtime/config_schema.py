@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._optimizers import ALGORITHMS, listed
+
 # "auto" handling, per key (HF accelerate/Trainer writes "auto" and fills it in
 # before DeepSpeed sees the config; zspeed may receive it unfilled).
 AUTO_REFUSE = "refuse"    # the value depends on the caller's training arguments
@@ -182,7 +184,7 @@ _OPTIMIZER_PARAMS = {
         "torch_adam": K(False, (bool,), "use zspeed's torch Lion on the CPU instead of the native one"),
     },
 }
-_OPTIMIZER_CANON = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "lion": "Lion"}
+_OPTIMIZER_CANON = {name.lower(): name for name in ALGORITHMS}  # the type in any letter case -> its name
 _DS_OPTIMIZERS_UNSUPPORTED = ("onebitadam", "zerooneadam", "onebitlamb", "lamb", "muadam",
                               "muadamw", "musgd", "muon", "sgd")
 
@@ -282,7 +284,7 @@ SCHEMA: dict[str, S] = {
                           "to this file (see also ZSPEED_TRACE); off by default"),
     }, "top level"),
     "optimizer": S({
-        "type": K(None, (str,), "Adam, AdamW, Adagrad or Lion"),
+        "type": K(None, (str,), listed("or")),
         "params": K({}, (dict,), "optimizer arguments"),
         "legacy_fusion": K(False, (bool,), "accepted (no effect)"),
     }, "optimizer", open_params=True),

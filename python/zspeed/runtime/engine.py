@@ -38,6 +38,7 @@ import torch
 
 from .. import comm
 from .._native import ZSpeedError
+from .._optimizers import ZERO_TESTED_CLASSES
 from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, check_param_dtype, parse_config
 from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import EngineCalls, attach as attach_fragments
@@ -50,7 +51,7 @@ from .plan import RunPlan
 from .trace import tracer_from
 from .timing import EngineTiming
 from ..monitor import DeepSpeedMonitorConfig, MonitorMaster
-from .store import full_numel, full_shape
+from .store import full_shape
 from .checkpoint_files import LoadIncompleteError
 from .summary import log_summary
 from .layout import FlatLayout
@@ -410,12 +411,11 @@ class ZSpeedEngine(torch.nn.Module):
         if config.zero_stage >= 1 and not is_zero_supported_optimizer(client):
             if not config.allow_untested_optimizer:
                 from .errors import ConfigAssertionError
+                tested = ", ".join(f"{m}.{n}" if m.startswith("torch") else n for m, n in ZERO_TESTED_CLASSES)
                 raise ConfigAssertionError(
                     f"ZeRO stage {config.zero_stage} with the client optimizer {type(client).__name__}, which "
-                    f"is not one of the optimizers ZeRO is tested with (torch's Adam, AdamW and Adagrad, "
-                    f"zspeed's CPUAdam / DeepSpeedCPUAdam, CPUAdagrad, CPULion / DeepSpeedCPULion, FusedAdam, "
-                    f"FusedLion). As in DeepSpeed, add \"zero_allow_untested_optimizer\": true to the config "
-                    f"to use it anyway.")
+                    f"is not one of the optimizers ZeRO is tested with ({tested}). As in DeepSpeed, add "
+                    f"\"zero_allow_untested_optimizer\": true to the config to use it anyway.")
             log.warning("zspeed: ZeRO with an untested optimizer (%s), allowed by "
                         "zero_allow_untested_optimizer; proceed with caution.", type(client).__name__)
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._optimizers import ALGORITHMS
 from .errors import ConfigError
 
 __all__ = ["available_host_bytes", "gpu_room", "state_bytes", "moment_bytes", "Sizes", "Need", "by_tier", "check_host_memory",
@@ -73,14 +74,12 @@ def available_host_bytes() -> int | None:
 
 
 _STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 256}  # per moment and element (int8: + scales)
-_MOMENTS = {"adam": 2, "adamw": 2, "lamb": 2, "lion": 1, "adagrad": 1, "sgd": 1}
 TIERS = ("gpu", "host", "nvme")
 
 
 def state_bytes(config) -> tuple[str, float]:
     """(state dtype, bytes of optimizer state per element) of the config's optimizer."""
-    name = (config.optimizer_name or "adamw").lower()
-    moments = _MOMENTS.get(name.replace("deepspeedcpu", "").replace("cpu", ""), 2)
+    moments = len(ALGORITHMS[config.optimizer_name or "AdamW"].states)
     sd = str((config.optimizer_params or {}).get("state_dtype", "fp32")).lower()
     return sd, moments * moment_bytes(sd)
 

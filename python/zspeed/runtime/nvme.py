@@ -70,6 +70,7 @@ import weakref
 import numpy as np
 import torch
 
+from .._optimizers import ALGORITHMS
 from .._signatures.optim import OPTIM_QBLOCK
 from .checkpoint_files import Deferred, real
 from .config import ConfigError
@@ -83,8 +84,6 @@ __all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP", "nvme_tiers", "reclaim_
 log = logging.getLogger("zspeed.nvme")
 
 PARTITION_CAP = 1 << 23  # elements per swapper partition at most (see the module docstring)
-# config optimizer name -> (swapper kind, class of the CPU path recorded in checkpoints)
-_KINDS = {"Adagrad": ("adagrad", "CPUAdagrad"), "Lion": ("lion", "CPULion")}
 
 
 class NVMeOptimizer(torch.optim.Optimizer):
@@ -214,7 +213,7 @@ class NVMePath(OffloadedPath):
                             weight_decay=params["weight_decay"], amsgrad=False)
             state_dtype = params["state_dtype"]
         else:
-            kind, cls = _KINDS[name]
+            kind, cls = ALGORITHMS[name].kernel, ALGORITHMS[name].cpu_class
             if name == "Adagrad":
                 if params["lr_decay"] != 0:
                     raise ConfigError("optimizer.params.lr_decay must be 0 with offloaded Adagrad; use an "
@@ -225,7 +224,7 @@ class NVMePath(OffloadedPath):
                 defaults = dict(lr=params["lr"], betas=tuple(params["betas"]),
                                 weight_decay=params["weight_decay"])
             state_dtype = "fp32"
-        self.kind, self.state_dtype = kind, state_dtype
+        self.kind, self.state_dtype, self._counts_steps = kind, state_dtype, ALGORITHMS[name].steps
         defaults["state_dtype"] = state_dtype  # as CPUAdam's groups say it (checkpoints convert to it)
         self.optimizer = NVMeOptimizer([dict(g) for g in layout.groups], defaults, self, cls)
         cap = max(1, min(int(sub_group_size), PARTITION_CAP))
@@ -433,7 +432,7 @@ class NVMePath(OffloadedPath):
                     else:
                         st = {k: Deferred(dt, p.shape, functools.partial(load, gi, spans[pi], k, n, p.shape))
                               for k in keys}
-                    if self.kind != "lion":
+                    if self._counts_steps:
                         st["step"] = steps
                     state[idx] = st
                 idx += 1
@@ -506,7 +505,7 @@ class NVMePath(OffloadedPath):
                 if vals is not None:
                     st = {k: (v.view(p.shape) if v.numel() == p.numel() and k in self._state_keys() else v)
                           for k, v in vals[pi].items()}
-                    if self.kind != "lion":
+                    if self._counts_steps:
                         st["step"] = steps
                     state[idx] = st
                 idx += 1

@@ -2,20 +2,22 @@
 the optimizer classes ZeRO accepts from a script without ``zero_allow_untested_optimizer``."""
 from __future__ import annotations
 
+from ..._optimizers import ZERO_TESTED_CLASSES
 from ..errors import ZeRORuntimeException
 
 __all__ = ["ZeRORuntimeException", "ZERO_SUPPORTED_OPTIMIZERS", "is_zero_supported_optimizer"]
 
 
 def _supported() -> list:
-    import torch
-    out = [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad]
-    try:
-        from ...ops import _ds_optim, _torch_optim
-    except ImportError:  # the native library is missing: only torch's classes
-        return out
-    return out + [_torch_optim.CPUAdam, _torch_optim.CPUAdagrad, _torch_optim.CPULion, _ds_optim.DeepSpeedCPUAdam,
-                  _ds_optim.DeepSpeedCPULion, _ds_optim.FusedAdam, _ds_optim.FusedLion]
+    """The classes of zspeed._optimizers.ZERO_TESTED_CLASSES (only torch's where libzspeed is missing)."""
+    import importlib
+    out = []
+    for module, name in ZERO_TESTED_CLASSES:
+        try:
+            out.append(getattr(importlib.import_module(module), name))
+        except ImportError:  # zspeed.ops without libzspeed: its classes cannot be passed either
+            pass
+    return out
 
 
 ZERO_SUPPORTED_OPTIMIZERS = _supported()
