@@ -304,7 +304,14 @@ class ZSpeedEngine(torch.nn.Module):
         self.basic_optimizer = self.optimizer_path.optimizer
         if isinstance(optimizer, torch.optim.Optimizer) and optimizer is not self.basic_optimizer:
             share_client_groups(optimizer, self.basic_optimizer)
-        self.optimizer = (wrapper_class(config, optimizer)(self, self.basic_optimizer)
+        self._fragments = attach_fragments(
+            self, [p for ps in self._model_params for p in ps], layout=self._layout, stage3=self._stage3,
+            calls=EngineCalls(check_open=weakref.WeakMethod(self._check_open), settle=weakref.WeakMethod(self._settle),
+                              collect_grads=weakref.WeakMethod(self._grads_for_fragments),
+                              local_backward=weakref.WeakMethod(self._local_backward_mode),
+                              sum_over_ranks=weakref.WeakMethod(self._sync.stats)))
+        self.optimizer = (wrapper_class(config, optimizer)(self, self.basic_optimizer, fetcher=self._fetcher,
+                                                           model_params=self._model_params, fragments=self._fragments)
                           if needs_wrapper(config) and not self._inference else self.basic_optimizer)
         # DeepSpeed's names of the modules whose gradients it all-reduces sparse (Embedding with
         # sparse_gradients); zspeed reduces every gradient dense, so none.
@@ -320,11 +327,6 @@ class ZSpeedEngine(torch.nn.Module):
         self.timers = self._timing.timers
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
-        self._fragments = attach_fragments(
-            self, [p for ps in self._model_params for p in ps], layout=self._layout, stage3=self._stage3,
-            calls=EngineCalls(check_open=weakref.WeakMethod(self._check_open), settle=weakref.WeakMethod(self._settle),
-                              collect_grads=weakref.WeakMethod(self._grads_for_fragments),
-                              local_backward=weakref.WeakMethod(self._local_backward_mode)))
         # zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload,
         # a step whose trained parameters did not all get a gradient is refused (see _decide_step).
         self._got_grad = None

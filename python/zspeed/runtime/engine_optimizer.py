@@ -17,7 +17,6 @@ says to call ``engine.step()``, and ``zero_grad()`` is ``engine.zero_grad()``.
 """
 from __future__ import annotations
 
-import math
 import weakref
 
 import torch
@@ -78,12 +77,16 @@ class LossScaleConfigView:
 class EngineOptimizer(torch.optim.Optimizer):
     """The engine's optimizer with DeepSpeed's wrapper attributes (see the module docstring)."""
 
-    def __init__(self, engine, basic: torch.optim.Optimizer):
+    def __init__(self, engine, basic: torch.optim.Optimizer, *, fetcher=None, model_params=(), fragments=None):
+        """``fetcher``: ZeRO-3's parameter gatherer (None below stage 3); ``model_params``: per
+        group, the model's trained parameters; ``fragments``: the engine's tensor-fragment views
+        (runtime/fragments.py), which read the gradients as DeepSpeed's API does."""
         # torch's constructor sets up the hook registries and the step profiling; it needs a
         # parameter, after which the groups and the state become the basic optimizer's own.
         super().__init__([torch.zeros(1)], {})
         self.optimizer = basic
         self._engine_ref = weakref.ref(engine)
+        self._fetcher, self._model_params, self._fragments = fetcher, model_params, fragments
 
     # The groups, the state and the defaults are always the basic optimizer's current objects
     # (its load_state_dict replaces them); before the basic optimizer is attached, torch's
@@ -146,7 +149,7 @@ class EngineOptimizer(torch.optim.Optimizer):
 
     @property
     def overflow(self) -> bool:
-        return bool(self._engine._last_overflow)
+        return not self._engine.was_step_applied()
 
     @property
     def clip_grad(self) -> float:
@@ -162,15 +165,7 @@ class EngineOptimizer(torch.optim.Optimizer):
         group, the L2 norm of its gradients as the tensor-fragment API reads them (averaged over
         ranks and micro-batches, the loss scale divided out, so a safe_set_*_grad shows in it).
         With several ranks it is a collective (every rank calls it)."""
-        e = self._engine
-        e._grads_for_fragments("optimizer._get_norm_groups()")
-        factor = e._fragments._grad_factor(e)  # (the fragment API's unscaling)
-        out = []
-        for row in e.optimizer_path.grad_rows():
-            sumsq = sum(float(g.detach().double().square().sum()) for g in row if g is not None)
-            sumsq, _ = e._sync.stats(sumsq * factor * factor, False)
-            out.append(torch.tensor(math.sqrt(sumsq), dtype=torch.float32, device=e.device))
-        return out
+        return self._fragments.norm_groups("optimizer._get_norm_groups()")
 
     @property
     def parameter_offload(self):
@@ -180,7 +175,7 @@ class EngineOptimizer(torch.optim.Optimizer):
         ``backward_hooks``, ``_register_deepspeed_module(module)`` (``_register_hooks_recursively``
         before DeepSpeed 0.16.4) and ``_remove_module_hooks()``. Below stage 3 there is none
         (AttributeError, so ``hasattr`` answers False, as for DeepSpeed's stage 1-2 optimizers)."""
-        fetcher = self._engine._fetcher
+        fetcher = self._fetcher
         if fetcher is None:
             raise AttributeError("parameter_offload: the engine is not at ZeRO stage 3 (its parameters are whole)")
         return fetcher
@@ -189,7 +184,7 @@ class EngineOptimizer(torch.optim.Optimizer):
     def fp16_groups(self) -> list:
         """Per parameter group, the model's trained parameters in the training dtype (DeepSpeed's
         fp16 and ZeRO-3 optimizers' name; at ZeRO-3 they are the partitioned parameters)."""
-        return [list(ps) for ps in self._engine._model_params]
+        return [list(ps) for ps in self._model_params]
 
     @property
     def bit16_groups(self) -> list:

@@ -37,6 +37,7 @@ and surgery tools, not a training-loop API.
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -54,8 +55,10 @@ _BY_PARAM: dict = {}
 
 class EngineCalls:
     """The engine's own methods the fragments call (ZSpeedEngine passes weak method references:
-    the registry must not keep an engine alive): check_open(), settle(), collect_grads(what) and
-    local_backward() (None, "no_sync" or "coalesce_grad_reduction")."""
+    the registry must not keep an engine alive): check_open(), settle(), collect_grads(what),
+    local_backward() (None, "no_sync" or "coalesce_grad_reduction") and sum_over_ranks(sumsq,
+    nonfinite) (the gradient statistics of this rank's part added over the ranks that share the
+    step)."""
 
     def __init__(self, **methods):
         self._methods = methods
@@ -270,6 +273,19 @@ class Fragments:
     def _grad_factor(self, e) -> float:
         """Stored gradient * this = the gradient the docstring describes."""
         return 1.0 / (e.loss_scaler.loss_scale * e.plan.grad_divisor)
+
+    def norm_groups(self, what: str) -> list:
+        """Per parameter group, one fp32 scalar tensor on the engine's device: the L2 norm of its
+        gradients as :meth:`get_grad` reads them (over every rank; a collective with several)."""
+        e = self.engine
+        rows = self._grad_rows(e, what)
+        factor = self._grad_factor(e)
+        out = []
+        for row in rows:
+            sumsq = sum(float(g.detach().double().square().sum()) for g in row if g is not None)
+            sumsq, _ = self._calls.sum_over_ranks(sumsq * factor * factor, False)
+            out.append(torch.tensor(math.sqrt(sumsq), dtype=torch.float32, device=e.device))
+        return out
 
     def _in_no_sync(self, e) -> bool:
         """Inside engine.no_sync() (ZeRO stages 0-1): each rank's gradients accumulate unreduced
