@@ -90,10 +90,15 @@ class AsyncIOHandle(NativeHandleOwner):
             self._h = None
             self._inflight.clear()
 
-    def _handle(self):
+    def native(self):
+        """The ``zs_aio *`` of this handle, for calls of libzspeed's C API that this class does not
+        wrap (``zs_aio_file_*`` on a file opened once, as ZeRO-3's NVMe parameter store does);
+        valid until :meth:`close`."""
         if not self._h:
             raise ZSpeedError("this AsyncIOHandle is closed")
         return self._h
+
+    _handle = native
 
     # -------------------------------------------------------------- knobs
     def get_block_size(self) -> int:

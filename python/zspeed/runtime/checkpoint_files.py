@@ -252,6 +252,10 @@ class _Dir:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY | _CLOEXEC
         return os.open(self._p(name), flags, 0o666, **self._kw())
 
+    def open_flags(self, name: str, flags: int) -> int:
+        """os.open of ``name`` in this folder with ``flags`` (mode 0o666 where it creates)."""
+        return os.open(self._p(name), flags, 0o666, **self._kw())
+
     def open_read(self, name: str) -> int:
         """A regular file of this folder for reading, never through a symbolic link (see
         :func:`_open_regular`)."""
@@ -343,8 +347,7 @@ class _Lock:
             st = d.lstat(LOCK)
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):  # a symlink: O_NOFOLLOW refuses it
                 _require_regular(st, where)
-        self.fd = os.open(d._p(LOCK), os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _BINARY | _CLOEXEC, 0o666,
-                          **d._kw())
+        self.fd = d.open_flags(LOCK, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _BINARY | _CLOEXEC)
         try:
             _require_regular(os.fstat(self.fd), where)
             if _NONBLOCK:

@@ -403,6 +403,13 @@ class TwoHalves(OptimizerPath):
         self._hooked.append((module, handles))
         return [_Unhook(self, len(self._hooked) - 1)]
 
+    def unhook_module(self, i: int) -> None:
+        """Removes the hooks the CPU half holds now on the i-th module given to hook_modules."""
+        module, handles = self._hooked[i]
+        for h in handles:
+            h.remove()
+        self._hooked[i] = (module, [])
+
     def close(self) -> None:
         self._each("close")
 
@@ -566,9 +573,7 @@ class _Unhook:
     def remove(self) -> None:
         path = self._path()
         if path is not None:
-            for h in path._hooked[self._i][1]:
-                h.remove()
-            path._hooked[self._i] = (path._hooked[self._i][0], [])
+            path.unhook_module(self._i)
 
 
 def measure_rates(device: torch.device, name: str, params: dict, force_native: bool,

@@ -264,9 +264,8 @@ class HostShare(ShardGrads, HostBuffers):
         self.prefilled = donor is not None
         super().__init__(layout, sm.device, sm.dtype, pin_memory, 0, flat_grads=True)
         if donor is not None:  # the page-locked registrations move with the buffers
-            self._pinned_ptrs.extend(donor._pinned_ptrs)
-            donor._pinned_ptrs.clear()
-            self._pinned_any = donor._pinned_any
+            ptrs, self._pinned_any = donor.hand_over_pins()
+            self._pinned_ptrs.extend(ptrs)
 
     def _shard_spans(self) -> list:
         return list(zip(self.gis, self._base, self._size))
@@ -279,17 +278,26 @@ class HostShare(ShardGrads, HostBuffers):
                 t.zero_()  # the padding of the local space stays zero (unless the caller writes it all)
             return flats, views
         call, self._calls = self._calls, self._calls + 1
-        row = d._flats[call * len(d.gis):(call + 1) * len(d.gis)]
-        flats = []
-        for i, gi in enumerate(self.gis):
-            j = d.gis.index(gi)
-            src = row[j]
-            if src.dtype != dtype:
-                raise AssertionError(f"a shrunk CPU half's buffer {call} is {src.dtype}, not {dtype}")
-            at = self._base[i] - d._base[j]
-            flats.append(src[at:at + self._size[i]])
+        flats = [d.tail_of(call, gi, self._base[i], self._size[i], dtype) for i, gi in enumerate(self.gis)]
         self._flats.extend(flats)
         return flats, [self.layout.views(f, i) for i, f in enumerate(flats)]
+
+    def hand_over_pins(self) -> tuple[list, bool]:
+        """(the page-locked registrations of this half's buffers, whether any is pinned), for the
+        half that takes the buffers over; this half then unregisters nothing."""
+        ptrs = list(self._pinned_ptrs)
+        self._pinned_ptrs.clear()
+        return ptrs, self._pinned_any
+
+    def tail_of(self, call: int, gi: int, base: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """The part [base, base + size) of group gi's buffer that this half's alloc() call number
+        ``call`` made (a shrunk half's share of it)."""
+        j = self.gis.index(gi)
+        src = self._flats[call * len(self.gis) + j]
+        if src.dtype != dtype:
+            raise AssertionError(f"a shrunk CPU half's buffer {call} is {src.dtype}, not {dtype}")
+        at = base - self._base[j]
+        return src[at:at + size]
 
     def _gradient_source(self, bucket_elems: int):
         return _Given(self.grads)

@@ -127,14 +127,14 @@ class _Disk:
 
     def submit(self, buf: torch.Tensor, nbytes: int, off: int, write: bool) -> int:
         fn = lib.zs_aio_pwrite if write else lib.zs_aio_pread
-        return check(fn(self.aio._handle(), self.f, ctypes.c_void_p(buf.data_ptr()), nbytes, off),
+        return check(fn(self.aio.native(), self.f, ctypes.c_void_p(buf.data_ptr()), nbytes, off),
                      "zs_aio_pwrite" if write else "zs_aio_pread")
 
     def test(self, rid: int) -> bool:
-        return lib.zs_aio_test(self.aio._handle(), rid) == 1
+        return lib.zs_aio_test(self.aio.native(), rid) == 1
 
     def wait(self, rid: int, what: str) -> None:
-        rc = lib.zs_aio_wait(self.aio._handle(), rid)
+        rc = lib.zs_aio_wait(self.aio.native(), rid)
         if rc < 0:
             try:
                 check(rc, "zs_aio_wait")
@@ -146,7 +146,7 @@ class _Disk:
         if self.f is None:
             return
         try:
-            lib.zs_aio_wait_all(self.aio._handle())
+            lib.zs_aio_wait_all(self.aio.native())
         finally:
             lib.zs_aio_file_close(self.f)
             self.f = None
