@@ -372,15 +372,15 @@ def move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtype
     from .zero import init_gather
     with torch.no_grad():
         for m in model.modules():
-            for name, p in m._parameters.items():
+            for name, p in m.named_parameters(recurse=False, remove_duplicate=False):
                 if p is not None and id(p) not in keep:
                     if hasattr(p, "ds_tensor"):  # cut by zero.Init, not trained: whole again
                         init_gather(p)
                         del p.ds_tensor, p.ds_shape, p.ds_numel
                     p.data = p.data.to(device, dtype if p.is_floating_point() else p.dtype)
-            for name, b in m._buffers.items():
+            for name, b in m.named_buffers(recurse=False, remove_duplicate=False):
                 if b is not None:
-                    m._buffers[name] = b.to(device, dtype if b.is_floating_point() else b.dtype)
+                    setattr(m, name, b.to(device, dtype if b.is_floating_point() else b.dtype))
 
 
 def grad_sync(plan: RunPlan, layout: FlatLayout, coll: Collectives):

@@ -88,7 +88,7 @@ def _dtype_of(name: str) -> torch.dtype:
 def _float_buffers(module: torch.nn.Module) -> dict:
     """(module, buffer name) -> each castable floating-point buffer as the model was loaded,
     before placement casts the module to the training dtype."""
-    return {(id(m), k): b for m in module.modules() for k, b in m._buffers.items()
+    return {(id(m), k): b for m in module.modules() for k, b in m.named_buffers(recurse=False, remove_duplicate=False)
             if b is not None and b.dtype in _CASTABLE}
 
 
@@ -121,7 +121,7 @@ def _kept_buffers(module: torch.nn.Module, pattern) -> set:
     whose full names match ``pattern``."""
     if pattern is None:
         return set()
-    return {(id(m), k) for prefix, m in module.named_modules() for k, b in m._buffers.items()
+    return {(id(m), k) for prefix, m in module.named_modules() for k, b in m.named_buffers(recurse=False, remove_duplicate=False)
             if b is not None and b.dtype in _CASTABLE and pattern.search(f"{prefix}.{k}" if prefix else k)}
 
 
@@ -136,12 +136,12 @@ def _restore_buffers(module: torch.nn.Module, loaded: dict, dtype: torch.dtype |
             # BatchNorm's and InstanceNorm's kernels need their running statistics in the dtype of
             # their weight: left alone, those follow the training dtype as Module.to casts them.
             norm = isinstance(m, _NormBase) and dtype is None
-            for k, b in m._buffers.items():
+            for k, b in m.named_buffers(recurse=False, remove_duplicate=False):
                 src = loaded.get((id(m), k))
                 if src is not None and b is not None and not (norm and (id(m), k) not in keep):
                     want = torch.float32 if (id(m), k) in keep else dtype or src.dtype
                     if b.dtype != want or b.data_ptr() != src.data_ptr():
-                        m._buffers[k] = src.to(b.device, want)
+                        setattr(m, k, src.to(b.device, want))
 
 
 class EngineClosedError(ZSpeedError, RuntimeError):
@@ -641,7 +641,7 @@ class ZSpeedEngine(torch.nn.Module):
                     if p.dtype in _CASTABLE and p.dtype != param_dtype:
                         p.data = p.data.to(param_dtype)
             for m in self.module.modules():
-                for k, b in m._buffers.items():
+                for k, b in m.named_buffers(recurse=False, remove_duplicate=False):
                     if b is None or b.dtype not in _CASTABLE:
                         continue
                     want = torch.float32 if (id(m), k) in keep else buffer_dtype

@@ -175,7 +175,7 @@ class Init:
         from ... import comm
         comm.init_distributed(verbose=False)
         self.rank, self.ws = _world()
-        problem = comm._contradicting_single_rank_pg_error(self.ws, None)
+        problem = _contradicting_single_rank_pg_error(self.ws, None)
         if problem is not None:
             raise RuntimeError(problem)
         for cls in _all_module_classes():
@@ -184,13 +184,12 @@ class Init:
                 self._patched.append((cls, init))
                 setattr(cls, "__init__", self._wrap(init))
         self._orig_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
-        ctx = self
 
         def init_subclass(cls, **kw):  # classes defined inside the context
             init = cls.__dict__.get("__init__")
             if init is not None and not getattr(init, "_zspeed_wrapped", False):
-                ctx._patched.append((cls, init))
-                cls.__init__ = ctx._wrap(init)
+                self._patched.append((cls, init))
+                cls.__init__ = self._wrap(init)
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)
         # torch.nn.utils.skip_init builds a module on the meta device, then to_empty() gives it
         # new (real) parameters: those are converted and partitioned there, as DeepSpeed's Init does.
@@ -241,19 +240,18 @@ class Init:
         return False
 
     def _wrap(self, init):
-        ctx = self
 
         @functools.wraps(init)
         def __init__(module, *args, **kwargs):
             key = id(module)
-            ctx._depth[key] = ctx._depth.get(key, 0) + 1
+            self._depth[key] = self._depth.get(key, 0) + 1
             try:
                 init(module, *args, **kwargs)
             finally:
-                ctx._depth[key] -= 1
-            if ctx._depth[key] == 0:
-                del ctx._depth[key]
-                ctx._convert(module)
+                self._depth[key] -= 1
+            if self._depth[key] == 0:
+                del self._depth[key]
+                self._convert(module)
         __init__._zspeed_wrapped = True
         return __init__
 
@@ -261,14 +259,13 @@ class Init:
         """Module.to_empty inside the context: the new parameters of every module whose
         constructor has returned are converted (dtype, host memory, this rank's shard) as its
         constructor's were; a module still being built is converted when its constructor returns."""
-        ctx = self
 
         @functools.wraps(to_empty)
         def wrapped(module, *args, **kwargs):
             out = to_empty(module, *args, **kwargs)
             for m in module.modules():
-                if id(m) not in ctx._depth:
-                    ctx._convert(m)
+                if id(m) not in self._depth:
+                    self._convert(m)
             return out
         wrapped._zspeed_wrapped = True
         return wrapped
@@ -278,7 +275,6 @@ class Init:
         whole (gathered from the shards); afterwards rank 0's values are kept (broadcast) and
         partitioned again, so an initialisation a parent runs over children that were
         partitioned when their own constructors finished is not lost."""
-        ctx = self
 
         def on_module(fn):
             if getattr(fn, "_zspeed_gathers", False):  # Module.apply recursing into the children
@@ -293,15 +289,15 @@ class Init:
                         init_gather(p)
                 # fn runs where the module was built (the accelerator: see __enter__), on its
                 # parameters' whole values, which then go back to host memory
-                away = ctx._to_build_device(module)
+                away = self._to_build_device(module)
                 try:
                     out = fn(module)
                 except BaseException:
-                    ctx._back_to_host(away)
+                    self._back_to_host(away)
                     for p in mine:  # the shards stay as they were
                         _shard_only(p)
                     raise
-                ctx._back_to_host(away)
+                self._back_to_host(away)
                 bad = next((p for p in mine if tuple(p.shape) != tuple(p.ds_shape)), None)
                 if bad is not None:
                     for p in mine:
@@ -314,8 +310,8 @@ class Init:
                     _broadcast(mine, 0)
                     for p in mine:
                         _init_scatter(p)
-                if id(module) not in ctx._depth:  # new parameters fn put in place of the partitioned ones
-                    ctx._convert(module)
+                if id(module) not in self._depth:  # new parameters fn put in place of the partitioned ones
+                    self._convert(module)
                 return out
             run._zspeed_gathers = True
             return run
