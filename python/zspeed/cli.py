@@ -41,7 +41,7 @@ def _cmd_report(argv: List[str]) -> int:
 
 
 def _cmd_to_fp32(argv: List[str]) -> int:
-    from .runtime.checkpoint import main_to_fp32
+    from .runtime.checkpoint_fp32 import main_to_fp32
     return main_to_fp32(argv)
 
 

@@ -18,7 +18,8 @@ import zspeed
 
 # These tests compare against CPU references: keep the engine on the CPU on GPU machines too.
 import zspeed.runtime.checkpoint_files as cf
-from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32
+from zspeed.runtime.checkpoint import CheckpointError
+from zspeed.runtime.checkpoint_fp32 import main_to_fp32
 from engine_helpers import TinyLM, lm_loss, native_ops_available, token_data as data, train
 from checkpoint_helpers import edit_meta, leftovers, rewrite, same, snapshot
 

@@ -30,7 +30,8 @@ import ckpt_dp_helpers as h  # noqa: E402
 from distrun import run_ranks  # noqa: E402
 from engine_helpers import native_ops_available, zspeed_site  # noqa: E402
 
-from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32  # noqa: E402
+from zspeed.runtime.checkpoint import CheckpointError
+from zspeed.runtime.checkpoint_fp32 import main_to_fp32  # noqa: E402
 from zspeed.runtime.partition import PartitionPlan  # noqa: E402
 
 

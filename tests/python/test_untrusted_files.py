@@ -27,7 +27,8 @@ pytest.importorskip("safetensors", reason="zspeed checkpoints need safetensors")
 
 os.environ["ZSPEED_DEVICE"] = "cpu"
 import zspeed  # noqa: E402
-from zspeed.runtime.checkpoint import CheckpointError, main_to_fp32  # noqa: E402
+from zspeed.runtime.checkpoint import CheckpointError
+from zspeed.runtime.checkpoint_fp32 import main_to_fp32  # noqa: E402
 from engine_helpers import TinyLM, lm_loss, native_ops_available, token_data as data, train  # noqa: E402
 from checkpoint_helpers import leftovers, rewrite, same, snapshot  # noqa: E402
 

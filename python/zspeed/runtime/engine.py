@@ -1046,7 +1046,7 @@ class ZSpeedEngine(torch.nn.Module):
         from pathlib import Path
 
         from ..utils.zero_to_fp32 import RECOVERY_SCRIPTS
-        from .checkpoint import write_text_output
+        from .checkpoint_fp32 import write_text_output
         for name, text in RECOVERY_SCRIPTS.items():
             dst = Path(save_path) / name
             try:
@@ -1157,7 +1157,8 @@ class ZSpeedEngine(torch.nn.Module):
             # Written under a temporary name created exclusively (a symlink planted at it cannot
             # redirect the write), then renamed over the target: complete or not there at all.
             from pathlib import Path
-            from .checkpoint import _dedupe, _write_output, write_torch_output
+            from .checkpoint import _dedupe
+            from .checkpoint_fp32 import _write_output, write_torch_output
             path = Path(save_dir) / save_filename
             if save_filename.endswith(".safetensors"):
                 import json

@@ -44,7 +44,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
     tied weights appear under each name). ``lazy_mode`` is accepted and returns the same."""
     del lazy_mode
     _no_frozen_exclusion(exclude_frozen_parameters)
-    from ..runtime.checkpoint import fp32_state_dict
+    from ..runtime.checkpoint_fp32 import fp32_state_dict
     return fp32_state_dict(checkpoint_dir, tag)
 
 
@@ -100,7 +100,7 @@ def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype="flo
     limit = _shard_bytes(max_shard_size)
     from pathlib import Path
 
-    from ..runtime.checkpoint import fp32_state_dict, write_safetensors_output, write_text_output, write_torch_output
+    from ..runtime.checkpoint_fp32 import fp32_state_dict, write_safetensors_output, write_text_output, write_torch_output
     sd = fp32_state_dict(checkpoint_dir, tag)
     out = Path(output_dir)  # created by the first write
     shards, cur, size, total = [], {}, 0, 0
