@@ -282,9 +282,9 @@ def test_deeply_nested_json_is_a_checkpoint_error(tmp_path, depth):
 
 
 def test_json_larger_than_the_bound_is_refused(tmp_path, monkeypatch):
-    import zspeed.runtime.checkpoint_files as cf
+    import zspeed.runtime.checkpoint_read as cr
     tag = saved(tmp_path)
-    monkeypatch.setattr(cf, "_MAX_JSON", (tag / "meta.json").stat().st_size - 1)
+    monkeypatch.setattr(cr, "_MAX_JSON", (tag / "meta.json").stat().st_size - 1)
     with pytest.raises(CheckpointError, match="meta.json' is larger than"):
         make().load_checkpoint(tmp_path)
 

@@ -60,11 +60,10 @@ import torch
 from .._optimizers import checkpoint_classes
 from .._version import __version__
 from .store import full_numel, per_element
-from .checkpoint_files import (_MAX_JSON, _MAX_JSON_DEPTH, CheckpointError, CheckpointReader, Deferred,
-                               LoadIncompleteError,
-                               is_tensor, materialized, reading, real,
-                               SaveTransaction, StagingWriter, TagMismatchError, json_depth,
-                               open_for_load, validate_tag)
+from .checkpoint_files import (CheckpointError, Deferred, LoadIncompleteError,
+                               SaveTransaction, StagingWriter, TagMismatchError, is_tensor, materialized, reading,
+                               real, validate_tag)
+from .checkpoint_read import _MAX_JSON, _MAX_JSON_DEPTH, CheckpointReader, json_depth, open_for_load
 from .checkpoint_shards import (PieceReader, all_gather, describe, master_file, optim_file, partition_meta,
                                 piece_key, raise_failed, saved_world_size)
 from .loss_scaler import check_state_dict as _check_scaler_state
@@ -296,7 +295,7 @@ def _prepare(ck, tag, client_state, *, shared: bool) -> _Save:
         sv.meta = json.dumps(meta, indent=1, default=_json_default).encode()
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint metadata is not JSON-serializable: {e}") from None
-    # Nothing is written that a load would refuse (checkpoint_files.parse_json's bounds).
+    # Nothing is written that a load would refuse (checkpoint_read.parse_json's bounds).
     if len(sv.meta) > _MAX_JSON:
         raise CheckpointError(f"the checkpoint's meta.json would be {len(sv.meta)} bytes, more than a load accepts "
                               f"({_MAX_JSON}); keep large values of client_state in tensors.")

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from .checkpoint import _aliases, _open_meta
-from .checkpoint_files import _ST_DTYPES, CheckpointError, Deferred, StagingWriter, _Dir, _oserror, open_for_load
+from .checkpoint_files import _ST_DTYPES, CheckpointError, Deferred, StagingWriter, _Dir, _oserror
+from .checkpoint_read import open_for_load
 from .checkpoint_shards import PieceReader
 
 __all__ = ["consolidate_fp32", "fp32_state_dict", "main_to_fp32", "write_safetensors_output", "write_text_output",

@@ -39,7 +39,8 @@ import math
 import torch
 
 from .._signatures.optim import OPTIM_QBLOCK
-from .checkpoint_files import _FROM_ST, CheckpointError, CheckpointReader, Deferred, parse_json, reading
+from .checkpoint_files import CheckpointError, Deferred, reading
+from .checkpoint_read import _FROM_ST, CheckpointReader, parse_json
 from .partition import GroupPlan, PartitionPlan
 from .store import per_element_shape
 
