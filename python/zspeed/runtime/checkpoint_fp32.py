@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import _aliases, _open_meta
+from .checkpoint_load import _aliases, _open_meta
 from .checkpoint_files import _ST_DTYPES, CheckpointError, Deferred, StagingWriter, _Dir, _oserror
 from .checkpoint_read import open_for_load
 from .checkpoint_shards import PieceReader

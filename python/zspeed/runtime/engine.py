@@ -1071,7 +1071,7 @@ class ZSpeedEngine(torch.nn.Module):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False):
-        from .checkpoint import load_checkpoint
+        from .checkpoint_load import load_checkpoint
         self._check_open()
         # Without an optimizer there are no states to load into: the weights (and the counters)
         # only, as DeepSpeed loads into an engine without one.
