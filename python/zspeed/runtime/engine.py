@@ -39,7 +39,9 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .._optimizers import ZERO_TESTED_CLASSES
-from .config import _DTYPE_NAMES, ConfigError, ZSpeedConfig, check_param_dtype, parse_config
+from .config import ConfigError, ZSpeedConfig, check_param_dtype, parse_config
+from .dtypes import (CASTABLE, cast_inputs, densify_grad, dtype_mismatch_hint, dtype_of, float_buffers,  # noqa: F401
+                     keep_in_fp32_pattern, kept_buffers, restore_buffers, sparse_grad_params)
 from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import EngineCalls, attach as attach_fragments
 from .assemble import client_algorithm, client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
@@ -76,87 +78,8 @@ class StepIncompleteError(ZSpeedError, RuntimeError):
     completed: call engine.step() again, or load a checkpoint."""
 
 
-_BUFFER_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# The dtypes a mixed-precision cast touches (DeepSpeed's set: float8 and integer tensors keep theirs).
-_CASTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _dtype_of(name: str) -> torch.dtype:
-    return _BUFFER_DTYPES[_DTYPE_NAMES[name.lower()]]
-
-
-def _float_buffers(module: torch.nn.Module) -> dict:
-    """(module, buffer name) -> each castable floating-point buffer as the model was loaded,
-    before placement casts the module to the training dtype."""
-    return {(id(m), k): b for m in module.modules() for k, b in m.named_buffers(recurse=False, remove_duplicate=False)
-            if b is not None and b.dtype in _CASTABLE}
-
-
-def keep_in_fp32_pattern(module: torch.nn.Module, setting, dtype: torch.dtype | None):
-    """data_types.keep_in_fp32_modules as one compiled pattern over full buffer names, or None
-    (nothing to keep: fp32 training, ``[]``, or "auto" on a model that lists nothing).
-
-    "auto" reads the lists transformers models carry: ``_keep_in_fp32_modules_strict`` (kept under
-    bf16 and fp16) and ``_keep_in_fp32_modules`` (under fp16 only), each relative to the module
-    that declares it. A pattern's ``*`` stands for any characters; it may match anywhere."""
-    import re
-    if dtype not in (torch.float16, torch.bfloat16):
-        return None
-    alts = set()
-    if setting is None or setting == "auto":
-        for prefix, sub in module.named_modules():
-            names = set(getattr(sub, "_keep_in_fp32_modules_strict", None) or ())
-            if dtype == torch.float16:
-                names |= set(getattr(sub, "_keep_in_fp32_modules", None) or ())
-            for n in names:
-                body = ".*".join(re.escape(part) for part in str(n).split("*"))
-                alts.add(f"^{re.escape(prefix)}\\..*{body}" if prefix else body)
-    else:
-        alts = {".*".join(re.escape(part) for part in n.split("*")) for n in setting}
-    return re.compile("|".join(sorted(alts))) if alts else None
-
-
-def _kept_buffers(module: torch.nn.Module, pattern) -> set:
-    """(module, buffer name) of the castable floating-point buffers (_CASTABLE, as _float_buffers)
-    whose full names match ``pattern``."""
-    if pattern is None:
-        return set()
-    return {(id(m), k) for prefix, m in module.named_modules() for k, b in m.named_buffers(recurse=False, remove_duplicate=False)
-            if b is not None and b.dtype in _CASTABLE and pattern.search(f"{prefix}.{k}" if prefix else k)}
-
-
-def _restore_buffers(module: torch.nn.Module, loaded: dict, dtype: torch.dtype | None, keep: set = frozenset()) -> None:
-    """The buffers placement cast, back from their loaded values on the device placement put them
-    on: in fp32 for those in ``keep`` (data_types.keep_in_fp32_modules), else in ``dtype``
-    (data_types.buffer_dtype), or in the dtype each was loaded in (None; but for BatchNorm's and
-    InstanceNorm's running statistics, which torch's kernels need in their weight's dtype)."""
-    from torch.nn.modules.batchnorm import _NormBase
-    with torch.no_grad():
-        for m in module.modules():
-            # BatchNorm's and InstanceNorm's kernels need their running statistics in the dtype of
-            # their weight: left alone, those follow the training dtype as Module.to casts them.
-            norm = isinstance(m, _NormBase) and dtype is None
-            for k, b in m.named_buffers(recurse=False, remove_duplicate=False):
-                src = loaded.get((id(m), k))
-                if src is not None and b is not None and not (norm and (id(m), k) not in keep):
-                    want = torch.float32 if (id(m), k) in keep else dtype or src.dtype
-                    if b.dtype != want or b.data_ptr() != src.data_ptr():
-                        setattr(m, k, src.to(b.device, want))
-
-
 class EngineClosedError(ZSpeedError, RuntimeError):
     """The engine was closed (engine.close() / destroy())."""
-
-
-
-def _cast_inputs(obj, dtype):
-    if torch.is_tensor(obj):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cast_inputs(o, dtype) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _cast_inputs(v, dtype) for k, v in obj.items()}
-    return obj
 
 
 class ZSpeedEngine(torch.nn.Module):
@@ -267,17 +190,17 @@ class ZSpeedEngine(torch.nn.Module):
         self._model_params = self._layout.params
         self._placement = placement(self.plan)
         self._stage3 = self.plan.store == "partitioned"  # DeepSpeed's "partitioned weights"
-        loaded = _float_buffers(model)
+        loaded = float_buffers(model)
         param_dtype, buffer_dtype = self._mixed_precision_dtypes()
-        keep = _kept_buffers(model, keep_in_fp32_pattern(model, config.keep_in_fp32_modules, param_dtype))
+        keep = kept_buffers(model, keep_in_fp32_pattern(model, config.keep_in_fp32_modules, param_dtype))
         self.module = self._placement.place(model, self._layout)
-        _restore_buffers(self.module, loaded, buffer_dtype, keep)
+        restore_buffers(self.module, loaded, buffer_dtype, keep)
         hook = _WeakHook(self._param_grad)
         for ps in self._model_params:
             for p in ps:
                 p.register_hook(hook)
-        for p in _sparse_grad_params(self.module):  # first of the accumulation hooks: they see it dense
-            p.register_post_accumulate_grad_hook(_densify_grad)
+        for p in sparse_grad_params(self.module):  # first of the accumulation hooks: they see it dense
+            p.register_post_accumulate_grad_hook(densify_grad)
         self._check_ranks_agree()
         broadcast_module(self.module, self.collectives)  # every rank starts from rank 0's weights
         self._sync = grad_sync(self.plan, self._layout, self.collectives)
@@ -627,22 +550,22 @@ class ZSpeedEngine(torch.nn.Module):
         in fp32), the floating-point buffers in data_types.buffer_dtype (None: each keeps its own)."""
         param = torch.float16 if self.fp16_enabled() else torch.bfloat16 if self.bfloat16_enabled() else None
         name = self._config.buffer_dtype
-        return param, (None if name is None else _dtype_of(name))
+        return param, (None if name is None else dtype_of(name))
 
     def _cast_module_mixed_precision(self, param_dtype, buffer_dtype, is_zero_init_model, keep_pattern=None):
         """Cast self.module's floating-point parameters to param_dtype (not ZeRO-Init ones, made in
         it already) and its buffers to buffer_dtype (None leaves them), those whose full names match
         ``keep_pattern`` (keep_in_fp32_pattern's) to fp32. zspeed's own initialize casts through
         its placement (the same rules); this serves scripts that call DeepSpeed's helper."""
-        keep = _kept_buffers(self.module, keep_pattern)
+        keep = kept_buffers(self.module, keep_pattern)
         with torch.no_grad():
             if param_dtype is not None and not is_zero_init_model:
                 for p in self.module.parameters():
-                    if p.dtype in _CASTABLE and p.dtype != param_dtype:
+                    if p.dtype in CASTABLE and p.dtype != param_dtype:
                         p.data = p.data.to(param_dtype)
             for m in self.module.modules():
                 for k, b in m.named_buffers(recurse=False, remove_duplicate=False):
-                    if b is None or b.dtype not in _CASTABLE:
+                    if b is None or b.dtype not in CASTABLE:
                         continue
                     want = torch.float32 if (id(m), k) in keep else buffer_dtype
                     if want is not None and b.dtype != want:
@@ -675,7 +598,7 @@ class ZSpeedEngine(torch.nn.Module):
         engine.backward(loss): see _OutputHooks."""
         self._check_open()
         if self._config.auto_cast:
-            inputs, kwargs = _cast_inputs(inputs, torch.float16), _cast_inputs(kwargs, torch.float16)
+            inputs, kwargs = cast_inputs(inputs, torch.float16), cast_inputs(kwargs, torch.float16)
         self.tput_timer.start()
         with self._collectives("forward"), self._timing.phase("fwd"):  # ZeRO-3 gathers and a step in the background communicate
             if not torch.is_grad_enabled():  # evaluation sees the newest weights (delayed update: cpu.py)
@@ -688,7 +611,7 @@ class ZSpeedEngine(torch.nn.Module):
                     with self._trace.span("forward"):
                         out = self.module(*inputs, **kwargs)
                 except RuntimeError as e:
-                    hint = _dtype_mismatch_hint(e, inputs, kwargs, self.dtype)
+                    hint = dtype_mismatch_hint(e, inputs, kwargs, self.dtype)
                     if hint is None:
                         raise
                     raise ConfigError(hint) from e
@@ -1447,55 +1370,6 @@ def _after_commit(step: int, what: str, fn) -> None:
         log.warning("zspeed: optimizer step %d was applied and counted, but %s failed afterwards (%s: %s); "
                     "training goes on.", step, what, type(e).__name__, e)
         log.debug("zspeed: %s failed", what, exc_info=True)
-
-
-def _densify_grad(p: torch.Tensor) -> None:
-    """A sparse gradient (nn.Embedding / EmbeddingBag built with sparse=True) made dense as it is
-    accumulated, before any other hook reads it: every zspeed path reduces and steps dense
-    gradients, so the training is that of sparse=False."""
-    if p.grad is not None and p.grad.is_sparse:
-        p.grad = p.grad.to_dense()
-
-
-def _sparse_grad_params(model: torch.nn.Module) -> list:
-    """The parameters of ``model`` whose gradients autograd makes sparse."""
-    return [m.weight for m in model.modules()
-            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad]
-
-
-_DTYPE_ERRORS = ("same dtype", "dtype", "scalar type", "same type", "Input type")
-
-
-def _dtype_mismatch_hint(err: RuntimeError, inputs, kwargs, dtype: torch.dtype) -> str | None:
-    """For a forward that failed on mixed dtypes while the script passed fp32 inputs to an
-    fp16/bf16 model: a message naming the fix (None when that is not what happened)."""
-    text = str(err)
-    if not any(k in text for k in _DTYPE_ERRORS):
-        return None
-    found: list = []
-
-    def walk(o):
-        if torch.is_tensor(o):
-            if o.is_floating_point() and o.dtype != dtype:
-                found.append(o.dtype)
-        elif isinstance(o, (list, tuple)):
-            for x in o:
-                walk(x)
-        elif isinstance(o, dict):
-            for x in o.values():
-                walk(x)
-
-    walk(inputs)
-    walk(kwargs)
-    if not found:
-        return None
-    name = "fp16" if dtype == torch.float16 else "bf16"
-    fix = ("set \"fp16\": {\"enabled\": true, \"auto_cast\": true} in the config, which casts floating-point "
-           "inputs to fp16, or cast them yourself (x.half())" if dtype == torch.float16 else
-           "cast them yourself (x.to(torch.bfloat16)): DeepSpeed has no auto_cast for bf16")
-    return (f"the model runs in {name} (the config enables {name}), but forward() received {found[0]} "
-            f"inputs and failed on the mixed dtypes ({text.splitlines()[0]}). DeepSpeed does not cast "
-            f"inputs either: {fix}.")
 
 
 def _first_difference(a, b) -> str:
