@@ -332,6 +332,11 @@ def test_deepspeed_cpu_adam_names_and_subgroups():
     flat = torch.nn.Parameter(torch.randn(1027, generator=g))
     opt = DeepSpeedCPUAdam([flat], lr=1e-2, weight_decay=0.05)
     assert isinstance(opt, CPUAdam) and opt.adam_w_mode is True and opt.checkpoint_class == "CPUAdam"
+    # DeepSpeed's names record the state of the zspeed class they derive from (one layout each)
+    from zspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from zspeed.ops.lion import DeepSpeedCPULion
+    assert DeepSpeedCPUAdagrad([flat]).checkpoint_class == "CPUAdagrad"
+    assert DeepSpeedCPULion([flat]).checkpoint_class == "CPULion"
     history = []
     for sub in (0, 0, 0):
         flat.grad = torch.randn(1027, generator=g)

@@ -366,3 +366,15 @@ def test_a_scheduler_built_on_a_client_cpu_adam_reaches_the_nvme_swapper(tmp_pat
     for x, p in zip(before, e.module.parameters()):
         assert torch.equal(x, p.detach())
     e.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_offloaded_adagrad_refuses_lr_decay_with_one_message(tmp_path, device):
+    # Both offloaded tiers run zspeed's Adagrad kernel, which has no lr decay: the same refusal,
+    # naming the key and the fix, on either tier (not a silently ignored setting).
+    cfg = _cfg(device, tmp_path, opt="Adagrad", sched=False)
+    cfg["optimizer"]["params"]["lr_decay"] = 0.25
+    with pytest.raises(ConfigError, match=r"lr_decay = 0\.25: zspeed's offloaded Adagrad \(CPU and NVMe\) has no lr "
+                                          r"decay; set it to 0 and decay the lr with a scheduler"):
+        _engine(cfg)
+    assert not any(p.name.startswith("zspeed") for p in tmp_path.iterdir())  # nothing left in nvme_path

@@ -62,8 +62,6 @@ class DeepSpeedCPUAdam(CPUAdam):
     fp32_optimizer_states=True)``, run by zspeed's C kernel (see CPUAdam for zspeed's
     extra keywords ``state_dtype`` and ``num_threads``)."""
 
-    checkpoint_class = "CPUAdam"
-
     @property
     def adam_w_mode(self) -> bool:
         """DeepSpeed's name of ``adamw_mode``: decoupled weight decay (AdamW) when True."""
@@ -154,8 +152,6 @@ class DeepSpeedCPULion(CPULion):
     DeepSpeed keeps it in the parameter's dtype; the kernel has no fp16 momentum, so fp16
     and fp32 parameters keep an fp32 momentum."""
 
-    checkpoint_class = "CPULion"
-
     def __init__(self, model_params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0,
                  fp32_optimizer_states=True, num_threads=None):
         self.fp32_optimizer_states = bool(fp32_optimizer_states)
@@ -173,8 +169,6 @@ class DeepSpeedCPUAdagrad(CPUAdagrad):
     keeps the sum of bf16 parameters in bf16, as DeepSpeed keeps it in the parameter's dtype;
     the kernel has no fp16 sum, so fp16 and fp32 parameters keep an fp32 sum. amsgrad (which
     Adagrad does not have; DeepSpeed's kernel ignores it) is refused."""
-
-    checkpoint_class = "CPUAdagrad"
 
     def __init__(self, model_params, lr=1e-2, eps=1e-10, weight_decay=0, amsgrad=False,
                  fp32_optimizer_states=True, initial_accumulator_value=0, num_threads=None):

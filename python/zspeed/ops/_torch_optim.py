@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from .._optimizers import ALGORITHMS
 from . import _kernels
 from ._tensors import INT64, integer, threads
 
@@ -36,6 +37,14 @@ class _CPUOptimizer(torch.optim.Optimizer):
             threads(num_threads)
         self.num_threads = num_threads
         super().__init__(params, defaults)
+
+    @property
+    def checkpoint_class(self) -> str:
+        """The class name checkpoints record: zspeed's CPU class (the optimizer table's cpu_class)
+        that this one is or derives from, so DeepSpeed's names of them (DeepSpeedCPUAdam, ...)
+        save and load the same state layout."""
+        names = {a.cpu_class for a in ALGORITHMS.values()}
+        return next(c.__name__ for c in type(self).__mro__ if c.__name__ in names)
 
     # Subclasses: create the state of p; run the kernel on one tensor.
     def _init_state(self, group, p, state):

@@ -662,6 +662,13 @@ class ZSpeedConfig:
     keep_in_fp32_modules = _Setting("data_types", "keep_in_fp32_modules")
 
     @property
+    def gather_16bit_weights_on_model_save(self) -> bool:
+        """zero_optimization.stage3_gather_16bit_weights_on_model_save, or its older fp16 spelling
+        (DeepSpeed's alias of the same field)."""
+        z = self.zero
+        return bool(z["stage3_gather_16bit_weights_on_model_save"] or z["stage3_gather_fp16_weights_on_model_save"])
+
+    @property
     def dynamic_loss_scale(self) -> bool:
         return self.fp16_enabled and float(self.fp16["loss_scale"]) == 0.0
 

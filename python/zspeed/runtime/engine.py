@@ -1098,8 +1098,7 @@ class ZSpeedEngine(torch.nn.Module):
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         """DeepSpeed's query of zero_optimization.stage3_gather_16bit_weights_on_model_save (or its
         older fp16 name); accelerate asks it before saving a ZeRO-3 model."""
-        z = self._config.zero
-        return bool(z["stage3_gather_16bit_weights_on_model_save"] or z["stage3_gather_fp16_weights_on_model_save"])
+        return self._config.gather_16bit_weights_on_model_save
 
     def zero_optimization_partition_weights(self) -> bool:
         """DeepSpeed's: whether the weights are partitioned (ZeRO stage 3)."""

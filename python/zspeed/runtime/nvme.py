@@ -77,6 +77,7 @@ from .config import ConfigError
 from .layout import FlatLayout
 from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers, OffloadedPath
+from .optimizers import refuse_lr_decay
 from .paths import indexed_groups
 
 __all__ = ["NVMePath", "NVMeOptimizer", "PARTITION_CAP", "nvme_tiers", "reclaim_stale_swap_files"]
@@ -205,19 +206,16 @@ class NVMePath(OffloadedPath):
         else:
             self._out_flat, self._out = buffers.alloc(buffers.model_dtype)
         self._stepped: set = set()  # groups whose swapper has stepped on the current gradients
+        kind, cls = ALGORITHMS[name].kernel, ALGORITHMS[name].cpu_class
         if name in ("Adam", "AdamW"):
             kind = "adamw" if params["adam_w_mode"] else "adam"
-            cls = "CPUAdam"
             defaults = dict(lr=params["lr"], bias_correction=params["bias_correction"],
                             betas=tuple(params["betas"]), eps=params["eps"],
                             weight_decay=params["weight_decay"], amsgrad=False)
             state_dtype = params["state_dtype"]
         else:
-            kind, cls = ALGORITHMS[name].kernel, ALGORITHMS[name].cpu_class
             if name == "Adagrad":
-                if params["lr_decay"] != 0:
-                    raise ConfigError("optimizer.params.lr_decay must be 0 with offloaded Adagrad; use an "
-                                      "lr scheduler instead.")
+                refuse_lr_decay(params)
                 defaults = dict(lr=params["lr"], lr_decay=0, weight_decay=params["weight_decay"],
                                 eps=params["eps"], initial_accumulator_value=params["initial_accumulator_value"])
             else:

@@ -223,6 +223,14 @@ def norms_stats(norms: list, scale: float) -> tuple[float, bool]:
     return total, not math.isfinite(total)
 
 
+def refuse_lr_decay(params: dict) -> None:
+    """Offloaded Adagrad (host and NVMe tiers) has no lr decay: zspeed's kernel, like DeepSpeed's
+    CPU Adagrad, takes none; a config asking for it is refused, not silently ignored."""
+    if params["lr_decay"] != 0:
+        raise ConfigError(f"optimizer.params.lr_decay = {params['lr_decay']}: zspeed's offloaded Adagrad (CPU and "
+                          f"NVMe) has no lr decay; set it to 0 and decay the lr with a scheduler instead.")
+
+
 def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
                          client: torch.optim.Optimizer | None, force_native: bool,
                          num_threads: int | None = None) -> HostOptimizer:
@@ -262,9 +270,7 @@ def build_host_optimizer(name: str | None, params: dict, master_groups: list, *,
                                          adamw_mode=params["adam_w_mode"], state_dtype=params["state_dtype"],
                                          num_threads=num_threads)
     elif name == "Adagrad":
-        if params["lr_decay"] != 0:  # (refused by CPUAdagrad too; DeepSpeed's class has no lr_decay)
-            raise ConfigError(f"optimizer.params.lr_decay = {params['lr_decay']}: zspeed's CPU Adagrad has no lr "
-                              f"decay; use 0 and a scheduler")
+        refuse_lr_decay(params)
         opt = adagrad.DeepSpeedCPUAdagrad(groups, lr=params["lr"], weight_decay=params["weight_decay"],
                                           initial_accumulator_value=params["initial_accumulator_value"],
                                           eps=params["eps"], num_threads=num_threads)

@@ -44,6 +44,7 @@ import weakref
 
 import torch
 
+from .._optimizers import ALGORITHMS
 from .cpu import HostPath
 from .layout import FlatLayout
 from .memory import Need, Sizes
@@ -160,7 +161,7 @@ class SplitOptimizer(torch.optim.Optimizer):
     """The engine's ``optimizer`` for a split step: param groups over the model's parameters
     (what LR schedulers and ``get_lr()`` touch); the step and the state are the halves'."""
 
-    checkpoint_class = "CPUAdam"
+    checkpoint_class = ALGORITHMS["Adam"].cpu_class  # both halves run Adam/AdamW
 
     def __init__(self, groups: list, defaults: dict, path: "SplitPath"):
         super().__init__(groups, defaults)
