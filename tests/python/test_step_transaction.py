@@ -66,7 +66,7 @@ def _torn(tmp_path, on: bool = True):
             e.step()
     finally:
         _clear()
-    assert e.global_steps == 2 and e._unfinished is not None
+    assert e.global_steps == 2 and e._step.torn
     return e
 
 
@@ -77,7 +77,7 @@ def test_a_load_that_finds_nothing_or_refuses_leaves_the_torn_step_pending(tmp_p
     e = _torn(tmp_path, on)
     assert e.load_checkpoint(tmp_path / "missing") == (None, None)
     assert e.load_checkpoint(tmp_path / "ck", tag="no-such-tag") == (None, None)
-    assert e._unfinished is not None and e.optimizer_path.swappers[0].incomplete_step == 3  # still pending
+    assert e._step.torn and e.optimizer_path.swappers[0].incomplete_step == 3  # still pending
     bad = tmp_path / "bad"  # a copy of the checkpoint with one byte changed: its checksum fails
     import shutil
     shutil.copytree(tmp_path / "ck", bad)
@@ -88,7 +88,7 @@ def test_a_load_that_finds_nothing_or_refuses_leaves_the_torn_step_pending(tmp_p
     victim.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError):
         e.load_checkpoint(bad, tag="s")
-    assert e._unfinished is not None and e.optimizer_path.swappers[0].incomplete_step == 3  # still pending
+    assert e._step.torn and e.optimizer_path.swappers[0].incomplete_step == 3  # still pending
     e.step()  # completes it
     assert e.global_steps == 3
     G._backward_only(e, z3._data(4)[3])
@@ -174,7 +174,7 @@ def test_gathered_parameters_after_a_torn_step_completes_it_first(tmp_path, capl
         with zspeed.zero.GatheredParameters(list(e.module.parameters())):
             got = {n: p.detach().float().cpu().clone() for n, p in e.module.named_parameters()}
     assert "discarded" not in caplog.text
-    assert e._unfinished is None and e.global_steps == 3
+    assert not e._step.torn and e.global_steps == 3
     for n, v in got.items():
         assert torch.equal(v, want[n]), n
     e.close()

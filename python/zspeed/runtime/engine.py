@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
 import weakref
 from typing import Any
@@ -38,21 +37,21 @@ import torch
 
 from .. import comm
 from .._native import ZSpeedError
-from .._optimizers import ZERO_TESTED_CLASSES
 from .config import ConfigError, ZSpeedConfig, check_param_dtype, parse_config
 from .dtypes import (CASTABLE, cast_inputs, densify_grad, dtype_mismatch_hint, dtype_of, float_buffers,  # noqa: F401
                      keep_in_fp32_pattern, kept_buffers, restore_buffers, sparse_grad_params)
 from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import EngineCalls, attach as attach_fragments
-from .assemble import client_algorithm, client_kind, footprint, grad_sync, memory_fixes, optimizer_path, placement
+from .assemble import client_algorithm, client_kind, grad_sync, optimizer_path, placement
 from .optimizers import share_client_groups
 from .device import pick_device
 from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
+from . import engine_setup as setup
+from .step import StepIncompleteError, StepTransaction
 from .trace import tracer_from
 from .timing import EngineTiming
-from ..monitor import DeepSpeedMonitorConfig, MonitorMaster
 from .store import full_shape
 from .checkpoint_files import LoadIncompleteError
 from .summary import log_summary
@@ -60,9 +59,7 @@ from .layout import FlatLayout
 from .paths import NoOptimizerPath
 from .engine_optimizer import needs_wrapper
 from .optimizer_classes import wrapper_class
-from .zero.utils import is_zero_supported_optimizer
 from .loss_scaler import build_loss_scaler
-from .lr_schedules import build_scheduler
 from .hooks import ZERO3_COPY_MESSAGE, EngineHook, ZeRO3CopyError, guard_copies
 from .interrupts import interrupts_deferred
 from .replicate import broadcast_module
@@ -71,11 +68,6 @@ log = logging.getLogger("zspeed.engine")
 
 __all__ = ["ZSpeedEngine", "DeepSpeedEngine", "initialize", "StepIncompleteError", "EngineClosedError",
            "ZeRO3CopyError"]
-
-
-class StepIncompleteError(ZSpeedError, RuntimeError):
-    """An optimizer step stopped partway (an error, or a second Ctrl-C) and was not yet
-    completed: call engine.step() again, or load a checkpoint."""
 
 
 class EngineClosedError(ZSpeedError, RuntimeError):
@@ -120,25 +112,11 @@ class ZSpeedEngine(torch.nn.Module):
         self._recovery_script = config.zero_stage >= 1 and self.global_rank == 0
         # DeepSpeed's monitors (zspeed.monitor): made first, so that a monitor whose package is
         # missing stops initialize() before anything is allocated
-        # A monitor's folder that cannot be written fails initialize on every rank alike (rank 0
-        # makes it; _check_ranks_agree tells the others), not on rank 0 alone.
-        self._monitor_error = None
-        try:
-            self.monitor = MonitorMaster(DeepSpeedMonitorConfig(**config.monitor))
-        except ConfigError as e:
-            self._monitor_error = str(e)
-            self.monitor = MonitorMaster(DeepSpeedMonitorConfig())
+        self.monitor, monitor_error = setup.monitor_of(config)
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
-        self._global_grad_norm: float | None = None
-        self._last_overflow = False
-        # The factor of an optimizer step that raised partway (see step(); _SKIPPED for an overflow
-        # skip whose release raised), what it raised, and where its retry resumes (_take_model_step).
-        self._unfinished: float | None = None
-        self._unfinished_error = ""
-        self._step_phase = "apply"
         # Why the engine refuses to train and save (a checkpoint load that failed partway), or None.
         self._load_failed: str | None = None
         self._loading = False  # inside load_checkpoint
@@ -151,8 +129,6 @@ class ZSpeedEngine(torch.nn.Module):
         self._in_engine_backward = False
         self._direct_backward_active = False
         self._loss_scaled_by_script = False
-        self._skip_nonfinite = config.skips_nonfinite
-        self._clip = config.gradient_clipping
         self._gas = config.gradient_accumulation_steps
         # The tensor-fragment API (fragments.py): a boundary's backward has run since the last step,
         # and its gradients were already collected where the step reads them.
@@ -165,22 +141,10 @@ class ZSpeedEngine(torch.nn.Module):
         # (DeepSpeed's ZeRO-Inference: Hugging Face's Trainer.evaluate() before any training):
         # every parameter is kept as one nothing trains, and training calls raise NoOptimizerError.
         self._inference = optimizer is None and config.optimizer_name is None
-        groups = [] if self._inference else self._param_groups(model_parameters, optimizer)
-        self._names = self._param_names(groups)
-        if not self._inference and (not groups or not any(g["params"] for g in groups)):
-            raise ConfigError("the model has no parameters with requires_grad=True: nothing to train.")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            if callable(optimizer):
-                optimizer = optimizer([{k: v for k, v in g.items()} for g in groups])
-                if not isinstance(optimizer, torch.optim.Optimizer):
-                    raise ConfigError(f"the optimizer callable returned {type(optimizer).__name__}, not a "
-                                      f"torch.optim.Optimizer.")
-                groups = self._param_groups(None, optimizer)
-            else:
-                raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a callable returning one, "
-                                  f"got {type(optimizer).__name__}.")
-        if optimizer is not None:
-            self._check_client_optimizer(optimizer, config)
+        groups = []
+        if not self._inference:
+            groups, optimizer = setup.trained_groups(model, model_parameters, optimizer, config)
+        self._names = setup.param_names(model, groups)
 
         self.plan = RunPlan.build(config, world_size=self.world_size, rank=self.global_rank, device=self.device,
                                   dtype=self.dtype, backend=comm.get_backend() if self.world_size > 1 else None,
@@ -201,21 +165,17 @@ class ZSpeedEngine(torch.nn.Module):
                 p.register_hook(hook)
         for p in sparse_grad_params(self.module):  # first of the accumulation hooks: they see it dense
             p.register_post_accumulate_grad_hook(densify_grad)
-        self._check_ranks_agree()
+        setup.check_ranks_agree(self.collectives, self.config, self._names, self._layout, self.module, self.device,
+                                monitor_error)
         broadcast_module(self.module, self.collectives)  # every rank starts from rank 0's weights
         self._sync = grad_sync(self.plan, self._layout, self.collectives)
-        self._check_memory(config)
+        self.memory_needs, sizes = setup.check_memory(self.plan, self._placement, config, self.module, self._layout,
+                                                      self.device)
         self.optimizer_path = (NoOptimizerPath(self._layout) if self._inference else
                                optimizer_path(self.plan, config, self._layout, optimizer, self.collectives))
         self._fetcher = self._placement.finish(config, self.optimizer_path, self.module, self.collectives)
-        share = getattr(self.optimizer_path, "cpu_share", None)  # the split "auto" chose
-        if share is not None:
-            from dataclasses import replace
-            from .memory import by_tier
-            self.memory_needs = by_tier(footprint(self.plan, self._placement, config,
-                                                  replace(self._sizes, cpu_share=share,
-                                                          host_elems=getattr(self.optimizer_path, "kept_in_cpu",
-                                                                             self._sizes.host_elems))))
+        self.memory_needs = setup.memory_after_split(self.plan, self._placement, config, sizes, self.optimizer_path,
+                                                     self.memory_needs)
         self._frozen_sm = self._placement.frozen_store
         if self._fetcher is not None:
             self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
@@ -244,6 +204,10 @@ class ZSpeedEngine(torch.nn.Module):
         # the ranks whatever it says (see allreduce_gradients).
         self.enable_backward_allreduce = True
         self._trace = tracer_from(config.trace, self.global_rank, self.world_size)
+        # The optimizer step as a transaction (step.py): its pending phase, the norm, the overflow.
+        self._step = StepTransaction(self.optimizer_path, self.loss_scaler, self._sync, self._trace,
+                                     clip=config.gradient_clipping, skip_nonfinite=config.skips_nonfinite,
+                                     grad_divisor=self.plan.grad_divisor)
         # DeepSpeed's throughput timer and wall-clock timers (timing.py)
         self._timing = EngineTiming(config, self.train_batch_size(), self.global_rank)
         self.tput_timer = self._timing.tput
@@ -263,126 +227,15 @@ class ZSpeedEngine(torch.nn.Module):
             _WeakHook(self._settle_before_read)))
         guard_copies(self.module, _WeakHook(self._before_copy))  # EMA copies see the finished step
 
-        self.lr_scheduler = self._build_scheduler(lr_scheduler) if not self._inference else None
+        self.lr_scheduler = None if self._inference else setup.scheduler_of(config, lr_scheduler, self.basic_optimizer)
         if self._inference:
-            self._note_inference(lr_scheduler)
+            setup.note_inference(config, lr_scheduler, self.global_rank)
         self.training_dataloader = None
         if training_data is not None:
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
         if config.dump_state:
             log.info("zspeed engine: %s", self._describe())
         log_summary(self)
-
-    # -- construction helpers -----------------------------------------------------------------
-    def _note_inference(self, lr_scheduler) -> None:
-        """An engine without an optimizer: says so once, and that a scheduler (passed, or in the
-        config) is ignored, as DeepSpeed configures none without an optimizer."""
-        if lr_scheduler is not None or self._config.scheduler_name is not None:
-            log.warning("zspeed: no optimizer, so the lr scheduler (%s) is ignored, as in DeepSpeed.",
-                        self._config.scheduler_name or type(lr_scheduler).__name__)
-        if self.global_rank == 0:
-            log.info("zspeed: no optimizer (neither optimizer= nor an 'optimizer' section): the engine runs the "
-                     "model's forward only (inference); backward and step raise NoOptimizerError.")
-
-    def _check_ranks_agree(self) -> None:
-        """Ranks that disagree on the config, the model or the launch would deadlock in their
-        first collective or train different models: compare once, fail with the difference."""
-        from .._version import __version__
-        mine = {
-            "zspeed version": __version__,
-            "config": self.config,
-            "parameters": [[(n, tuple(full_shape(p)), str(p.dtype)) for n, p in zip(names, ps)]
-                           for names, ps in zip(self._names, self._model_params)],
-            "frozen parameters": [(n, tuple(full_shape(p)), str(p.dtype)) for n, p in self.module.named_parameters()
-                                  if id(p) not in self._layout.index],
-            "buffers": [(n, tuple(b.shape), str(b.dtype)) for n, b in self.module.named_buffers()],
-            "device type": self.device.type,
-        }
-        mine["monitor error"] = self._monitor_error
-        every = self.collectives.all_gather_object(mine)
-        failed = next(((r, o["monitor error"]) for r, o in enumerate(every) if o["monitor error"]), None)
-        if failed is not None:
-            raise ConfigError(failed[1])  # (rank 0 makes the folders: its message, on every rank)
-        for r, other in enumerate(every):
-            for key in mine:
-                if other[key] != every[0][key]:
-                    raise ConfigError(f"rank {r} differs from rank 0 in its {key}: "
-                                      f"{_first_difference(every[0][key], other[key])}. Every rank must run "
-                                      f"the same script with the same config and model.")
-
-    def _check_memory(self, config: ZSpeedConfig) -> None:
-        """Refuses, before allocating, a configuration whose tensors cannot fit on one of the
-        memory tiers (memory.py: the components' footprints, summed per tier)."""
-        from . import memory
-        sizes = self._placement.sizes(config, self.module, self._layout)
-        needs = footprint(self.plan, self._placement, config, sizes)
-        self.memory_needs = memory.by_tier(needs)
-        ranks_here = comm.get_local_world_size()
-        memory.check_host_memory(self.memory_needs.get("host", {}), self._placement.host_bytes_freed(self._layout),
-                                 ranks_here, memory_fixes(self.plan, config, "host"))
-        memory.check_nvme_space(needs, ranks_here, memory_fixes(self.plan, config, "nvme"))
-        memory.check_gpu_memory(self.memory_needs.get("gpu", {}), memory.gpu_room(self.device), self.device,
-                                memory_fixes(self.plan, config, "gpu"))
-        self._sizes = sizes
-
-    def _check_client_optimizer(self, client: torch.optim.Optimizer, config: ZSpeedConfig) -> None:
-        """DeepSpeed's rules for an optimizer the script passes: it takes precedence over the
-        config's 'optimizer' section, and with ZeRO (stage 1 and up) a class outside the tested
-        set needs zero_allow_untested_optimizer."""
-        if config.optimizer_name is not None:
-            log.warning("zspeed: an optimizer was passed to zspeed.initialize and the config has an "
-                        "'optimizer' section (%s): the passed %s is used and the section is ignored, as "
-                        "in DeepSpeed.", config.optimizer_name, type(client).__name__)
-        if config.zero_stage >= 1 and not is_zero_supported_optimizer(client):
-            if not config.allow_untested_optimizer:
-                from .errors import ConfigAssertionError
-                tested = ", ".join(f"{m}.{n}" if m.startswith("torch") else n for m, n in ZERO_TESTED_CLASSES)
-                raise ConfigAssertionError(
-                    f"ZeRO stage {config.zero_stage} with the client optimizer {type(client).__name__}, which "
-                    f"is not one of the optimizers ZeRO is tested with ({tested}). As in DeepSpeed, add "
-                    f"\"zero_allow_untested_optimizer\": true to the config to use it anyway.")
-            log.warning("zspeed: ZeRO with an untested optimizer (%s), allowed by "
-                        "zero_allow_untested_optimizer; proceed with caution.", type(client).__name__)
-
-    def _param_groups(self, model_parameters, client_opt) -> list:
-        if isinstance(client_opt, torch.optim.Optimizer):
-            src = client_opt.param_groups
-        elif model_parameters is None:
-            src = [{"params": [p for p in self.module.parameters() if p.requires_grad]}]
-        else:
-            items = list(model_parameters)
-            if items and isinstance(items[0], tuple) and len(items[0]) == 2 and torch.is_tensor(items[0][1]):
-                items = [p for _, p in items]  # model.named_parameters()
-            src = items if items and isinstance(items[0], dict) else [{"params": items}]
-        own = {id(p) for p in self.module.parameters()}
-        seen, groups = set(), []
-        for g in src:
-            params = [p for p in (g["params"] if isinstance(g["params"], (list, tuple)) else list(g["params"]))
-                      if p.requires_grad and id(p) not in seen]
-            for p in params:
-                if id(p) not in own:
-                    raise ConfigError("model_parameters contains a tensor that is not a parameter of the model; "
-                                      "pass model.parameters() (or groups of them).")
-                seen.add(id(p))
-            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
-        return [g for g in groups if g["params"]]
-
-    def _param_names(self, groups) -> list:
-        by_id = {id(p): n for n, p in self.module.named_parameters()}
-        return [[by_id[id(p)] for p in g["params"]] for g in groups]
-
-    def _build_scheduler(self, client):
-        if client is not None and self._config.scheduler_name is not None:
-            raise ConfigError("an lr scheduler was given both in the config and as lr_scheduler=; pass only one.")
-        if self._config.scheduler_name is not None:
-            return build_scheduler(self._config.scheduler_name, self._config.scheduler_params, self.basic_optimizer)
-        if client is None:
-            return None
-        if callable(client) and not hasattr(client, "step"):
-            # As DeepSpeed: a scheduler callable gets the basic optimizer (a torch optimizer,
-            # which torch's schedulers require).
-            return client(self.basic_optimizer)
-        return client
 
     def _describe(self) -> str:
         n = sum(self._layout.totals)
@@ -393,21 +246,8 @@ class ZSpeedEngine(torch.nn.Module):
 
     def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
         """A DataLoader over ``dataset`` with the micro-batch size (DeepSpeed's name)."""
-        gen = None
-        seed = self._config.seed
-        if seed is not None:
-            gen = torch.Generator().manual_seed(int(seed))
-        bs = batch_size or self.train_micro_batch_size_per_gpu()
-        drop = self._config.dataloader_drop_last
-        if self.world_size > 1:
-            # Each rank reads its own 1/world_size of every epoch, as DeepSpeed's loader does.
-            sampler = torch.utils.data.distributed.DistributedSampler(
-                dataset, num_replicas=self.world_size, rank=self.global_rank, shuffle=shuffle,
-                seed=0 if seed is None else int(seed), drop_last=drop)
-            return torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, collate_fn=collate_fn,
-                                               drop_last=drop)
-        return torch.utils.data.DataLoader(dataset, batch_size=bs, shuffle=shuffle, collate_fn=collate_fn,
-                                           drop_last=drop, generator=gen)
+        return setup.dataloader(dataset, batch_size or self.train_micro_batch_size_per_gpu(), collate_fn, shuffle,
+                                self._config, self.world_size, self.global_rank)
 
     # -- DeepSpeed's query API ------------------------------------------------------------------
     def train_batch_size(self) -> int:
@@ -512,7 +352,7 @@ class ZSpeedEngine(torch.nn.Module):
         return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
 
     def get_global_grad_norm(self) -> float | None:
-        return self._global_grad_norm
+        return self._step.grad_norm
 
     def __getattr__(self, name: str):
         """DeepSpeed's pass-through: a public attribute the engine does not have is looked up on
@@ -588,7 +428,7 @@ class ZSpeedEngine(torch.nn.Module):
 
     def was_step_applied(self) -> bool:
         """False when the last optimizer step was skipped (fp16 overflow), as in DeepSpeed."""
-        return not self._last_overflow
+        return not self._step.overflow
 
     # -- training ---------------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
@@ -709,17 +549,7 @@ class ZSpeedEngine(torch.nn.Module):
 
     def _refuse_if_unfinished(self, what: str) -> None:
         self._refuse_if_load_failed(what)
-        if self._unfinished is not None:
-            where = {"apply": "stopped partway",
-                     "schedule": "was applied, but the LR scheduler's step raised",
-                     "release": ("was skipped (gradient overflow), but restoring the weights raised"
-                                 if self._unfinished is _SKIPPED else "was applied, but dropping its gradients raised")
-                     }[self._step_phase]
-            raise StepIncompleteError(
-                f"{what}: optimizer step {self.global_steps + 1} {where} ({self._unfinished_error}); the "
-                f"gradients it reads must not be overwritten. Call engine.step() again to complete it (what it "
-                f"did is not repeated: each parameter is stepped once), or engine.load_checkpoint(...) to return "
-                f"to a saved state.")
+        self._step.refuse_if_pending(what, self.global_steps + 1)
 
     def _refuse_if_collected(self, what: str) -> None:
         if self._grads_gathered:
@@ -757,14 +587,14 @@ class ZSpeedEngine(torch.nn.Module):
         """Completes the optimizer step under way before anything reads the weights or the state:
         one that raised partway (completed by step(), which raises again if it fails again) and
         one running in the background (offload_optimizer overlap_forward / delayed_update)."""
-        if self._unfinished is not None:
+        if self._step.torn:
             self.step()
         self.optimizer_path.flush()
 
     def _settle_for(self, what: str) -> None:
         """:meth:`_settle` for a reader of the weights (GatheredParameters): a torn step that fails
         again is a StepIncompleteError naming ``what``, not a mix of stepped and unstepped weights."""
-        torn = self._unfinished is not None or self.optimizer_path.step_failed()
+        torn = self._step.torn or self.optimizer_path.step_failed()
         try:
             self._settle()
         except (StepIncompleteError, LoadIncompleteError):
@@ -821,15 +651,14 @@ class ZSpeedEngine(torch.nn.Module):
             raise NoSyncError(f"It is illegal to call Engine.step() inside {kind} context manager (as in "
                               f"DeepSpeed): call it after the block.")
         self._refuse_if_load_failed("engine.step()")
-        boundary = self._unfinished is not None or self.is_gradient_accumulation_boundary()
+        boundary = self._step.torn or self.is_gradient_accumulation_boundary()
         with interrupts_deferred(), self._timing.phase("step"):
             if boundary:
                 try:
                     with self._collectives("step"), self._trace.span("optimizer step", step=self.global_steps):
                         self._take_model_step(lr_kwargs)
                 except BaseException as e:
-                    if self._unfinished is not None:
-                        self._unfinished_error = _one_line(e)
+                    self._step.failed(_one_line(e))
                     raise
             self.micro_steps += 1
         # The step is committed (applied and counted): what follows only reports it, and a failure
@@ -851,34 +680,13 @@ class ZSpeedEngine(torch.nn.Module):
         self.monitor.write_events(events + self._timing.monitor_events(at))
 
     def _take_model_step(self, lr_kwargs) -> None:
-        """One optimizer step as a transaction: the decision (overflow skip or the factor) is
-        taken once, then the phases run in order, each once: "apply" (the path resumes where it
-        stopped, each parameter stepped once), "schedule" (the loss scale and the LR scheduler),
-        "release" (the gradients dropped; with gradients in the parameter shards a skip reads the
-        weights back from the masters), then the commit (the counters). A phase that raises
-        leaves the step pending at that phase: step() again resumes there, so no phase repeats;
-        nothing after the commit raises."""
-        path = self.optimizer_path
-        if self._unfinished is None:
-            factor = self._decide_step()
-            self._unfinished = _SKIPPED if factor is None else factor
-            self._step_phase = "release" if factor is None else "apply"
-        if self._step_phase == "apply":
-            with self._trace.span("apply"):
-                path.apply(self._unfinished)
-            self.loss_scaler.update_scale(False)
-            self._step_phase = "schedule"
-        if self._step_phase == "schedule":
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
-            self._step_phase = "release"
-        path.release()
-        applied = self._unfinished is not _SKIPPED
-        self._unfinished, self._step_phase = None, "apply"
+        """One optimizer step as a transaction (step.py), then its commit: the counters, and
+        after an applied step the path's and ZeRO-3's bookkeeping. Nothing after the commit raises."""
+        applied = self._step.run(self._decide_step, self.lr_scheduler, lr_kwargs)
         self._step_over()
         self._count_step()
         if applied:
-            path.step_done()
+            self.optimizer_path.step_done()
             if self._fetcher is not None:  # ZeRO-3: persistent parameters whole and current, as DeepSpeed's
                 self._fetcher.refresh_persistent(wait=False)
 
@@ -886,34 +694,15 @@ class ZSpeedEngine(torch.nn.Module):
         self._boundary_grads = self._grads_gathered = self._grads_pending = False
 
     def _decide_step(self) -> float | None:
-        """Gathers the boundary's gradients and their statistics; None for a skipped step (fp16
-        overflow, with the scaler told), else the factor every gradient is multiplied by."""
-        path = self.optimizer_path
-        # With several ranks the gradients are sums over the ranks: the mean (gradient_allreduce_op
-        # "mean") is folded into the factor, and every rank adds up the statistics of its part.
-        inv_scale = 1.0 / self.loss_scaler.loss_scale / self.plan.grad_divisor
-        if self._got_grad is not None:
-            self._check_all_used()
-        if not self._grads_gathered:  # (else the tensor-fragment API collected them)
-            self._collect_grads()
-        with self._trace.span("gradient statistics"):
-            sumsq, nonfinite = path.grad_stats(inv_scale)
-        sumsq, nonfinite = self._sync.stats(sumsq, nonfinite)  # each rank's part added up
-        overflow = nonfinite and self._skip_nonfinite
-        self._last_overflow = overflow
-        if overflow:
-            self.loss_scaler.update_scale(True)
+        """The transaction's decision: the boundary's gradients collected (unless the tensor-fragment
+        API did), every trained parameter used where that is checked; None for an overflow skip."""
+        factor = self._step.decide(lambda: self._grads_gathered or self._collect_grads(),
+                                   self._check_all_used if self._got_grad is not None else None)
+        if factor is None:
             self.skipped_steps += 1
-            self._global_grad_norm = None
             log.info("zspeed: step %d skipped: gradient overflow; loss scale now %g", self.global_steps,
                      self.loss_scaler.loss_scale)
-            return None
-        norm = math.sqrt(sumsq) if math.isfinite(sumsq) else float("nan")
-        self._global_grad_norm = norm
-        coef = 1.0
-        if self._clip > 0 and norm > self._clip:
-            coef = self._clip / (norm + 1e-6)
-        return inv_scale * coef
+        return factor
 
     def _check_all_used(self) -> None:
         """ignore_unused_parameters false: every trained parameter got a gradient since the last
@@ -934,7 +723,7 @@ class ZSpeedEngine(torch.nn.Module):
         spp = self._config.steps_per_print
         if spp and self.global_steps % spp == 0:
             log.info("step=%d lr=%s loss_scale=%g grad_norm=%s skipped=%d", self.global_steps, self.get_lr(),
-                     self.loss_scaler.loss_scale, self._global_grad_norm, self.skipped_steps)
+                     self.loss_scaler.loss_scale, self._step.grad_norm, self.skipped_steps)
 
     # -- checkpoints (see checkpoint.py) ------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
@@ -999,11 +788,11 @@ class ZSpeedEngine(torch.nn.Module):
         # Without an optimizer there are no states to load into: the weights (and the counters)
         # only, as DeepSpeed loads into an engine without one.
         with_states = load_optimizer_states and not load_module_only and not self._inference
-        torn = self._unfinished is not None or self.optimizer_path.step_failed()
+        torn = self._step.torn or self.optimizer_path.step_failed()
         if torn and not with_states:
             raise StepIncompleteError(
                 f"load_checkpoint without the optimizer states cannot replace optimizer step "
-                f"{self.global_steps + 1 if self._unfinished is not None else self.global_steps}, which stopped "
+                f"{self.global_steps + 1 if self._step.torn else self.global_steps}, which stopped "
                 f"partway (some parameters' states were stepped, others not): load the optimizer states too, "
                 f"or call engine.step() (engine.finish_step() for a step in the background) to complete it "
                 f"first.")
@@ -1019,9 +808,7 @@ class ZSpeedEngine(torch.nn.Module):
             # every master, optimizer state and counter the torn step touched.
             if torn:
                 log.warning("zspeed: load_checkpoint discards an optimizer step that stopped partway.")
-                self.optimizer_path.abandon_step()
-                self.optimizer_path.release()
-                self._unfinished, self._step_phase = None, "apply"
+                self._step.discard()
                 self._step_over()
                 self.optimizer_path.flush()
             self._load_failed = "a checkpoint load is under way"
@@ -1159,7 +946,7 @@ class ZSpeedEngine(torch.nn.Module):
         first; one that stopped partway is left as it is (its error was raised already)."""
         if self._closed:
             return
-        if self._unfinished is not None or self.optimizer_path.step_failed():
+        if self._step.torn or self.optimizer_path.step_failed():
             try:  # the module gets one step's weights: the torn step completed, if it can be
                 self._settle()
             except Exception as e:  # noqa: BLE001 - reported; close goes on
@@ -1356,10 +1143,6 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-# engine._unfinished of an overflow skip whose release raised (see _take_model_step)
-_SKIPPED = object()
-
-
 def _after_commit(step: int, what: str, fn) -> None:
     """Runs ``fn`` after a step is committed; an exception is logged (with its traceback at debug
     level), not raised: see the end of ZSpeedEngine.step."""
@@ -1369,21 +1152,6 @@ def _after_commit(step: int, what: str, fn) -> None:
         log.warning("zspeed: optimizer step %d was applied and counted, but %s failed afterwards (%s: %s); "
                     "training goes on.", step, what, type(e).__name__, e)
         log.debug("zspeed: %s failed", what, exc_info=True)
-
-
-def _first_difference(a, b) -> str:
-    """A short description of where two nested values first differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            if a.get(k) != b.get(k):
-                return f"{k}: {_first_difference(a.get(k), b.get(k))}"
-    if isinstance(a, list) and isinstance(b, list):  # tuples are records: shown whole
-        if len(a) != len(b):
-            return f"{len(b)} entries instead of {len(a)}"
-        for x, y in zip(a, b):
-            if x != y:
-                return _first_difference(x, y)
-    return f"{b!r} instead of {a!r}"
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
