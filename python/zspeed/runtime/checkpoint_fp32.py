@@ -21,7 +21,7 @@ from .checkpoint_read import open_for_load
 from .checkpoint_shards import PieceReader
 
 __all__ = ["consolidate_fp32", "fp32_state_dict", "main_to_fp32", "write_safetensors_output", "write_text_output",
-           "write_torch_output"]
+           "write_torch_output", "write_16bit_model", "write_recovery_scripts", "make_executable"]
 
 
 # -- zspeed to-fp32 -----------------------------------------------------------------------------
@@ -183,6 +183,50 @@ def write_safetensors_output(outp: Path, tensors: dict) -> None:
 def write_text_output(outp: Path, text: str) -> None:
     """A UTF-8 text file under the same rules as :func:`_write_output`."""
     _write_stream_output(outp, lambda f: f.write(text.encode()))
+
+
+def write_16bit_model(outp: Path, sd: dict) -> None:
+    """engine.save_16bit_model's file: safetensors where the name ends in .safetensors (tied
+    weights once, their other names as aliases in the metadata), torch.save otherwise, as
+    DeepSpeed does; written atomically (see :func:`_atomic_output`)."""
+    if outp.name.endswith(".safetensors"):
+        from .checkpoint import _dedupe
+        out, aliases = _dedupe(sd)  # safetensors refuses shared storage: tied weights once
+        _write_output(outp, {k: v.contiguous().cpu() for k, v in out.items()},
+                      {"format": "pt", "aliases": json.dumps(aliases)})
+    else:
+        write_torch_output(outp, {k: v.cpu() for k, v in sd.items()})
+
+
+def write_recovery_scripts(folder) -> None:
+    """``folder/zero_to_fp32.py`` and ``zero_to_torch.py``: DeepSpeed's converters' places and
+    command lines, running zspeed's (utils/zero_to_fp32.py, utils/zero_to_torch.py); made
+    executable. The checkpoint is complete without them: a failure to write one is logged, not
+    raised."""
+    import logging
+
+    from .._native import ZSpeedError
+    from ..utils.zero_to_fp32 import RECOVERY_SCRIPTS
+    for name, text in RECOVERY_SCRIPTS.items():
+        dst = Path(folder) / name
+        try:
+            write_text_output(dst, text)
+        except (ZSpeedError, OSError) as e:
+            logging.getLogger("zspeed.engine").warning(
+                "zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
+            continue
+        make_executable(str(dst))
+
+
+def make_executable(dst: str) -> None:
+    """Makes a recovery script executable; where the file system refuses (file shares) or the
+    file is missing, says so and goes on (DeepSpeed's behaviour)."""
+    from ..utils.logging import logger
+    try:
+        os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
+    except (FileNotFoundError, PermissionError) as e:
+        logger.info(f"Warning: Could not change permissions for {dst} due to error: {e}. Continuing without "
+                    f"changing permissions.")
 
 
 def _atomic_output(outp: Path, write) -> None:

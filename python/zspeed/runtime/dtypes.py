@@ -9,7 +9,7 @@ import torch
 
 from .config import _DTYPE_NAMES
 
-__all__ = ["CASTABLE", "cast_inputs", "densify_grad", "dtype_mismatch_hint", "dtype_of", "float_buffers",
+__all__ = ["CASTABLE", "cast_inputs", "cast_module", "densify_grad", "dtype_mismatch_hint", "dtype_of", "float_buffers",
            "keep_in_fp32_pattern", "kept_buffers", "restore_buffers", "sparse_grad_params"]
 
 
@@ -81,6 +81,25 @@ def restore_buffers(module: torch.nn.Module, loaded: dict, dtype: torch.dtype | 
                     want = torch.float32 if (id(m), k) in keep else dtype or src.dtype
                     if b.dtype != want or b.data_ptr() != src.data_ptr():
                         setattr(m, k, src.to(b.device, want))
+
+
+def cast_module(module: torch.nn.Module, param_dtype, buffer_dtype, is_zero_init_model: bool, keep_pattern) -> None:
+    """DeepSpeed's module cast: floating-point parameters to ``param_dtype`` (not ZeRO-Init ones,
+    made in it already; None leaves them), buffers to ``buffer_dtype`` (None leaves them), those
+    whose full names match ``keep_pattern`` (keep_in_fp32_pattern's) to fp32."""
+    keep = kept_buffers(module, keep_pattern)
+    with torch.no_grad():
+        if param_dtype is not None and not is_zero_init_model:
+            for p in module.parameters():
+                if p.dtype in CASTABLE and p.dtype != param_dtype:
+                    p.data = p.data.to(param_dtype)
+        for m in module.modules():
+            for k, b in m.named_buffers(recurse=False, remove_duplicate=False):
+                if b is None or b.dtype not in CASTABLE:
+                    continue
+                want = torch.float32 if (id(m), k) in keep else buffer_dtype
+                if want is not None and b.dtype != want:
+                    b.data = b.data.to(want)
 
 
 def cast_inputs(obj, dtype):

@@ -15,7 +15,7 @@ optimizer state live: device, host memory, NVMe, or split), its step runner -- a
 collectives.py the comm strategy. The step below drives every combination the same way;
 checkpoints see the engine as its parts (parts.py).
 
-One optimizer step (the boundary):
+One optimizer step (the boundary; a transaction, step.py):
   1. the path gathers the boundary's gradients;
   2. sum of squares and non-finiteness of grads / loss_scale in one pass;
   3. fp16: overflow -> skip the step, lower the scale (loss_scaler.py), count it;
@@ -38,7 +38,7 @@ import torch
 from .. import comm
 from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, check_param_dtype, parse_config
-from .dtypes import (CASTABLE, cast_inputs, densify_grad, dtype_mismatch_hint, dtype_of, float_buffers,  # noqa: F401
+from .dtypes import (cast_inputs, cast_module, densify_grad, dtype_mismatch_hint, dtype_of, float_buffers,  # noqa: F401
                      keep_in_fp32_pattern, kept_buffers, restore_buffers, sparse_grad_params)
 from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import EngineCalls, attach as attach_fragments
@@ -54,6 +54,7 @@ from .trace import tracer_from
 from .timing import EngineTiming
 from .store import full_shape
 from .checkpoint_files import LoadIncompleteError
+from .checkpoint_fp32 import make_executable, write_16bit_model, write_recovery_scripts
 from .summary import log_summary
 from .layout import FlatLayout
 from .paths import NoOptimizerPath
@@ -397,19 +398,7 @@ class ZSpeedEngine(torch.nn.Module):
         it already) and its buffers to buffer_dtype (None leaves them), those whose full names match
         ``keep_pattern`` (keep_in_fp32_pattern's) to fp32. zspeed's own initialize casts through
         its placement (the same rules); this serves scripts that call DeepSpeed's helper."""
-        keep = kept_buffers(self.module, keep_pattern)
-        with torch.no_grad():
-            if param_dtype is not None and not is_zero_init_model:
-                for p in self.module.parameters():
-                    if p.dtype in CASTABLE and p.dtype != param_dtype:
-                        p.data = p.data.to(param_dtype)
-            for m in self.module.modules():
-                for k, b in m.named_buffers(recurse=False, remove_duplicate=False):
-                    if b is None or b.dtype not in CASTABLE:
-                        continue
-                    want = torch.float32 if (id(m), k) in keep else buffer_dtype
-                    if want is not None and b.dtype != want:
-                        b.data = b.data.to(want)
+        cast_module(self.module, param_dtype, buffer_dtype, is_zero_init_model, keep_pattern)
 
     def zero_optimization_stage(self) -> int:
         return self._config.zero_stage
@@ -747,38 +736,12 @@ class ZSpeedEngine(torch.nn.Module):
             with self._collectives("save_checkpoint"):  # may have released them), as DeepSpeed's
                 self._fetcher.refresh_persistent(wait=True)  # checkpoint_event_epilogue
         if self._recovery_script:
-            self._copy_recovery_script(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
+            write_recovery_scripts(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
         return saved
 
-    def _copy_recovery_script(self, save_path) -> None:
-        """``save_path/zero_to_fp32.py`` and ``zero_to_torch.py``: DeepSpeed's converters' places and
-        command lines, running zspeed's (utils/zero_to_fp32.py, utils/zero_to_torch.py); made
-        executable. The checkpoint is complete without them: a failure to write one is logged, not
-        raised."""
-        from pathlib import Path
-
-        from ..utils.zero_to_fp32 import RECOVERY_SCRIPTS
-        from .checkpoint_fp32 import write_text_output
-        for name, text in RECOVERY_SCRIPTS.items():
-            dst = Path(save_path) / name
-            try:
-                write_text_output(dst, text)
-            except (ZSpeedError, OSError) as e:
-                log.warning("zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
-                continue
-            self._change_recovery_script_permissions(str(dst))
-
     def _change_recovery_script_permissions(self, dst) -> None:
-        """Makes the recovery script executable; where the file system refuses (file shares) or the
-        file is missing, says so and goes on (DeepSpeed's behaviour)."""
-        import stat
-
-        from ..utils.logging import logger
-        try:
-            os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
-        except (FileNotFoundError, PermissionError) as e:
-            logger.info(f"Warning: Could not change permissions for {dst} due to error: {e}. Continuing without "
-                        f"changing permissions.")
+        """DeepSpeed's name: makes a recovery script executable, or says why not and goes on."""
+        make_executable(dst)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
@@ -867,16 +830,7 @@ class ZSpeedEngine(torch.nn.Module):
             # Written under a temporary name created exclusively (a symlink planted at it cannot
             # redirect the write), then renamed over the target: complete or not there at all.
             from pathlib import Path
-            from .checkpoint import _dedupe
-            from .checkpoint_fp32 import _write_output, write_torch_output
-            path = Path(save_dir) / save_filename
-            if save_filename.endswith(".safetensors"):
-                import json
-                out, aliases = _dedupe(sd)  # safetensors refuses shared storage: tied weights once
-                _write_output(path, {k: v.contiguous().cpu() for k, v in out.items()},
-                              {"format": "pt", "aliases": json.dumps(aliases)})
-            else:
-                write_torch_output(path, {k: v.cpu() for k, v in sd.items()})
+            write_16bit_model(Path(save_dir) / save_filename, sd)
         self.collectives.barrier()
         return True
 
