@@ -198,16 +198,14 @@ def write_16bit_model(outp: Path, sd: dict) -> None:
         write_torch_output(outp, {k: v.cpu() for k, v in sd.items()})
 
 
-def write_recovery_scripts(folder) -> None:
-    """``folder/zero_to_fp32.py`` and ``zero_to_torch.py``: DeepSpeed's converters' places and
-    command lines, running zspeed's (utils/zero_to_fp32.py, utils/zero_to_torch.py); made
-    executable. The checkpoint is complete without them: a failure to write one is logged, not
-    raised."""
+def write_recovery_scripts(folder, scripts: dict) -> None:
+    """``scripts`` (file name -> text) in ``folder``, made executable: utils/zero_to_fp32.py's
+    RECOVERY_SCRIPTS, DeepSpeed's converters' places and command lines running zspeed's. The
+    checkpoint is complete without them: a failure to write one is logged, not raised."""
     import logging
 
     from .._native import ZSpeedError
-    from ..utils.zero_to_fp32 import RECOVERY_SCRIPTS
-    for name, text in RECOVERY_SCRIPTS.items():
+    for name, text in scripts.items():
         dst = Path(folder) / name
         try:
             write_text_output(dst, text)

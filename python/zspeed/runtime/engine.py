@@ -40,7 +40,6 @@ from .._native import ZSpeedError
 from .config import ConfigError, ZSpeedConfig, check_param_dtype, parse_config
 from .dtypes import (cast_inputs, cast_module, densify_grad, dtype_mismatch_hint, dtype_of, float_buffers,  # noqa: F401
                      keep_in_fp32_pattern, kept_buffers, restore_buffers, sparse_grad_params)
-from .errors import FragmentError, NoSyncError, UnusedParametersError
 from .fragments import EngineCalls, attach as attach_fragments
 from .assemble import client_algorithm, client_kind, grad_sync, optimizer_path, placement
 from .optimizers import share_client_groups
@@ -49,6 +48,7 @@ from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
 from . import engine_setup as setup
+from .backward import Accumulation
 from .step import StepIncompleteError, StepTransaction
 from .trace import tracer_from
 from .timing import EngineTiming
@@ -123,20 +123,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._loading = False  # inside load_checkpoint
         self._closed = False
         self.loss_scaler = build_loss_scaler(config.fp16, config.zero_stage)
-        # The accumulation boundary as set_gradient_accumulation_boundary() fixed it (None:
-        # counted from micro_steps), and the state of a backward the script started itself
-        # with loss.backward() (see forward()).
-        self._boundary_override: bool | None = None
-        self._in_engine_backward = False
-        self._direct_backward_active = False
-        self._loss_scaled_by_script = False
         self._gas = config.gradient_accumulation_steps
-        # The tensor-fragment API (fragments.py): a boundary's backward has run since the last step,
-        # and its gradients were already collected where the step reads them.
-        self._boundary_grads = False
-        self._local_backward = None  # "no_sync" / "coalesce_grad_reduction" inside those contexts
-        self._grads_gathered = False
-        self._grads_pending = False  # a backward ran since the last step (engine.zero_grad drops its gradients)
 
         # Without an optimizer (none passed, none in the config) the engine runs the forward only
         # (DeepSpeed's ZeRO-Inference: Hugging Face's Trainer.evaluate() before any training):
@@ -217,12 +204,15 @@ class ZSpeedEngine(torch.nn.Module):
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
         # zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload,
         # a step whose trained parameters did not all get a gradient is refused (see _decide_step).
-        self._got_grad = None
+        got = None
         if self.plan.check_unused:
-            got = self._got_grad = set()
+            got = set()
             for p in self.module.parameters():
                 if p.requires_grad:
                     self._path_hooks.append(p.register_post_accumulate_grad_hook(lambda q: got.add(id(q))))
+        # The backwards of the step under way and where their gradients are (backward.py).
+        self._acc = Accumulation(self.optimizer_path, self._fetcher, self._sync, self._trace, self._timing,
+                                 _collectives, gas=self._gas, stage=config.zero_stage, got_grad=got)
         # module.state_dict() (what exports and EMA copies read) sees the finished step.
         self._path_hooks.append(self.module.register_state_dict_pre_hook(
             _WeakHook(self._settle_before_read)))
@@ -288,14 +278,7 @@ class ZSpeedEngine(torch.nn.Module):
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the current micro-batch ends an accumulation (its step() runs the optimizer):
         counted from micro_steps, unless set_gradient_accumulation_boundary() fixed it."""
-        if self._boundary_override is not None:
-            return self._boundary_override
-        return (self.micro_steps + 1) % self._gas == 0
-
-    def _backward_boundary(self) -> bool:
-        """Whether this backward ends the accumulation (its gradients are reduced and stepped):
-        never inside no_sync() or coalesce_grad_reduction()."""
-        return self._local_backward is None and self.is_gradient_accumulation_boundary()
+        return self._acc.is_boundary(self.micro_steps)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -303,7 +286,8 @@ class ZSpeedEngine(torch.nn.Module):
         accumulate on each rank, and the first boundary backward after the block reduces them
         with its own (as DeepSpeed, ZeRO stages 0 and 1 only: stages 2 and 3 partition the
         gradients as they arrive). step() inside raises; so does a second no_sync inside."""
-        with self._local_backwards("no_sync"):
+        self._check_open()
+        with self._acc.local_backwards("no_sync"):
             yield
 
     @contextlib.contextmanager
@@ -314,28 +298,11 @@ class ZSpeedEngine(torch.nn.Module):
         set_gradient_accumulation_boundary(False) before all but the last would. step() inside
         raises, as does nesting it with no_sync(). ZeRO stage 0 is refused (NotImplementedError,
         as DeepSpeed)."""
-        with self._local_backwards("coalesce_grad_reduction"):
+        self._check_open()
+        with self._acc.local_backwards("coalesce_grad_reduction"):
             yield
         # the block is the step's accumulation: its backwards' gradients are the step's
-        self._boundary_grads = self.is_gradient_accumulation_boundary()
-
-    @contextlib.contextmanager
-    def _local_backwards(self, name: str):
-        self._check_open()
-        refusal = _LOCAL_BACKWARD_REFUSALS[name].get(self.zero_optimization_stage())
-        if refusal is not None:
-            kind, text = refusal
-            raise kind(text.format(stage=self.zero_optimization_stage()))
-        outer = self._local_backward
-        if outer is not None:
-            what = (f"{name} context manager reentry is unsupported" if outer == name else
-                    f"{name} inside {outer}: the contexts cannot be nested")
-            raise NoSyncError(f"{what} (as in DeepSpeed); leave the first one before entering another.")
-        self._local_backward = name
-        try:
-            yield
-        finally:
-            self._local_backward = None
+        self._acc.boundary_grads = self.is_gradient_accumulation_boundary()
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """DeepSpeed's override of the boundary: until called again (with True or False; None
@@ -346,7 +313,7 @@ class ZSpeedEngine(torch.nn.Module):
         gradient_accumulation_steps."""
         if is_boundary is not None and not isinstance(is_boundary, bool):
             raise TypeError(f"is_boundary must be True, False or None, got {is_boundary!r}")
-        self._boundary_override = is_boundary
+        self._acc.override = is_boundary
 
     def get_lr(self) -> list:
         """The learning rate of each parameter group ([] without an optimizer, as DeepSpeed)."""
@@ -459,7 +426,7 @@ class ZSpeedEngine(torch.nn.Module):
             raise ValueError("engine.scale(loss) needs the scalar loss tensor of the micro-batch, with a graph")
         if not self._config.fp16_enabled:
             return loss
-        self._loss_scaled_by_script = True
+        self._acc.scaled_by_script = True
         return loss.float() * self.loss_scaler.loss_scale
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
@@ -470,62 +437,25 @@ class ZSpeedEngine(torch.nn.Module):
         if self._inference:
             raise self.optimizer_path.refuse("engine.backward()")
         self._refuse_if_unfinished("engine.backward()")
-        self._refuse_if_collected("engine.backward()")
+        self._acc.refuse_if_collected("engine.backward()")
         if scale_wrt_gas and self._gas > 1:
             loss = loss / self._gas
         scaled = loss.float() * self.loss_scaler.loss_scale if self._config.fp16_enabled else loss
         with self._timing.phase("bwd"):
-            self._engine_backward(scaled, retain_graph)
+            self._acc.run(scaled, retain_graph, self._acc.backward_boundary(self.micro_steps))
         return loss
 
-    def _engine_backward(self, scaled: torch.Tensor, retain_graph: bool) -> None:
-        with self._collectives("backward"):  # a step still in the background finishes first
-            self.optimizer_path.before_backward(self._backward_boundary())
-        self._in_engine_backward = True
-        self._grads_pending = True
-        failed = True
-        try:
-            with self._collectives("backward"), self._trace.span("backward"), self._timing.phase("bwd_inner"):
-                scaled.backward(retain_graph=retain_graph)
-            failed = False
-            self._boundary_grads = self._backward_boundary()
-        finally:
-            self._in_engine_backward = False
-            try:
-                with self._collectives("backward"), self._timing.phase("bwd_reduce"):
-                    self.optimizer_path.after_backward()
-                if self._fetcher is not None:
-                    self._fetcher.release_all()
-            except BaseException:
-                if not failed:
-                    raise
-                # The backward's own error is what the script must see (a peer that died during
-                # it fails the clean-up's collectives too).
-                log.debug("zspeed: clean-up after a failed backward raised too", exc_info=True)
-
     def _begin_direct_backward(self) -> None:
-        """The first output hook of a backward the script started (loss.backward()): what
-        engine.backward does before autograd runs, and its end queued after it."""
+        """The first output hook of a backward the script started (loss.backward())."""
         self._check_open()
         self._refuse_if_unfinished("loss.backward()")
-        self._refuse_if_collected("loss.backward()")
-        self._direct_backward_active = True
-        self._grads_pending = True
-        self.optimizer_path.before_backward(self._backward_boundary())
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_direct_backward)
-
-    def _end_direct_backward(self) -> None:
-        self._direct_backward_active = False
-        self._loss_scaled_by_script = False
-        self._boundary_grads = self._backward_boundary()
-        self.optimizer_path.after_backward()
-        if self._fetcher is not None:
-            self._fetcher.release_all()
+        self._acc.refuse_if_collected("loss.backward()")
+        self._acc.begin_direct(self._acc.backward_boundary(self.micro_steps))
 
     def _backward_epilogue(self) -> None:
         """DeepSpeed's internal end of a backward, which scripts that run ``loss.backward()``
         themselves over several engines (one loss over their models) call on each engine: zspeed
-        ends such a backward by itself when autograd finishes (``_end_direct_backward``, queued at
+        ends such a backward by itself when autograd finishes (``Accumulation.end_direct``, queued at
         its start: the gradients are where the step reads them), so nothing is left to do here."""
         self._check_open()
 
@@ -540,37 +470,16 @@ class ZSpeedEngine(torch.nn.Module):
         self._refuse_if_load_failed(what)
         self._step.refuse_if_pending(what, self.global_steps + 1)
 
-    def _refuse_if_collected(self, what: str) -> None:
-        if self._grads_gathered:
-            raise FragmentError(
-                f"{what}: this step's gradients were already read or set through the tensor-fragment API "
-                f"(safe_get_full_grad / safe_set_full_grad ...), which collects them where the step reads them; "
-                f"call engine.step() before the next backward.")
-
     def _local_backward_mode(self) -> str | None:
         """None, or the context the backward passes run in: "no_sync", "coalesce_grad_reduction"."""
-        return self._local_backward
+        return self._acc.local
 
     def _grads_for_fragments(self, what: str) -> None:
         """The boundary's gradients collected where the step reads them (what the step does first),
         for the tensor-fragment API; refused outside backward..step."""
         self._check_open()
         self._refuse_if_unfinished(what)
-        if not self._boundary_grads:
-            raise FragmentError(
-                f"{what}: gradients are readable after the backward of an accumulation boundary (micro-batch "
-                f"{self._gas} of {self._gas}) and before engine.step(); there is none now (no backward since the "
-                f"last step, or the accumulation is not at its boundary). Inside engine.no_sync() they are readable "
-                f"too: each rank's own, not reduced.")
-        if not self._grads_gathered:
-            with self._collectives(what):
-                self._collect_grads()
-
-    def _collect_grads(self) -> None:
-        self._sync.grads()  # stage 0 on several ranks: every gradient summed over the ranks
-        with self._trace.span("gather gradients"):
-            self.optimizer_path.gather()
-        self._grads_gathered = True
+        self._acc.collect_for_fragments(what)
 
     def _settle(self) -> None:
         """Completes the optimizer step under way before anything reads the weights or the state:
@@ -603,9 +512,7 @@ class ZSpeedEngine(torch.nn.Module):
                                     "files); build a new one with zspeed.initialize to train again.")
 
     def _collectives(self, what: str):
-        """Turns a failed collective into an error that says what probably happened."""
-        return comm.guarded(f"in engine.{what}()", f"Another rank has most likely stopped (crashed, killed, out of "
-                            f"memory) or is stuck, or {comm.ONE_RANK_HINT}: look at the other ranks' output.")
+        return _collectives(what)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drops the gradients (DeepSpeed's engine always sets them to None): every gradient of
@@ -616,16 +523,7 @@ class ZSpeedEngine(torch.nn.Module):
         del set_to_none
         self._check_open()
         self._refuse_if_unfinished("engine.zero_grad()")
-        if not self._grads_pending:  # nothing since the last step but what autograd may have left
-            self.optimizer_path.zero_grad()
-            return
-        with self._collectives("zero_grad"):
-            self.optimizer_path.flush()  # a step in the background reads its gradients until done
-        self.optimizer_path.drop_grads()
-        self._grads_pending = False
-        self._step_over()
-        if self._got_grad is not None:
-            self._got_grad.clear()
+        self._acc.drop()
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Ends a micro-batch; on the accumulation boundary runs the optimizer. A step is
@@ -635,10 +533,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_open()
         if self._inference:
             raise self.optimizer_path.refuse("engine.step()")
-        if self._local_backward is not None:
-            kind = "no_sync" if self._local_backward == "no_sync" else "coalesce_grad_reduction (a no_sync)"
-            raise NoSyncError(f"It is illegal to call Engine.step() inside {kind} context manager (as in "
-                              f"DeepSpeed): call it after the block.")
+        self._acc.refuse_step_inside()
         self._refuse_if_load_failed("engine.step()")
         boundary = self._step.torn or self.is_gradient_accumulation_boundary()
         with interrupts_deferred(), self._timing.phase("step"):
@@ -672,39 +567,22 @@ class ZSpeedEngine(torch.nn.Module):
         """One optimizer step as a transaction (step.py), then its commit: the counters, and
         after an applied step the path's and ZeRO-3's bookkeeping. Nothing after the commit raises."""
         applied = self._step.run(self._decide_step, self.lr_scheduler, lr_kwargs)
-        self._step_over()
+        self._acc.over()
         self._count_step()
         if applied:
             self.optimizer_path.step_done()
             if self._fetcher is not None:  # ZeRO-3: persistent parameters whole and current, as DeepSpeed's
                 self._fetcher.refresh_persistent(wait=False)
 
-    def _step_over(self) -> None:
-        self._boundary_grads = self._grads_gathered = self._grads_pending = False
-
     def _decide_step(self) -> float | None:
         """The transaction's decision: the boundary's gradients collected (unless the tensor-fragment
         API did), every trained parameter used where that is checked; None for an overflow skip."""
-        factor = self._step.decide(lambda: self._grads_gathered or self._collect_grads(),
-                                   self._check_all_used if self._got_grad is not None else None)
+        factor = self._step.decide(self._acc.collect, lambda: self._acc.check_all_used(self.module))
         if factor is None:
             self.skipped_steps += 1
             log.info("zspeed: step %d skipped: gradient overflow; loss scale now %g", self.global_steps,
                      self.loss_scaler.loss_scale)
         return factor
-
-    def _check_all_used(self) -> None:
-        """ignore_unused_parameters false: every trained parameter got a gradient since the last
-        step, else UnusedParametersError before anything is stepped."""
-        got = self._got_grad  # (the set the hooks fill)
-        missing = [n for n, p in self.module.named_parameters() if p.requires_grad and id(p) not in got]
-        if missing:
-            raise UnusedParametersError(
-                f"zero_optimization.ignore_unused_parameters is false and {len(missing)} trained parameter(s) got "
-                f"no gradient in this step: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. Set "
-                f"ignore_unused_parameters true (the default: they step with zero gradients), make every trained "
-                f"parameter take part in the loss, or freeze them (requires_grad=False).")
-        got.clear()
 
     def _count_step(self) -> None:
         self.global_steps += 1
@@ -736,7 +614,8 @@ class ZSpeedEngine(torch.nn.Module):
             with self._collectives("save_checkpoint"):  # may have released them), as DeepSpeed's
                 self._fetcher.refresh_persistent(wait=True)  # checkpoint_event_epilogue
         if self._recovery_script:
-            write_recovery_scripts(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
+            from ..utils.zero_to_fp32 import RECOVERY_SCRIPTS
+            write_recovery_scripts(save_dir, RECOVERY_SCRIPTS)  # as DeepSpeed beside its ZeRO checkpoints
         return saved
 
     def _change_recovery_script_permissions(self, dst) -> None:
@@ -772,7 +651,7 @@ class ZSpeedEngine(torch.nn.Module):
             if torn:
                 log.warning("zspeed: load_checkpoint discards an optimizer step that stopped partway.")
                 self._step.discard()
-                self._step_over()
+                self._acc.over()
                 self.optimizer_path.flush()
             self._load_failed = "a checkpoint load is under way"
 
@@ -934,19 +813,12 @@ class ZSpeedEngine(torch.nn.Module):
         """The first gradient of a backward the script started itself (loss.backward())."""
         if self._inference:
             raise self.optimizer_path.refuse("loss.backward()")
-        if self._in_engine_backward or self._direct_backward_active:
-            return None
-        if self._config.fp16_enabled and not self._loss_scaled_by_script:
-            raise RuntimeError(
-                "fp16 training needs a scaled loss, but loss.backward() was called on an unscaled loss. Call "
-                "engine.backward(loss), or engine.scale(loss).backward() (DeepSpeed's two ways).")
-        self._begin_direct_backward()
+        if self._acc.needs_begin(self._config.fp16_enabled):
+            self._begin_direct_backward()
         return None
 
     def _param_grad(self, grad: torch.Tensor):
-        if self._direct_backward_active and self._gas > 1:
-            return grad / self._gas
-        return None
+        return self._acc.param_grad(grad)
 
     def _settle_before_read(self, *_hook_args) -> None:
         """A state_dict pre-hook on the module: the optimizer step under way completes first."""
@@ -1052,17 +924,10 @@ class _OutputHooks:
                 self.register(o, seen)
 
 
-# The ZeRO stages where DeepSpeed refuses engine.no_sync() / coalesce_grad_reduction(), with its
-# exception class and the alternative.
-_NO_SYNC_PARTITIONED = (NoSyncError, "no_sync context manager is incompatible with gradient partitioning logic of "
-                        "ZeRO stage {stage} (as in DeepSpeed): use gradient_accumulation_steps or "
-                        "set_gradient_accumulation_boundary(False) for the micro-batches instead.")
-_LOCAL_BACKWARD_REFUSALS = {
-    "no_sync": {2: _NO_SYNC_PARTITIONED, 3: _NO_SYNC_PARTITIONED},
-    "coalesce_grad_reduction": {0: (NotImplementedError, "coalesce_grad_reduction requires ZeRO stage 1/2/3, got "
-                                    "stage {stage} (as in DeepSpeed); at stage 0 set_gradient_accumulation_"
-                                    "boundary(False) before the micro-batches but the last does the same.")},
-}
+def _collectives(what: str):
+    """Turns a failed collective in engine.<what>() into an error that says what probably happened."""
+    return comm.guarded(f"in engine.{what}()", f"Another rank has most likely stopped (crashed, killed, out of "
+                        f"memory) or is stuck, or {comm.ONE_RANK_HINT}: look at the other ranks' output.")
 
 
 def _take_from_earlier_engines(model: torch.nn.Module) -> None:
