@@ -21,7 +21,7 @@ from .checkpoint_read import open_for_load
 from .checkpoint_shards import PieceReader
 
 __all__ = ["consolidate_fp32", "fp32_state_dict", "main_to_fp32", "write_safetensors_output", "write_text_output",
-           "write_torch_output", "write_16bit_model", "write_recovery_scripts", "make_executable"]
+           "write_torch_output", "write_16bit_model"]
 
 
 # -- zspeed to-fp32 -----------------------------------------------------------------------------
@@ -31,11 +31,6 @@ def _checkpoint_root(ckpt, tag) -> tuple[Path, str | None]:
     if tag is None and os.path.lexists(root / "manifest.json"):
         return root.parent, root.name
     return root, tag
-
-
-def _open_checkpoint(ckpt, tag):
-    """(reader, context) for a tag folder itself or a folder with ``latest``."""
-    return open_for_load(*_checkpoint_root(ckpt, tag))
 
 
 def _real(p) -> str:
@@ -196,35 +191,6 @@ def write_16bit_model(outp: Path, sd: dict) -> None:
                       {"format": "pt", "aliases": json.dumps(aliases)})
     else:
         write_torch_output(outp, {k: v.cpu() for k, v in sd.items()})
-
-
-def write_recovery_scripts(folder, scripts: dict) -> None:
-    """``scripts`` (file name -> text) in ``folder``, made executable: utils/zero_to_fp32.py's
-    RECOVERY_SCRIPTS, DeepSpeed's converters' places and command lines running zspeed's. The
-    checkpoint is complete without them: a failure to write one is logged, not raised."""
-    import logging
-
-    from .._native import ZSpeedError
-    for name, text in scripts.items():
-        dst = Path(folder) / name
-        try:
-            write_text_output(dst, text)
-        except (ZSpeedError, OSError) as e:
-            logging.getLogger("zspeed.engine").warning(
-                "zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
-            continue
-        make_executable(str(dst))
-
-
-def make_executable(dst: str) -> None:
-    """Makes a recovery script executable; where the file system refuses (file shares) or the
-    file is missing, says so and goes on (DeepSpeed's behaviour)."""
-    from ..utils.logging import logger
-    try:
-        os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
-    except (FileNotFoundError, PermissionError) as e:
-        logger.info(f"Warning: Could not change permissions for {dst} due to error: {e}. Continuing without "
-                    f"changing permissions.")
 
 
 def _atomic_output(outp: Path, write) -> None:

@@ -126,9 +126,6 @@ class HostPath(OffloadedPath):
         self.runner.abandon()
         self.buffers.abandoned()
 
-    def wait_chunk(self, k: int) -> None:
-        self.runner.wait(k)
-
     def hook_modules(self, module: torch.nn.Module) -> list:
         return self.runner.hooks(module)
 

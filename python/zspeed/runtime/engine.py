@@ -52,9 +52,8 @@ from .backward import Accumulation
 from .step import StepIncompleteError, StepTransaction
 from .trace import tracer_from
 from .timing import EngineTiming
-from .store import full_shape
 from .checkpoint_files import LoadIncompleteError
-from .checkpoint_fp32 import make_executable, write_16bit_model, write_recovery_scripts
+from .checkpoint_fp32 import write_16bit_model
 from .summary import log_summary
 from .layout import FlatLayout
 from .paths import NoOptimizerPath
@@ -614,12 +613,13 @@ class ZSpeedEngine(torch.nn.Module):
             with self._collectives("save_checkpoint"):  # may have released them), as DeepSpeed's
                 self._fetcher.refresh_persistent(wait=True)  # checkpoint_event_epilogue
         if self._recovery_script:
-            from ..utils.zero_to_fp32 import RECOVERY_SCRIPTS
-            write_recovery_scripts(save_dir, RECOVERY_SCRIPTS)  # as DeepSpeed beside its ZeRO checkpoints
+            from ..utils.zero_to_fp32 import write_recovery_scripts
+            write_recovery_scripts(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
         return saved
 
     def _change_recovery_script_permissions(self, dst) -> None:
         """DeepSpeed's name: makes a recovery script executable, or says why not and goes on."""
+        from ..utils.zero_to_fp32 import make_executable
         make_executable(dst)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
@@ -873,20 +873,6 @@ class ZSpeedEngine(torch.nn.Module):
                            else m.detach().reshape(-1).to("cpu", torch.float32, copy=True))
             rows.append(row)
         path.load_masters(rows)
-
-    def _master_shapes(self) -> dict:
-        """name -> a meta tensor shaped like the master (for validation without reading them)."""
-        return {n: torch.empty(full_shape(p), device="meta")
-                for names, ps in zip(self._names, self._model_params) for n, p in zip(names, ps)}
-
-    def _load_masters(self, src: dict) -> None:
-        """Replaces every fp32 master from ``src`` (name -> tensor) and refreshes the model
-        (with several ranks and ZeRO stage 1 or 2: this rank's pieces of them)."""
-        sm = self.optimizer_path.sharded
-        if sm is not None:
-            self.optimizer_path.load_masters(sm.cut(lambda gi, pi: src[self._names[gi][pi]]))
-            return
-        self.optimizer_path.load_masters([[src[n] for n in names] for names in self._names])
 
 
 class _OutputHooks:

@@ -268,11 +268,6 @@ class RunPlan:
         and stage 3)."""
         return self.store != "replicated"
 
-    @property
-    def host_comm(self) -> bool:
-        """Collectives on host tensors (Gloo), also with a CUDA model."""
-        return self.comm in ("host", "staged")
-
     @classmethod
     def build(cls, config, *, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
               backend: str | None, client: str, client_optimizer: str | None = None) -> "RunPlan":

@@ -21,7 +21,8 @@ import torch
 
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
            "convert_zero_checkpoint_to_state_dict", "convert_zero_checkpoint_to_fp32_state_dict",
-           "OUTPUT_DTYPE_NAMES", "main", "run_converter", "RECOVERY_SCRIPTS"]
+           "OUTPUT_DTYPE_NAMES", "main", "run_converter", "RECOVERY_SCRIPTS",
+           "write_recovery_scripts", "make_executable"]
 
 # The output dtypes DeepSpeed's converter takes, by the names it takes (any letter case).
 OUTPUT_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -174,6 +175,40 @@ RECOVERY_SCRIPTS = {
     "zero_to_torch.py": _SCRIPT.format(name="zero_to_torch.py", module="zero_to_torch",
                                        usage="--dtype {fp32,fp16,bf16} " + _OPTIONS),
 }
+
+
+def write_recovery_scripts(folder) -> None:
+    """:data:`RECOVERY_SCRIPTS` in ``folder`` (beside a ZeRO checkpoint, where DeepSpeed copies
+    its converters), made executable. The checkpoint is complete without them: a failure to
+    write one is logged, not raised."""
+    import logging
+    from pathlib import Path
+
+    from .._native import ZSpeedError
+    from ..runtime.checkpoint_fp32 import write_text_output
+    for name, text in RECOVERY_SCRIPTS.items():
+        dst = Path(folder) / name
+        try:
+            write_text_output(dst, text)
+        except (ZSpeedError, OSError) as e:
+            logging.getLogger("zspeed.engine").warning(
+                "zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
+            continue
+        make_executable(str(dst))
+
+
+def make_executable(dst: str) -> None:
+    """Makes a recovery script executable; where the file system refuses (file shares) or the
+    file is missing, says so and goes on (DeepSpeed's behaviour)."""
+    import os
+    import stat
+
+    from .logging import logger
+    try:
+        os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
+    except (FileNotFoundError, PermissionError) as e:
+        logger.info(f"Warning: Could not change permissions for {dst} due to error: {e}. Continuing without "
+                    f"changing permissions.")
 
 
 def run_converter(prog: str, argv=None, with_dtype: bool = False) -> int:
