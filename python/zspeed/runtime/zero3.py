@@ -52,11 +52,12 @@ from .collectives import Collectives
 from .hooks import ZERO3_COPY_MESSAGE, ZeRO3CopyError
 from .store import ParamStore, full_numel, full_shape  # noqa: F401 - full_* are this module's names too
 from .streams import streams_for
+from .zero3_order import AccessOrder
 from .zero.status import ZeroParamStatus, mark_partitioned
 
 log = logging.getLogger("zspeed.zero3")
 
-__all__ = ["ParamFetcher", "full_numel", "full_shape"]
+__all__ = ["ParamFetcher", "pin", "unpin", "edited_locally", "full_numel", "full_shape"]
 
 
 class _State:
@@ -78,6 +79,24 @@ class _State:
         # DeepSpeed's attributes of a ZeRO-3 parameter, which libraries read (peft, accelerate):
         # a unique id, whether it stays whole between uses, and whether it is whole now.
         mark_partitioned(p, persistent, sanity)
+
+
+def _states_of(stores: list, device: torch.device, persistence: int, sanity_checks: bool) -> dict:
+    """id(parameter) -> its _State, for every parameter of ``stores`` with elements (one with none
+    gets an empty tensor of its shape on ``device``, for good: there is nothing to gather)."""
+    states = {}
+    for store in stores:
+        for gi, ps in enumerate(store.layout.params):
+            gp = store.plan.groups[gi]
+            for pi, p in enumerate(ps):
+                if gp.numels[pi] == 0:
+                    p.data = torch.empty(full_shape(p), dtype=store.dtype, device=device)
+                    continue
+                ui = gp.unit_of[pi]
+                u = gp.units[ui]
+                states[id(p)] = _State(p, store, gi, pi, ui, u.length, full_shape(p), u.padded, u.length <= persistence,
+                                       sanity_checks)
+    return states
 
 
 _FETCHERS: "weakref.WeakSet[ParamFetcher]" = weakref.WeakSet()
@@ -165,36 +184,18 @@ class ParamFetcher:
         self.comm = comm
         self.prefetch_elems = int(prefetch_elems)
         self.max_live = max(1, int(max_live))
-        self.reuse = int(reuse)
+        self.order = AccessOrder(reuse)  # the recorded order of gathers (zero3_order.py)
         self.streams = streams_for(self.device)
-        self.states: dict[int, _State] = {}
-        for store in stores:
-            for gi, ps in enumerate(store.layout.params):
-                gp = store.plan.groups[gi]
-                for pi, p in enumerate(ps):
-                    if gp.numels[pi] == 0:  # nothing to gather: an empty tensor of its shape, always
-                        p.data = torch.empty(full_shape(p), dtype=store.dtype, device=self.device)
-                        continue
-                    ui = gp.unit_of[pi]
-                    u = gp.units[ui]
-                    self.states[id(p)] = _State(p, store, gi, pi, ui, u.length, full_shape(p), u.padded,
-                                                u.length <= persistence, sanity_checks)
+        self.states: dict[int, _State] = _states_of(stores, self.device, persistence, sanity_checks)
         self.live = 0  # elements materialized (persistent ones included)
         self._reading: dict = {}  # id(state) -> state whose NVMe read is in flight, oldest first
         self._module_params: dict[int, list] = {}
         self._external: dict[int, list] = {}
         self._stack: list = []
-        self._pos_stack: list = []   # per running module: its position in the trace, or None
-        self._keep_at: list | None = None  # per trace position: ids of states to keep gathered
+        self._pos_stack: list = []   # per running module: its position in the order, or None
         self._kept: set = set()
         self._mode = None
         self._depth = 0
-        # The order of the first forward's gathers (one tuple of states per module call),
-        # and the position in it of the current forward/backward.
-        self._trace: list | None = None
-        self._recording: list | None = []
-        self._cursor = 0
-        self._bw_cursor = None
         # DeepSpeed's names (its DeepSpeedZeRoOffload's), which scripts use to take the hooks off
         # and put them back (TRL's generation context): the handles of the module hooks, and of
         # the hooks that release a parameter once its gradient is accumulated.
@@ -425,27 +426,9 @@ class ParamFetcher:
             for a in ("ds_id", "ds_external_parameters"):
                 m.__dict__.pop(a, None)
         _FETCHERS.discard(self)
-        with torch.no_grad():
-            for store in (self.sm, self.frozen):
-                if store is None:
-                    continue
-                ws = store.plan.world_size
-                for gi, ps in enumerate(store.layout.params):
-                    gp = store.plan.groups[gi]
-                    for pi, p in enumerate(ps):
-                        shape, n = full_shape(p), gp.numels[pi]
-                        w = (store.weights(gi, gp.unit_of[pi]).detach().to("cpu", copy=True) if n
-                             else torch.empty(0, dtype=store.dtype))
-                        if ws == 1:
-                            p.data = w[:n].view(shape)
-                            for a in ("ds_shape", "ds_numel", "ds_status", "ds_persist", "ds_tensor",
-                                      "ds_active_sub_modules"):
-                                if hasattr(p, a):
-                                    delattr(p, a)
-                        else:
-                            p.ds_tensor = w
-                            p.data = torch.empty(0, dtype=store.dtype)
-                            p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+        for store in (self.sm, self.frozen):
+            if store is not None:
+                _hand_back_store(store)
         self.states.clear()
 
     def refresh_persistent(self, wait: bool) -> None:
@@ -473,7 +456,7 @@ class ParamFetcher:
     def _root_enter(self, module, args):
         self._depth += 1
         if self._depth == 1:
-            self._cursor = 0
+            self.order.begin_forward()
             self._mode = _ExternalUse(self)
             self._mode.__enter__()
 
@@ -486,30 +469,10 @@ class ParamFetcher:
             mode.__exit__(None, None, None)
             self._stack.clear()
             self._pos_stack.clear()
-            if self._recording is not None and self._recording:
-                self._trace, self._recording = self._recording, None
-                self._keep_at = self._plan_reuse(self._trace)
-            self._bw_cursor = len(self._trace) if self._trace else None
+            self.order.end_forward()
             kept, self._kept = self._kept, set()
             self.release([st for st in self.states.values() if id(st) in kept])
         return None
-
-    def _plan_reuse(self, tr: list) -> list:
-        """Per trace position, the states used again within stage3_max_reuse_distance elements
-        of gathers: kept gathered after the module instead of released (DeepSpeed's rule)."""
-        cum = [0]
-        for e in tr:
-            cum.append(cum[-1] + sum(st.numel for st in e))
-        keep: list = [set() for _ in tr]
-        nxt: dict = {}
-        for i in range(len(tr) - 1, -1, -1):
-            for st in tr[i]:
-                j = nxt.get(id(st))
-                if j is not None and cum[j] - cum[i + 1] <= self.reuse:
-                    keep[i].add(id(st))
-            for st in tr[i]:
-                nxt[id(st)] = i
-        return keep
 
     def _pre_forward(self, m, args):
         self._stack.append(m)
@@ -526,30 +489,9 @@ class ParamFetcher:
                 pos = self._note_forward(sts)
             self._pos_stack.append(pos)
             if self.frozen is not None and torch.is_grad_enabled():
-                self._hook_inputs(args, m)
+                _release_after_inputs(weakref.ref(self), [st for st in sts if st.sm is self.frozen and not st.persistent],
+                                      args)
         return None
-
-    def _hook_inputs(self, args, m) -> None:
-        """Frozen parameters get no gradient, so no accumulation tells when backward is done
-        with them: they are released once the gradients of all of the module's inputs that
-        need one are computed (the module's backward has then used its weights)."""
-        frozen = [st for st in self._of(m) if st.sm is self.frozen and not st.persistent]
-        ins = [t for t in _tensors(args) if t.requires_grad]
-        if not frozen or not ins:
-            return  # released at the end of backward (release_all)
-        left = [len(ins)]
-        ref = weakref.ref(self)
-
-        def input_grad_done(grad):
-            left[0] -= 1
-            f = ref()
-            if left[0] == 0 and f is not None:
-                for st in frozen:
-                    st.hold = False
-                f.release(frozen, backward_done=True)
-            return None
-        for t in ins:
-            t.register_hook(input_grad_done)
 
     def _post_forward(self, m, args, out):
         pos = None
@@ -563,28 +505,14 @@ class ParamFetcher:
             for st in sts:
                 st.p.ds_active_sub_modules.discard(m.ds_id)
             if torch.is_grad_enabled():
-                self._hook_outputs(out, m)
-            keep = self._keep_at[pos] if pos is not None and self._keep_at and pos < len(self._keep_at) else ()
+                _gather_before_backward(weakref.ref(self), out, m)
+            keep = self.order.kept_after(pos)
             if keep:
                 self._kept.update(k for k in keep)
                 self.release([st for st in sts if id(st) not in keep])
             else:
                 self.release(sts)
         return None
-
-    def _hook_outputs(self, out, m) -> None:
-        fired = [False]
-        ref = weakref.ref(self)
-
-        def before_module_backward(grad):
-            f = ref()
-            if f is not None and not fired[0]:
-                fired[0] = True
-                f.pre_backward(m)
-            return None
-        for t in _tensors(out):
-            if t.requires_grad and t.grad_fn is not None:
-                t.register_hook(before_module_backward)
 
     def pre_backward(self, m) -> None:
         sts = self._of(m)
@@ -647,77 +575,13 @@ class ParamFetcher:
         if st in ext:
             ext.remove(st)
 
-    # -- GatheredParameters ------------------------------------------------------------------------
-    def pin(self, params: list) -> list:
-        """Gathers ``params`` whole and keeps them so until :meth:`unpin` (every rank must call it
-        with the same parameters, in the same order)."""
-        sts = [self.states[id(p)] for p in params]
-        settle = self.before_pin() if self.before_pin is not None else None
-        if settle is not None:  # (a step in the background or one that raised partway: complete it first)
-            settle("GatheredParameters")
-        with self.working():
-            self.need(sts)
-            self.streams.synchronize_current()
-        for st in sts:
-            st.pins += 1
-        return sts
-
-    def unpin(self, sts: list, modified: bool) -> None:
-        """Ends a pin; with ``modified`` the whole values (already the same on every rank) are
-        written into the shards, and the engine updates the fp32 masters from them. If a write
-        fails (NVMe), the pin still ends: the parameters are released and read their shards'
-        previous values again."""
-        try:
-            if modified:
-                for st in sts:
-                    st.sm.set_full(st.gi, st.pi, st.p.data)
-                trained = [st for st in sts if st.sm is self.sm]
-                cb = self.on_modified() if self.on_modified is not None else None
-                if cb is not None and trained:
-                    cb(trained)
-        finally:
-            for st in sts:
-                st.pins -= 1
-                if not modified and st.full is not None:
-                    # Edits without a modifier rank are discarded: a parameter that stays
-                    # materialized (persistent, or pinned elsewhere) is gathered from its
-                    # shards again before its next use.
-                    st.stale = True
-            self.release(sts)
-            if not modified:  # and read again now, so that nothing sees the edit meanwhile
-                self.need([st for st in sts if st.full is not None and st.stale])
-
-    def edited_locally(self, sts: list) -> bool:
-        """Whether this rank's part of any of the pinned ``sts`` differs from its shard: an edit,
-        also one made through ``p.data`` (which no version counter sees). Each rank compares the
-        part it owns, so an edit made on every rank is seen wherever it lies; shards on NVMe
-        are not read back for this."""
-        with torch.no_grad():
-            for st in sts:
-                sm = st.sm
-                if st.full is None or (getattr(sm, "nvme", False) and sm.on_disk(st.gi, st.ui)):
-                    continue
-                shard = sm.weights(st.gi, st.ui)
-                lo = sm.rank * shard.numel()  # one unit per parameter: the padding past numel is no value
-                n = min(shard.numel(), st.numel - lo)
-                if n > 0 and not torch.equal(st.full[lo:lo + n], shard[:n].to(st.full.device)):
-                    return True
-        return False
-
     # -- prefetch ---------------------------------------------------------------------------------
     def _note_forward(self, sts: list):
-        """Follows the recorded order; returns this call's position in it (None while learning)."""
-        if self._recording is not None:
-            self._recording.append(tuple(sts))
-            return None
-        tr = self._trace
-        if tr is None or self._cursor >= len(tr) or list(tr[self._cursor]) != sts:
-            # The model took another path: learn again (kept states are released at the end).
-            self._trace, self._recording, self._keep_at = None, [tuple(sts)], None
-            return None
-        pos = self._cursor
-        self._cursor += 1
-        self._prefetch(tr, range(self._cursor, len(tr)))
+        """Follows the recorded order, prefetching what comes next; returns this call's position
+        in it (None while learning)."""
+        pos = self.order.note_forward(sts)
+        if pos is not None:
+            self._prefetch(self.order.trace, self.order.ahead(pos))
         return pos
 
     def _prefetch(self, tr, positions) -> None:
@@ -743,21 +607,135 @@ class ParamFetcher:
         self._gather(todo, prefetch=True)
 
     def _prefetch_backward(self, sts: list) -> None:
-        tr = self._trace
-        if not tr or self._bw_cursor is None:
-            return
-        # The module backward runs in about the reverse of the forward order: find it.
-        i = self._bw_cursor - 1
-        while i >= 0 and list(tr[i]) != sts:
-            i -= 1
-        if i < 0:
-            return
-        self._bw_cursor = i
-        self._prefetch(tr, range(i - 1, -1, -1))
+        positions = self.order.behind(sts)  # the module backwards run in about the reverse order
+        if positions is not None:
+            self._prefetch(self.order.trace, positions)
 
     def close(self) -> None:
         self.settle()
         self._remove_module_hooks()
+
+
+def _hand_back_store(store: ParamStore) -> None:
+    """Every parameter of ``store`` holds this rank's current weights again: the whole tensor in
+    host memory without the ZeRO-3 attributes (one rank), or ``p.ds_tensor``, this rank's shard
+    in host memory, as zero.Init leaves it (several ranks)."""
+    ws = store.plan.world_size
+    with torch.no_grad():
+        for gi, ps in enumerate(store.layout.params):
+            gp = store.plan.groups[gi]
+            for pi, p in enumerate(ps):
+                shape, n = full_shape(p), gp.numels[pi]
+                w = (store.weights(gi, gp.unit_of[pi]).detach().to("cpu", copy=True) if n
+                     else torch.empty(0, dtype=store.dtype))
+                if ws == 1:
+                    p.data = w[:n].view(shape)
+                    for a in ("ds_shape", "ds_numel", "ds_status", "ds_persist", "ds_tensor", "ds_active_sub_modules"):
+                        if hasattr(p, a):
+                            delattr(p, a)
+                else:
+                    p.ds_tensor = w
+                    p.data = torch.empty(0, dtype=store.dtype)
+                    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+
+# -- the hooks on a module's inputs and outputs ---------------------------------------------------
+def _release_after_inputs(ref, frozen: list, args) -> None:
+    """Frozen parameters get no gradient, so no accumulation tells when backward is done with
+    them: ``frozen`` (a module's non-persistent frozen states) are released once the gradients of
+    all of the module's inputs that need one are computed (its backward has then used its
+    weights). Without such inputs they are released at the end of backward (release_all)."""
+    ins = [t for t in _tensors(args) if t.requires_grad]
+    if not frozen or not ins:
+        return
+    left = [len(ins)]
+
+    def input_grad_done(grad):
+        left[0] -= 1
+        f = ref()
+        if left[0] == 0 and f is not None:
+            for st in frozen:
+                st.hold = False
+            f.release(frozen, backward_done=True)
+        return None
+    for t in ins:
+        t.register_hook(input_grad_done)
+
+
+def _gather_before_backward(ref, out, m) -> None:
+    """Hooks on module ``m``'s outputs: the first gradient to reach one gathers ``m``'s
+    parameters again for its backward (the fetcher ``ref()``'s pre_backward)."""
+    fired = [False]
+
+    def before_module_backward(grad):
+        f = ref()
+        if f is not None and not fired[0]:
+            fired[0] = True
+            f.pre_backward(m)
+        return None
+    for t in _tensors(out):
+        if t.requires_grad and t.grad_fn is not None:
+            t.register_hook(before_module_backward)
+
+
+# -- GatheredParameters ----------------------------------------------------------------------------
+def pin(f: "ParamFetcher", params: list) -> list:
+    """GatheredParameters: fetcher ``f``'s ``params`` gathered whole and kept so until
+    :func:`unpin` (every rank must call it with the same parameters, in the same order)."""
+    sts = [f.states[id(p)] for p in params]
+    settle = f.before_pin() if f.before_pin is not None else None
+    if settle is not None:  # (a step in the background or one that raised partway: complete it first)
+        settle("GatheredParameters")
+    with f.working():
+        f.need(sts)
+        f.streams.synchronize_current()
+    for st in sts:
+        st.pins += 1
+    return sts
+
+
+def unpin(f: "ParamFetcher", sts: list, modified: bool) -> None:
+    """Ends a pin; with ``modified`` the whole values (already the same on every rank) are
+    written into the shards, and the engine updates the fp32 masters from them. If a write
+    fails (NVMe), the pin still ends: the parameters are released and read their shards'
+    previous values again."""
+    try:
+        if modified:
+            for st in sts:
+                st.sm.set_full(st.gi, st.pi, st.p.data)
+            trained = [st for st in sts if st.sm is f.sm]
+            cb = f.on_modified() if f.on_modified is not None else None
+            if cb is not None and trained:
+                cb(trained)
+    finally:
+        for st in sts:
+            st.pins -= 1
+            if not modified and st.full is not None:
+                # Edits without a modifier rank are discarded: a parameter that stays
+                # materialized (persistent, or pinned elsewhere) is gathered from its
+                # shards again before its next use.
+                st.stale = True
+        f.release(sts)
+        if not modified:  # and read again now, so that nothing sees the edit meanwhile
+            f.need([st for st in sts if st.full is not None and st.stale])
+
+
+def edited_locally(sts: list) -> bool:
+    """Whether this rank's part of any of the pinned ``sts`` differs from its shard: an edit,
+    also one made through ``p.data`` (which no version counter sees). Each rank compares the
+    part it owns, so an edit made on every rank is seen wherever it lies; shards on NVMe
+    are not read back for this."""
+    with torch.no_grad():
+        for st in sts:
+            sm = st.sm
+            if st.full is None or (getattr(sm, "nvme", False) and sm.on_disk(st.gi, st.ui)):
+                continue
+            shard = sm.weights(st.gi, st.ui)
+            lo = sm.rank * shard.numel()  # one unit per parameter: the padding past numel is no value
+            n = min(shard.numel(), st.numel - lo)
+            if n > 0 and not torch.equal(st.full[lo:lo + n], shard[:n].to(st.full.device)):
+                return True
+    return False
 
 
 class _ExternalParameters:

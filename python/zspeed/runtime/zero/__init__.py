@@ -525,7 +525,7 @@ class GatheredParameters:
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < ws):
             raise ValueError(f"GatheredParameters(modifier_rank={r!r}): modifier_rank is None (read only) or the "
                              f"rank whose edits are kept, an integer from 0 to {ws - 1}.")
-        from ..zero3 import fetcher_of
+        from ..zero3 import fetcher_of, pin
         by_fetcher: dict = {}
         for p in self.params:
             f = fetcher_of(p)
@@ -535,7 +535,7 @@ class GatheredParameters:
                 self._init_params.append(p)
         with torch.no_grad(), _collectives("entering"):
             for f, ps in by_fetcher.values():
-                self._groups.append((f, f.pin(ps)))
+                self._groups.append((f, pin(f, ps)))
             for p in self._init_params:
                 init_gather(p)
         # What an in-place edit changes, to refuse edits without a modifier rank (DeepSpeed's rule).
@@ -546,10 +546,11 @@ class GatheredParameters:
     def __exit__(self, typ, exc, tb):
         if not self.enabled:
             return False
+        from ..zero3 import edited_locally, unpin
         modified = exc is None and self.modifier_rank is not None
         edited = exc is None and self.modifier_rank is None and (
             any(p.data_ptr() != ptr or p._version != v for p, ptr, v in self._versions)
-            or any(f.edited_locally(sts) for f, sts in self._groups) or _init_edited(self._init_params))
+            or any(edited_locally(sts) for _f, sts in self._groups) or _init_edited(self._init_params))
         _, ws = _world()
         if exc is None and self.modifier_rank is None and ws > 1:  # any rank's edit counts
             flag = torch.tensor([1.0 if edited else 0.0], device=_comm_device())
@@ -560,7 +561,7 @@ class GatheredParameters:
             if modified and ws > 1:
                 _broadcast(self.params, self.modifier_rank)
             for f, sts in self._groups:
-                f.unpin(sts, modified)
+                unpin(f, sts, modified)
             for p in self._init_params:
                 if modified:
                     _init_scatter(p)
