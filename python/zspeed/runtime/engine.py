@@ -53,6 +53,7 @@ from .step import StepIncompleteError, StepTransaction
 from .trace import tracer_from
 from .timing import EngineTiming
 from .checkpoint_files import LoadIncompleteError
+from .engine_checkpoint import Checkpoints, one_line as _one_line
 from .checkpoint_fp32 import write_16bit_model
 from .summary import log_summary
 from .layout import FlatLayout
@@ -108,8 +109,6 @@ class ZSpeedEngine(torch.nn.Module):
         _take_from_earlier_engines(model)
         from ..utils.z3_leaf_module import apply_zero_leaf_module_config
         apply_zero_leaf_module_config(model, config.leaf_module)  # read by the ZeRO-3 fetcher
-        # rank 0 writes zero_to_fp32.py beside ZeRO (stage 1-3) checkpoints, as DeepSpeed
-        self._recovery_script = config.zero_stage >= 1 and self.global_rank == 0
         # DeepSpeed's monitors (zspeed.monitor): made first, so that a monitor whose package is
         # missing stops initialize() before anything is allocated
         self.monitor, monitor_error = setup.monitor_of(config)
@@ -117,9 +116,6 @@ class ZSpeedEngine(torch.nn.Module):
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
-        # Why the engine refuses to train and save (a checkpoint load that failed partway), or None.
-        self._load_failed: str | None = None
-        self._loading = False  # inside load_checkpoint
         self._closed = False
         self.loss_scaler = build_loss_scaler(config.fp16, config.zero_stage)
         self._gas = config.gradient_accumulation_steps
@@ -212,6 +208,11 @@ class ZSpeedEngine(torch.nn.Module):
         # The backwards of the step under way and where their gradients are (backward.py).
         self._acc = Accumulation(self.optimizer_path, self._fetcher, self._sync, self._trace, self._timing,
                                  _collectives, gas=self._gas, stage=config.zero_stage, got_grad=got)
+        # Save and load over the engine's parts (engine_checkpoint.py); rank 0 writes zero_to_fp32.py
+        # beside ZeRO (stage 1-3) checkpoints, as DeepSpeed.
+        self._ckpt = Checkpoints(weakref.WeakMethod(self._checkpoint_parts), self.optimizer_path, self._fetcher,
+                                 self._step, self._acc, _collectives,
+                                 recovery_scripts=config.zero_stage >= 1 and self.global_rank == 0)
         # module.state_dict() (what exports and EMA copies read) sees the finished step.
         self._path_hooks.append(self.module.register_state_dict_pre_hook(
             _WeakHook(self._settle_before_read)))
@@ -459,11 +460,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_open()
 
     def _refuse_if_load_failed(self, what: str) -> None:
-        if self._load_failed is not None:
-            raise LoadIncompleteError(
-                f"{what}: the last load_checkpoint failed partway ({self._load_failed}): this engine holds part of "
-                f"a checkpoint and part of its earlier state. Load a checkpoint again (engine.load_checkpoint) "
-                f"before training or saving.")
+        self._ckpt.refuse_if_failed(what)
 
     def _refuse_if_unfinished(self, what: str) -> None:
         self._refuse_if_load_failed(what)
@@ -594,7 +591,6 @@ class ZSpeedEngine(torch.nn.Module):
     # -- checkpoints (see checkpoint.py) ------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> bool:
-        from .checkpoint import save_checkpoint
         if not save_dir:  # as DeepSpeed: "" would write into the working directory unnoticed
             raise ValueError(f"save_checkpoint: save_dir must be a non-empty string (the folder to write the "
                              f"checkpoint into), got {save_dir!r}")
@@ -607,15 +603,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._refuse_if_load_failed("engine.save_checkpoint()")
         with self._collectives("save_checkpoint"):
             self._settle()  # a step that stopped partway or runs in the background completes first
-        saved = save_checkpoint(self._checkpoint_parts(), save_dir, tag=tag, client_state=client_state or {},
-                                save_latest=save_latest)
-        if self._fetcher is not None:  # ZeRO-3: persistent parameters whole again (empty_partition_cache
-            with self._collectives("save_checkpoint"):  # may have released them), as DeepSpeed's
-                self._fetcher.refresh_persistent(wait=True)  # checkpoint_event_epilogue
-        if self._recovery_script:
-            from ..utils.zero_to_fp32 import write_recovery_scripts
-            write_recovery_scripts(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
-        return saved
+        return self._ckpt.save(save_dir, tag, client_state or {}, save_latest)
 
     def _change_recovery_script_permissions(self, dst) -> None:
         """DeepSpeed's name: makes a recovery script executable, or says why not and goes on."""
@@ -625,53 +613,13 @@ class ZSpeedEngine(torch.nn.Module):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False):
-        from .checkpoint_load import load_checkpoint
         self._check_open()
         # Without an optimizer there are no states to load into: the weights (and the counters)
         # only, as DeepSpeed loads into an engine without one.
-        with_states = load_optimizer_states and not load_module_only and not self._inference
-        torn = self._step.torn or self.optimizer_path.step_failed()
-        if torn and not with_states:
-            raise StepIncompleteError(
-                f"load_checkpoint without the optimizer states cannot replace optimizer step "
-                f"{self.global_steps + 1 if self._step.torn else self.global_steps}, which stopped "
-                f"partway (some parameters' states were stepped, others not): load the optimizer states too, "
-                f"or call engine.step() (engine.finish_step() for a step in the background) to complete it "
-                f"first.")
-        if not torn:
-            self.optimizer_path.flush()
-        sm = self.optimizer_path.sharded
-        if sm is not None and not torn:  # before anything is read: the load must not half-happen
-            sm.check_writable()
-
-        def before_apply():
-            # Only once the checkpoint is found and checked: a load that finds nothing or refuses the
-            # checkpoint leaves a torn step pending (step() still completes it). The load replaces
-            # every master, optimizer state and counter the torn step touched.
-            if torn:
-                log.warning("zspeed: load_checkpoint discards an optimizer step that stopped partway.")
-                self._step.discard()
-                self._acc.over()
-                self.optimizer_path.flush()
-            self._load_failed = "a checkpoint load is under way"
-
-        self._loading = True  # (the plan's reads of the module do not complete a torn step: see _settle_before_read)
-        try:
-            out = load_checkpoint(self._checkpoint_parts(), load_dir, tag=tag,
-                                  load_module_strict=load_module_strict, load_optimizer_states=with_states,
-                                  load_lr_scheduler_states=load_lr_scheduler_states and not load_module_only,
-                                  load_counters=not load_module_only, before_apply=before_apply)
-        except LoadIncompleteError as e:
-            cause = e.__cause__ if e.__cause__ is not None else e
-            self._load_failed = _one_line(cause)
-            raise
-        finally:
-            self._loading = False
-        if out[0] is not None:
-            self._load_failed = None
-        if self._fetcher is not None:  # ZeRO-3: persistent parameters whole, as after DeepSpeed's load
-            self._fetcher.refresh_persistent(wait=True)
-        return out
+        return self._ckpt.load(load_dir, tag, strict=load_module_strict,
+                               with_states=load_optimizer_states and not load_module_only and not self._inference,
+                               lr_states=load_lr_scheduler_states and not load_module_only,
+                               counters=not load_module_only, step_number=self.global_steps + 1)
 
     # DeepSpeed's names of a checkpoint's files, for scripts that compute paths: zspeed's files
     # (docs/CHECKPOINTS.md), as the tag folder holds them.
@@ -786,10 +734,10 @@ class ZSpeedEngine(torch.nn.Module):
                 log.warning("zspeed: engine.close(): optimizer step %d stopped partway and could not be completed "
                             "(%s: %s); the module is handed back with some parameters stepped and others not. Load "
                             "a checkpoint before using its weights.", self.global_steps + 1, type(e).__name__, e)
-        elif self._load_failed is not None:
+        elif self._ckpt.failed is not None:
             log.warning("zspeed: engine.close(): the last load_checkpoint failed partway (%s); the module is handed "
                         "back holding part of that checkpoint. Load a checkpoint before using its weights.",
-                        self._load_failed)
+                        self._ckpt.failed)
         self._closed = True
         self.optimizer_path.abandon_step() if self.optimizer_path.step_failed() else self.optimizer_path.flush()
         if self._fetcher is not None:  # ZeRO-3: the parameters hold the weights again (zero3.hand_back)
@@ -824,7 +772,7 @@ class ZSpeedEngine(torch.nn.Module):
         """A state_dict pre-hook on the module: the optimizer step under way completes first."""
         # (not during a checkpoint load: it reads the module to plan, then replaces what a torn
         # step touched, or leaves that step pending when it refuses the checkpoint)
-        if not self._closed and not self._loading:
+        if not self._closed and not self._ckpt.loading:
             self._settle()
 
     def _before_copy(self) -> None:
@@ -940,12 +888,6 @@ class _WeakHook(EngineHook):
     def __call__(self, *args):
         fn = self._method()
         return None if fn is None else fn(*args)
-
-
-def _one_line(e: BaseException) -> str:
-    """An exception as its type and the first line of its text (the type alone without text)."""
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _after_commit(step: int, what: str, fn) -> None:
