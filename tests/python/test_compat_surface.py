@@ -79,9 +79,10 @@ def test_repeating_loader_of_nothing_stops():
 
 def test_log_dist_follows_deepspeeds_rank_rule(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="zspeed")
-    monkeypatch.setattr(utils.logging, "_rank", lambda: None)  # no process group: everyone logs
+    from zspeed.runtime import logs  # (what deepspeed.utils.logging re-exports)
+    monkeypatch.setattr(logs, "_rank", lambda: None)  # no process group: everyone logs
     utils.log_dist("alone", ranks=[0])
-    monkeypatch.setattr(utils.logging, "_rank", lambda: 1)
+    monkeypatch.setattr(logs, "_rank", lambda: 1)
     utils.log_dist("for rank 0", ranks=[0])
     utils.log_dist("for nobody")
     utils.log_dist("for all", ranks=[-1])
@@ -93,7 +94,8 @@ def test_log_dist_follows_deepspeeds_rank_rule(monkeypatch, caplog):
 
 def test_log_dist_once_and_warning_once(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="zspeed")
-    monkeypatch.setattr(utils.logging, "_rank", lambda: None)
+    from zspeed.runtime import logs
+    monkeypatch.setattr(logs, "_rank", lambda: None)
     for _ in range(3):
         utils.log_dist_once("only once, a", ranks=[0])
         utils.logger.warning_once("only once, b")

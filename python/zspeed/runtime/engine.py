@@ -86,7 +86,7 @@ class ZSpeedEngine(torch.nn.Module):
         self._config = config
         self.config = config.to_dict()
         if config.log_level is not None:  # before anything logs, as in DeepSpeed
-            from ..utils.logging import set_log_level_from_string
+            from .logs import set_log_level_from_string
             set_log_level_from_string(config.log_level)
         for w in config.warnings:
             if comm.get_rank() == 0:
@@ -107,7 +107,7 @@ class ZSpeedEngine(torch.nn.Module):
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
         self.module = model  # placed on the device once the run plan is known (assemble.placement)
         _take_from_earlier_engines(model)
-        from ..utils.z3_leaf_module import apply_zero_leaf_module_config
+        from .z3_leaf import apply_zero_leaf_module_config
         apply_zero_leaf_module_config(model, config.leaf_module)  # read by the ZeRO-3 fetcher
         # DeepSpeed's monitors (zspeed.monitor): made first, so that a monitor whose package is
         # missing stops initialize() before anything is allocated
@@ -607,7 +607,7 @@ class ZSpeedEngine(torch.nn.Module):
 
     def _change_recovery_script_permissions(self, dst) -> None:
         """DeepSpeed's name: makes a recovery script executable, or says why not and goes on."""
-        from ..utils.zero_to_fp32 import make_executable
+        from .checkpoint_fp32 import make_executable
         make_executable(dst)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,

@@ -52,7 +52,7 @@ class Checkpoints:
             with self.guard("save_checkpoint"):  # may have released them), as DeepSpeed's
                 self.fetcher.refresh_persistent(wait=True)  # checkpoint_event_epilogue
         if self.recovery_scripts:
-            from ..utils.zero_to_fp32 import write_recovery_scripts
+            from .checkpoint_fp32 import write_recovery_scripts
             write_recovery_scripts(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
         return saved
 

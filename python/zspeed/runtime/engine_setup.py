@@ -15,8 +15,8 @@ from ..monitor import DeepSpeedMonitorConfig, MonitorMaster
 from .assemble import footprint, memory_fixes
 from .config import ConfigError, ZSpeedConfig
 from .lr_schedules import build_scheduler
+from .optimizers import is_zero_supported_optimizer
 from .store import full_shape
-from .zero.utils import is_zero_supported_optimizer
 
 log = logging.getLogger("zspeed.engine")
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._optimizers import ZERO_TESTED_CLASSES
 from ..ops._ds_optim import TorchLion  # noqa: F401 - a name of this module too
 from .checkpoint_files import real
 from .config import ConfigError
@@ -221,6 +222,25 @@ def norms_stats(norms: list, scale: float) -> tuple[float, bool]:
         return 0.0, False
     total = torch.stack(norms).to(torch.float64).square().sum().item() * float(scale) ** 2
     return total, not math.isfinite(total)
+
+
+def zero_supported_classes() -> list:
+    """The classes of zspeed._optimizers.ZERO_TESTED_CLASSES (only torch's where libzspeed is
+    missing): the client optimizers ZeRO takes without zero_allow_untested_optimizer."""
+    import importlib
+    out = []
+    for module, name in ZERO_TESTED_CLASSES:
+        try:
+            out.append(getattr(importlib.import_module(module), name))
+        except ImportError:  # zspeed.ops without libzspeed: its classes cannot be passed either
+            pass
+    return out
+
+
+def is_zero_supported_optimizer(optimizer) -> bool:
+    """Whether ZeRO takes ``optimizer`` (an instance) without zero_allow_untested_optimizer: its
+    exact class is one of zero_supported_classes() (a subclass is not, as in DeepSpeed)."""
+    return type(optimizer) in zero_supported_classes()
 
 
 def refuse_lr_decay(params: dict) -> None:

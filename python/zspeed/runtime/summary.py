@@ -129,7 +129,7 @@ _GPU_NOW = {"cuda": _gpu_now}
 def summary_text(engine) -> str:
     """The summary block of ``engine`` (see the module docstring)."""
     from .._version import __git_branch__, __git_hash__, __version__
-    from ..utils import get_dist_msg
+    from .logs import get_dist_msg
     cfg = engine._config
     native = _native()
     off = getattr(cfg, "offload", {}) or {}
@@ -177,10 +177,8 @@ def summary_text(engine) -> str:
              + f", state {state}, step {timing}",
              f"  offload ........... optimizer {odev}{pin}; parameters {offp.get('device', 'none')}"]
     gpu_elems = _get(path, "gpu_elems")
-    cpu_elems = total
     if gpu_elems is not None:  # offload_optimizer.ratio: the CPU's share of the parameters (of this rank's part)
         share = float(_get(path, "cpu_share"))
-        cpu_elems = int(round(total * share))
         other = {"cuda": "GPU"}.get(getattr(device, "type", ""), str(device))
         lines.append(f"  ratio ............. {share:.3f} (given {off.get('ratio')!r}): the CPU steps {100 * share:.1f}% "
                      f"of the parameters, the {other} {100 * (1 - share):.1f}%")

@@ -53,7 +53,7 @@ from .hooks import ZERO3_COPY_MESSAGE, ZeRO3CopyError
 from .store import ParamStore, full_numel, full_shape  # noqa: F401 - full_* are this module's names too
 from .streams import streams_for
 from .zero3_order import AccessOrder
-from .zero.status import ZeroParamStatus, mark_partitioned
+from .param_status import ZeroParamStatus, mark_partitioned
 
 log = logging.getLogger("zspeed.zero3")
 
@@ -273,7 +273,7 @@ class ParamFetcher:
                   frozen: ParamStore | None = None) -> "ParamFetcher":
         """A fetcher with the stage3_* knobs of a zero_optimization section (DeepSpeed's defaults
         for the ones it lacks); stage3_module_granularity_threshold marks its leaves first."""
-        from ..utils.z3_leaf_module import set_z3_leaf_modules_by_granularity
+        from .z3_leaf import set_z3_leaf_modules_by_granularity
         set_z3_leaf_modules_by_granularity(module, int(zero.get("stage3_module_granularity_threshold", 0)))
         return cls(sm, module, prefetch_elems=int(zero.get("stage3_prefetch_bucket_size", 50_000_000)),
                    max_live=int(zero.get("stage3_max_live_parameters", 1_000_000_000)),

@@ -150,65 +150,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
                                                  safe_serialization, tag, exclude_frozen_parameters)
 
 
-# What zspeed writes beside its checkpoints at ZeRO stages 1-3 under DeepSpeed's converters' names
-# (zero_to_fp32.py and DeepSpeed 0.19.8's zero_to_torch.py), where DeepSpeed copies its own, so that
-# ``python zero_to_fp32.py . out`` works in a checkpoint folder as users know it (it runs zspeed's
-# converter: zspeed must be installed).
-_SCRIPT = """#!/usr/bin/env python
-# Written by zspeed beside its checkpoints, where DeepSpeed writes its {name}:
-#   python {name} CHECKPOINT_DIR OUTPUT_DIR {usage}
-# writes the whole model into OUTPUT_DIR (pytorch_model.bin, or model.safetensors).
-# zspeed's checkpoints are safetensors: this needs zspeed installed (pip install zspeed).
-import sys
-
-try:
-    from zspeed.utils.{module} import main
-except ImportError as e:
-    sys.exit(f"{name}: this checkpoint was written by zspeed; install zspeed to convert it ({{e}}).")
-
-if __name__ == "__main__":
-    sys.exit(main())
-"""
-_OPTIONS = "[--safe_serialization] [--max_shard_size 5GB] [-t TAG]"
-RECOVERY_SCRIPTS = {
-    "zero_to_fp32.py": _SCRIPT.format(name="zero_to_fp32.py", module="zero_to_fp32", usage=_OPTIONS),
-    "zero_to_torch.py": _SCRIPT.format(name="zero_to_torch.py", module="zero_to_torch",
-                                       usage="--dtype {fp32,fp16,bf16} " + _OPTIONS),
-}
-
-
-def write_recovery_scripts(folder) -> None:
-    """:data:`RECOVERY_SCRIPTS` in ``folder`` (beside a ZeRO checkpoint, where DeepSpeed copies
-    its converters), made executable. The checkpoint is complete without them: a failure to
-    write one is logged, not raised."""
-    import logging
-    from pathlib import Path
-
-    from .._native import ZSpeedError
-    from ..runtime.checkpoint_fp32 import write_text_output
-    for name, text in RECOVERY_SCRIPTS.items():
-        dst = Path(folder) / name
-        try:
-            write_text_output(dst, text)
-        except (ZSpeedError, OSError) as e:
-            logging.getLogger("zspeed.engine").warning(
-                "zspeed: the checkpoint is saved, but %s could not be written: %s", dst, e)
-            continue
-        make_executable(str(dst))
-
-
-def make_executable(dst: str) -> None:
-    """Makes a recovery script executable; where the file system refuses (file shares) or the
-    file is missing, says so and goes on (DeepSpeed's behaviour)."""
-    import os
-    import stat
-
-    from .logging import logger
-    try:
-        os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
-    except (FileNotFoundError, PermissionError) as e:
-        logger.info(f"Warning: Could not change permissions for {dst} due to error: {e}. Continuing without "
-                    f"changing permissions.")
+from ..runtime.checkpoint_fp32 import RECOVERY_SCRIPTS, make_executable, write_recovery_scripts  # noqa: E402,F401
 
 
 def run_converter(prog: str, argv=None, with_dtype: bool = False) -> int:

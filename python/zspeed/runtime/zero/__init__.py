@@ -36,7 +36,7 @@ import torch.distributed as td
 from ..._native import ZSpeedError
 from ..partition import DEFAULT_ALIGN
 from . import offload_config  # noqa: F401
-from .status import ZeroParamStatus, mark_partitioned, mark_whole
+from ..param_status import ZeroParamStatus, mark_partitioned, mark_whole
 from ...comm import _contradicting_single_rank_pg_error  # noqa: F401  (DeepSpeed's name here)
 
 log = logging.getLogger("zspeed.zero")
