@@ -7,7 +7,7 @@ gradients are.
   rank (DeepSpeed's refusals of those contexts by stage are here too).
 - The two ways a backward starts: engine.backward(loss), which runs autograd itself, and the
   script's own loss.backward() (or engine.scale(loss).backward()), which hooks on forward's
-  outputs notice (engine.py's _OutputHooks): the first of them begins it, and its end is queued
+  outputs notice (OutputHooks below): the first of them begins it, and its end is queued
   for when autograd finishes. Either way the optimizer path is told before and after, and ZeRO-3's
   fetcher releases what the backward gathered.
 - The gradients: pending since the last step (zero_grad drops them), collected where the step
@@ -25,7 +25,7 @@ from .errors import FragmentError, NoSyncError, UnusedParametersError
 
 log = logging.getLogger("zspeed.engine")
 
-__all__ = ["Accumulation"]
+__all__ = ["Accumulation", "OutputHooks"]
 
 # The ZeRO stages where DeepSpeed refuses engine.no_sync() / coalesce_grad_reduction(), with its
 # exception class and the alternative.
@@ -211,3 +211,38 @@ class Accumulation:
         self.over()
         if self.got_grad is not None:
             self.got_grad.clear()
+
+
+class OutputHooks:
+    """Backward hooks on the tensors forward() returns (at any depth of tuples, lists and
+    dicts, so also Hugging Face's ModelOutput), which notice a backward pass the script
+    starts itself: ``loss.backward()`` or ``engine.scale(loss).backward()``.
+
+    The first of them to fire in such a backward runs the optimizer path's
+    before_backward, marks the backward as direct (the parameters' hooks then divide each
+    gradient by gradient_accumulation_steps, see Accumulation.param_grad) and
+    queues the end of it (after_backward) for when autograd finishes. Under fp16 a loss
+    that was not scaled through engine.scale() is refused before any gradient is made,
+    as DeepSpeed refuses it: unscaled fp16 gradients underflow. During engine.backward
+    the hooks do nothing (it divides and scales the loss itself).
+
+    DeepSpeed divides at these output hooks instead, which divides twice when one output
+    depends on another (a model returning both the loss and the logits it came from);
+    dividing at the parameters counts every gradient once. DeepSpeed also refuses direct
+    backward passes at ZeRO stage 0; zspeed takes them at every stage."""
+
+    def __init__(self, on_grad):
+        self._hook = on_grad
+
+    def register(self, out, seen: set | None = None) -> None:
+        seen = set() if seen is None else seen
+        if torch.is_tensor(out):
+            if out.grad_fn is not None and id(out) not in seen:
+                seen.add(id(out))
+                out.register_hook(self._hook)
+        elif isinstance(out, (list, tuple)):
+            for o in out:
+                self.register(o, seen)
+        elif isinstance(out, dict):
+            for o in out.values():
+                self.register(o, seen)

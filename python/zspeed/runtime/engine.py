@@ -48,8 +48,8 @@ from .collectives import for_plan
 from .parts import CheckpointParts, Counters, ModelPart, OptimizerPart
 from .plan import RunPlan
 from . import engine_setup as setup
-from .backward import Accumulation
-from .step import StepIncompleteError, StepTransaction
+from .backward import Accumulation, OutputHooks
+from .step import StepIncompleteError, StepTransaction, after_commit
 from .trace import tracer_from
 from .timing import EngineTiming
 from .checkpoint_files import LoadIncompleteError
@@ -391,7 +391,7 @@ class ZSpeedEngine(torch.nn.Module):
         """The module's forward. With fp16.auto_cast, floating-point inputs are cast to fp16
         first. Outputs that carry a graph get backward hooks, so that ``loss.backward()``
         called by the script itself (instead of engine.backward) trains like
-        engine.backward(loss): see _OutputHooks."""
+        engine.backward(loss): see backward.OutputHooks."""
         self._check_open()
         if self._config.auto_cast:
             inputs, kwargs = cast_inputs(inputs, torch.float16), cast_inputs(kwargs, torch.float16)
@@ -412,14 +412,14 @@ class ZSpeedEngine(torch.nn.Module):
                         raise
                     raise ConfigError(hint) from e
         if torch.is_grad_enabled():
-            _OutputHooks(_WeakHook(self._output_grad)).register(out)
+            OutputHooks(_WeakHook(self._output_grad)).register(out)
         return out
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """DeepSpeed's engine.scale(loss): the loss multiplied by the fp16 loss scale (the loss
         itself with bf16 or fp32), for scripts that call ``engine.scale(loss).backward()``
         instead of engine.backward(loss). The division by gradient_accumulation_steps and the
-        rest of engine.backward's work happen in hooks (see _OutputHooks). With bf16 or fp32
+        rest of engine.backward's work happen in hooks (see backward.OutputHooks). With bf16 or fp32
         a plain ``loss.backward()`` works the same way; with fp16 it is refused, as in
         DeepSpeed."""
         if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
@@ -545,10 +545,10 @@ class ZSpeedEngine(torch.nn.Module):
         # there (a full disk under a monitor's or the trace's folder) is logged, never raised, since
         # step() raising asks for a retry that would apply a second optimizer step.
         if boundary and self.monitor.enabled and self.global_rank == 0:
-            _after_commit(self.global_steps, "writing the monitors' step events", self._write_monitor_events)
+            after_commit(self.global_steps, "writing the monitors' step events", self._write_monitor_events)
         self._timing.after_step(boundary)
         if boundary and self._trace.enabled and self.global_steps % 20 == 0:
-            _after_commit(self.global_steps, "writing the trace (zspeed_trace)", self._trace.flush)
+            after_commit(self.global_steps, "writing the trace (zspeed_trace)", self._trace.flush)
 
     def _write_monitor_events(self) -> None:
         """DeepSpeed's events of an optimizer step (zspeed.monitor): the learning rate, the fp16
@@ -823,41 +823,6 @@ class ZSpeedEngine(torch.nn.Module):
         path.load_masters(rows)
 
 
-class _OutputHooks:
-    """Backward hooks on the tensors forward() returns (at any depth of tuples, lists and
-    dicts, so also Hugging Face's ModelOutput), which notice a backward pass the script
-    starts itself: ``loss.backward()`` or ``engine.scale(loss).backward()``.
-
-    The first of them to fire in such a backward runs the optimizer path's
-    before_backward, marks the backward as direct (the parameters' hooks then divide each
-    gradient by gradient_accumulation_steps, see ZSpeedEngine._param_grad_hook) and
-    queues the end of it (after_backward) for when autograd finishes. Under fp16 a loss
-    that was not scaled through engine.scale() is refused before any gradient is made,
-    as DeepSpeed refuses it: unscaled fp16 gradients underflow. During engine.backward
-    the hooks do nothing (it divides and scales the loss itself).
-
-    DeepSpeed divides at these output hooks instead, which divides twice when one output
-    depends on another (a model returning both the loss and the logits it came from);
-    dividing at the parameters counts every gradient once. DeepSpeed also refuses direct
-    backward passes at ZeRO stage 0; zspeed takes them at every stage."""
-
-    def __init__(self, on_grad: _WeakHook):
-        self._hook = on_grad
-
-    def register(self, out, seen: set | None = None) -> None:
-        seen = set() if seen is None else seen
-        if torch.is_tensor(out):
-            if out.grad_fn is not None and id(out) not in seen:
-                seen.add(id(out))
-                out.register_hook(self._hook)
-        elif isinstance(out, (list, tuple)):
-            for o in out:
-                self.register(o, seen)
-        elif isinstance(out, dict):
-            for o in out.values():
-                self.register(o, seen)
-
-
 def _collectives(what: str):
     """Turns a failed collective in engine.<what>() into an error that says what probably happened."""
     return comm.guarded(f"in engine.{what}()", f"Another rank has most likely stopped (crashed, killed, out of "
@@ -888,17 +853,6 @@ class _WeakHook(EngineHook):
     def __call__(self, *args):
         fn = self._method()
         return None if fn is None else fn(*args)
-
-
-def _after_commit(step: int, what: str, fn) -> None:
-    """Runs ``fn`` after a step is committed; an exception is logged (with its traceback at debug
-    level), not raised: see the end of ZSpeedEngine.step."""
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - reported, and the step stands
-        log.warning("zspeed: optimizer step %d was applied and counted, but %s failed afterwards (%s: %s); "
-                    "training goes on.", step, what, type(e).__name__, e)
-        log.debug("zspeed: %s failed", what, exc_info=True)
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,

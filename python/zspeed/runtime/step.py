@@ -15,11 +15,14 @@ returns only once every phase has run; the engine then commits (counts the step)
 """
 from __future__ import annotations
 
+import logging
 import math
 
 from .._native import ZSpeedError
 
-__all__ = ["StepTransaction", "StepIncompleteError"]
+log = logging.getLogger("zspeed.engine")
+
+__all__ = ["StepTransaction", "StepIncompleteError", "after_commit"]
 
 # The pending factor of an overflow skip whose release raised.
 _SKIPPED = object()
@@ -117,3 +120,14 @@ class StepTransaction:
         applied = self.pending is not _SKIPPED
         self.pending, self.phase = None, "apply"
         return applied
+
+
+def after_commit(step: int, what: str, fn) -> None:
+    """Runs ``fn`` after a step is committed; an exception is logged (with its traceback at debug
+    level), not raised: see the end of ZSpeedEngine.step."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported, and the step stands
+        log.warning("zspeed: optimizer step %d was applied and counted, but %s failed afterwards (%s: %s); "
+                    "training goes on.", step, what, type(e).__name__, e)
+        log.debug("zspeed: %s failed", what, exc_info=True)
