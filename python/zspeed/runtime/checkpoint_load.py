@@ -291,7 +291,7 @@ def _plan_scheduler(ck, meta: dict, where):
         raise CheckpointError(f"the lr scheduler state in '{where}' belongs to {saved_cls}, but this engine runs "
                               f"{type(sch).__name__}; pass load_lr_scheduler_states=False.")
     mine = sch.state_dict() if hasattr(sch, "state_dict") else {}
-    from .lr_schedules import SCHEDULERS
+    from .schedulers import SCHEDULERS
     ours = isinstance(sch, tuple(SCHEDULERS.values()))
     out = {}
     for k, v in sd.items():

@@ -14,7 +14,7 @@ from .._optimizers import ZERO_TESTED_CLASSES
 from ..monitor import DeepSpeedMonitorConfig, MonitorMaster
 from .assemble import footprint, memory_fixes
 from .config import ConfigError, ZSpeedConfig
-from .lr_schedules import build_scheduler
+from .schedulers import build_scheduler
 from .optimizers import is_zero_supported_optimizer
 from .store import full_shape
 
