@@ -369,7 +369,7 @@ def placement(plan: RunPlan) -> WholeModel:
 def move_except(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, keep: dict) -> None:
     """model.to(device, dtype) for everything but the parameters in ``keep`` (ids): floating
     parameters and buffers take ``dtype``, as Module.to does."""
-    from .zero import init_gather
+    from .param_status import init_gather
     with torch.no_grad():
         for m in model.modules():
             for name, p in m.named_parameters(recurse=False, remove_duplicate=False):

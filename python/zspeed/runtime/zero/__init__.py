@@ -36,7 +36,8 @@ import torch.distributed as td
 from ..._native import ZSpeedError
 from ..partition import DEFAULT_ALIGN
 from . import offload_config  # noqa: F401
-from ..param_status import ZeroParamStatus, mark_partitioned, mark_whole
+from ..param_status import (ZeroParamStatus, comm_device, init_gather, init_scatter, mark_partitioned, mark_whole,
+                            shard_only, world)
 from ...comm import _contradicting_single_rank_pg_error  # noqa: F401  (DeepSpeed's name here)
 
 log = logging.getLogger("zspeed.zero")
@@ -75,22 +76,6 @@ def _sanity_checks_from(config) -> bool:
         return False  # (_dtype_from has refused it already)
     zero = config.get("zero_optimization") or {}
     return bool(zero.get("enable_sanity_checks", False)) if isinstance(zero, dict) else False
-
-
-def _world() -> tuple[int, int]:
-    if td.is_available() and td.is_initialized():
-        return td.get_rank(), td.get_world_size()
-    return 0, 1
-
-
-def _comm_device() -> torch.device:
-    """Where collectives run: with NCCL the GPU the engine will use (LOCAL_RANK's, or
-    ZSPEED_DEVICE's), not torch's current device, which a script may not have set."""
-    if td.get_backend() == "nccl":
-        from ..device import pick_device
-        dev = pick_device()
-        return dev if dev.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _padded(n: int, ws: int) -> int:
@@ -174,7 +159,7 @@ class Init:
         # a launcher), so code inside may ask torch.distributed for its rank.
         from ... import comm
         comm.init_distributed(verbose=False)
-        self.rank, self.ws = _world()
+        self.rank, self.ws = world()
         problem = _contradicting_single_rank_pg_error(self.ws, None)
         if problem is not None:
             raise RuntimeError(problem)
@@ -295,13 +280,13 @@ class Init:
                 except BaseException:
                     self._back_to_host(away)
                     for p in mine:  # the shards stay as they were
-                        _shard_only(p)
+                        shard_only(p)
                     raise
                 self._back_to_host(away)
                 bad = next((p for p in mine if tuple(p.shape) != tuple(p.ds_shape)), None)
                 if bad is not None:
                     for p in mine:
-                        _shard_only(p)
+                        shard_only(p)
                     raise RuntimeError(
                         f"Module.apply inside zero.Init changed the shape of a partitioned parameter of "
                         f"{type(module).__name__} from {tuple(bad.ds_shape)} to {tuple(bad.shape)}; the change was "
@@ -309,7 +294,7 @@ class Init:
                 with torch.no_grad():
                     _broadcast(mine, 0)
                     for p in mine:
-                        _init_scatter(p)
+                        init_scatter(p)
                 if id(module) not in self._depth:  # new parameters fn put in place of the partitioned ones
                     self._convert(module)
                 return out
@@ -352,7 +337,7 @@ class Init:
                     mark_whole(p, sanity_checks=self._sanity)  # (DeepSpeed's marks; whole, so AVAILABLE)
                     continue
                 n, shape = p.numel(), p.shape
-                dev = _comm_device()
+                dev = comm_device()
                 full = torch.zeros(_padded(n, self.ws), dtype=dt, device=dev)
                 full[:n].copy_(p.data.reshape(-1))
                 td.broadcast(full, 0)
@@ -440,37 +425,10 @@ def _engine_gpu() -> torch.device | None:
 _INIT_DEVICES = {"": _engine_gpu, "cuda": _engine_gpu, "cpu": lambda: None}
 
 
-def init_gather(p) -> None:
-    """A parameter zero.Init partitioned (not yet in an engine): its whole value into p.data."""
-    rank, ws = _world()
-    dev = _comm_device()
-    s = p.ds_tensor.numel()
-    full = torch.empty(s * ws, dtype=p.ds_tensor.dtype, device=dev)
-    td.all_gather_into_tensor(full, p.ds_tensor.to(dev))
-    p.data = full[:p.ds_numel].view(p.ds_shape).to(p.ds_tensor.device)
-    p.ds_status = ZeroParamStatus.AVAILABLE
-
-
-def _init_scatter(p) -> None:
-    rank, ws = _world()
-    flat = p.data.reshape(-1)
-    s = p.ds_tensor.numel()
-    full = torch.zeros(s * ws, dtype=flat.dtype)
-    full[:p.ds_numel].copy_(flat)
-    p.ds_tensor.copy_(full[rank * s:(rank + 1) * s])
-    _shard_only(p)
-
-
-def _shard_only(p) -> None:
-    """A zero.Init parameter back to its shard alone (``p.data`` emptied, in the shard's dtype)."""
-    p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
-    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
-
-
 def _init_edited(params) -> bool:
     """Whether this rank's part of a gathered zero.Init parameter differs from its shard (an edit
     through ``p.data``, which no version counter sees)."""
-    rank, _ = _world()
+    rank, _ = world()
     with torch.no_grad():
         for p in params:
             s = p.ds_tensor.numel()
@@ -521,7 +479,7 @@ class GatheredParameters:
         if not self.enabled:
             return None
         r = self.modifier_rank
-        _, ws = _world()
+        _, ws = world()
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < ws):
             raise ValueError(f"GatheredParameters(modifier_rank={r!r}): modifier_rank is None (read only) or the "
                              f"rank whose edits are kept, an integer from 0 to {ws - 1}.")
@@ -551,9 +509,9 @@ class GatheredParameters:
         edited = exc is None and self.modifier_rank is None and (
             any(p.data_ptr() != ptr or p._version != v for p, ptr, v in self._versions)
             or any(edited_locally(sts) for _f, sts in self._groups) or _init_edited(self._init_params))
-        _, ws = _world()
+        _, ws = world()
         if exc is None and self.modifier_rank is None and ws > 1:  # any rank's edit counts
-            flag = torch.tensor([1.0 if edited else 0.0], device=_comm_device())
+            flag = torch.tensor([1.0 if edited else 0.0], device=comm_device())
             with _collectives("leaving"):
                 td.all_reduce(flag, op=td.ReduceOp.MAX)
             edited = bool(flag.item())
@@ -564,9 +522,9 @@ class GatheredParameters:
                 unpin(f, sts, modified)
             for p in self._init_params:
                 if modified:
-                    _init_scatter(p)
+                    init_scatter(p)
                 else:
-                    _shard_only(p)
+                    shard_only(p)
         self._groups.clear()
         self._init_params.clear()
         self._versions = []
