@@ -35,7 +35,7 @@ ROOT = HERE.parent.parent
 # run (--all runs the whole suite, the rest of which skips or runs on the CPU anyway).
 GPU_FILES = ["test_zero3.py", "test_inference.py", "test_split.py", "test_split_zero3.py", "test_overlap_forward.py",
              "test_step_atomic.py", "test_grads_in_shards.py", "test_tensor_fragments.py", "test_zero_init_config.py",
-             "test_zero_grad.py", "test_step_transaction.py", "test_checkpointing.py"]
+             "test_zero_grad.py", "test_step_transaction.py", "test_checkpointing.py", "test_offload_states.py"]
 CHECKS = ["check_engine_cuda.py", "check_checkpointing_cuda.py", "check_dp_cuda.py", "check_zero3_cuda.py",
           "check_hf_cuda.py"]
 

@@ -207,12 +207,3 @@ def test_engine_names_scripts_touch():
     assert e2.zero_optimization_stage() == 2
     with pytest.raises(ValueError, match="both deepscale_config"):
         zspeed.initialize(args=argparse.Namespace(deepscale_config=cfg, deepspeed_config=cfg), model=eh.mlp())
-
-
-def test_offload_states_is_refused_by_name_with_the_alternative():
-    e, *_ = zspeed.initialize(model=eh.mlp(), config=eh.config(zero_optimization={"stage": 3}))
-    with pytest.raises(NotImplementedError, match=r"offload_states\(\).*offload_optimizer.device \"cpu\""):
-        e.offload_states()
-    with pytest.raises(NotImplementedError, match="nothing to reload"):
-        e.reload_states()
-

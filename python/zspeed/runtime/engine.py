@@ -30,7 +30,9 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import weakref
+from enum import Enum
 from typing import Any
 
 import torch
@@ -58,6 +60,7 @@ from .checkpoint_fp32 import write_16bit_model
 from .summary import log_summary
 from .layout import FlatLayout
 from .paths import NoOptimizerPath
+from .park import ParkedStates, kinds_of
 from .engine_optimizer import needs_wrapper
 from .optimizer_classes import wrapper_class
 from .loss_scaler import build_loss_scaler
@@ -117,6 +120,7 @@ class ZSpeedEngine(torch.nn.Module):
         self.micro_steps = 0
         self.skipped_steps = 0
         self._closed = False
+        self._parked = ParkedStates(self.device)  # engine.offload_states()
         self.loss_scaler = build_loss_scaler(config.fp16, config.zero_stage)
         self._gas = config.gradient_accumulation_steps
 
@@ -392,7 +396,7 @@ class ZSpeedEngine(torch.nn.Module):
         first. Outputs that carry a graph get backward hooks, so that ``loss.backward()``
         called by the script itself (instead of engine.backward) trains like
         engine.backward(loss): see backward.OutputHooks."""
-        self._check_open()
+        self._check_open(needs="weights")
         if self._config.auto_cast:
             inputs, kwargs = cast_inputs(inputs, torch.float16), cast_inputs(kwargs, torch.float16)
         self.tput_timer.start()
@@ -502,10 +506,19 @@ class ZSpeedEngine(torch.nn.Module):
                 f"stepped and unstepped parameters. Fix the cause and call engine.step(), or load a "
                 f"checkpoint.") from e
 
-    def _check_open(self) -> None:
+    def _check_open(self, needs: str = "all") -> None:
+        """Refuses a call on a closed engine, and one that needs states engine.offload_states()
+        moved to host memory: ``needs`` "all", "weights" (a forward) or "none"."""
         if self._closed:
             raise EngineClosedError("this engine was closed (engine.close() / destroy() released its buffers and "
                                     "files); build a new one with zspeed.initialize to train again.")
+        if needs != "none" and self._parked.away:
+            caller = sys._getframe(1)
+            name = caller.f_code.co_name if caller.f_locals.get("self") is self else "_fragments"
+            what = (f"engine.{name}()" if not name.startswith("_") else
+                    "loss.backward()" if name == "_begin_direct_backward" else
+                    "the tensor-fragment API (deepspeed.utils.safe_get_full_grad and its siblings)")
+            self._parked.refuse(what, weights_only=needs == "weights")
 
     def _collectives(self, what: str):
         return _collectives(what)
@@ -683,20 +696,46 @@ class ZSpeedEngine(torch.nn.Module):
             if self._fetcher is not None:  # ZeRO-3: persistent parameters current, as after a step
                 self._fetcher.refresh_persistent(wait=True)
 
-    def offload_states(self, include=None, device=None, pin_memory: bool = True, non_blocking: bool = False):
-        """DeepSpeed's run-time move of the engine's states off the GPU (for RLHF-style phases):
-        not in zspeed, refused by name with what to do instead."""
-        raise NotImplementedError(
-            "engine.offload_states() (moving optimizer states, master weights and gradients off the GPU at run "
-            "time) is a DeepSpeed feature zspeed does not have: zspeed's states stay where the config puts them. "
-            "To keep them off the GPU for the whole run, set zero_optimization.offload_optimizer.device \"cpu\" "
-            "(and at ZeRO-3 offload_param.device \"cpu\"); engine.empty_partition_cache() frees gathered "
-            "parameters and the allocator's cache.")
+    def offload_states(self, include=None, device=None, pin_memory: bool = True, non_blocking: bool = False) -> None:
+        """DeepSpeed's: moves the engine's states on the device to host memory, to free the GPU for
+        another phase of the run (an RLHF loop's generation); reload_states() brings them back bit
+        for bit. ``include``: the states (OffloadStateTypeEnum or their names: lp_params, hp_params,
+        optim_states, lp_grads, contiguous_grad_buffer), None for all; ``device``: only "cpu" (the
+        default); ``pin_memory``: page-locked host copies; ``non_blocking``: do not wait for the
+        copies. While the weights are away forward() refuses to run, while anything is away
+        backward, step and the rest do; the parameters point at their host copies meanwhile.
+        Masters and states of an offloaded optimizer are in host memory already and stay.
+        runtime/park.py says how; docs/COMPAT.md where it differs from DeepSpeed."""
+        self._check_open(needs="none")
+        if self._inference:
+            raise self.optimizer_path.refuse("engine.offload_states()", "Moving states needs a training engine")
+        where = device.value if isinstance(device, Enum) else ("cpu" if device is None else str(device))
+        if where == "none":
+            log.warning("zspeed: engine.offload_states(device=none): no device to move the states to; nothing moved")
+            return
+        if where != "cpu":
+            raise ValueError(f"engine.offload_states(device={where!r}): the states move to host memory only "
+                             f"(device=OffloadDeviceEnum.cpu, the default), as in DeepSpeed; NVMe is for the "
+                             f"optimizer state of the whole run: zero_optimization.offload_optimizer.device \"nvme\"")
+        kinds = kinds_of(include)
+        self._refuse_if_unfinished("engine.offload_states()")
+        with self._collectives("offload_states"):
+            self._settle()  # a step still running in the background uses the buffers
+        if "lp_params" in kinds and self._fetcher is not None:
+            self._fetcher.release_all(persistent_too=True)  # gathered weights go back to their shards
+        stores = {id(s): s for s in (self.optimizer_path.sharded, self._frozen_sm,
+                                     getattr(self._fetcher, "sm", None)) if s is not None}
+        from .zero3 import ParamFetcher
+        from .collectives import Collectives
+        self._parked.park(kinds, params=list(self.module.parameters()), stores=list(stores.values()),
+                          roots=[self.optimizer_path, self._sync], skip=(ParamFetcher, Collectives),
+                          pin_memory=pin_memory, non_blocking=non_blocking)
 
-    def reload_states(self, non_blocking: bool = False):
-        """The counterpart of offload_states (not in zspeed either)."""
-        raise NotImplementedError("engine.reload_states() goes with engine.offload_states(), which zspeed does not "
-                                  "have (see its message): nothing was offloaded, so there is nothing to reload.")
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """DeepSpeed's: the states offload_states() moved, back on the device as they left (a
+        no-op when none are away)."""
+        self._check_open(needs="none")
+        self._parked.reload(non_blocking=non_blocking)
 
     @functools.cached_property
     def checkpoint_engine(self):
@@ -727,6 +766,7 @@ class ZSpeedEngine(torch.nn.Module):
         first; one that stopped partway is left as it is (its error was raised already)."""
         if self._closed:
             return
+        self._parked.reload()  # states offload_states() moved: back first, the module is handed back whole
         if self._step.torn or self.optimizer_path.step_failed():
             try:  # the module gets one step's weights: the torn step completed, if it can be
                 self._settle()

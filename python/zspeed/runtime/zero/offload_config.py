@@ -20,7 +20,7 @@ class OffloadDeviceEnum(str, Enum):
 
 
 class OffloadStateTypeEnum(str, Enum):
-    """The kinds of state DeepSpeed's engine.offload_states() can move (a ZeRO-3 feature)."""
+    """The kinds of state engine.offload_states() moves (runtime/park.py says what each is in zspeed)."""
     optim_states = "optim_states"
     hp_params = "hp_params"
     lp_params = "lp_params"
