@@ -164,6 +164,9 @@ class ParkedStates:
         kinds = [k for k in kinds if k not in self.kinds]
         if not kinds:
             return
+        # every stream idle: a gradient a side stream still writes is read whole, and no block is
+        # freed under a kernel of another stream
+        self._device_module.synchronize(self.device)
         claims = self._claims(params, stores, roots, skip)
         pin = pin_memory and self.device.type == "cuda"
         for kind in kinds:
