@@ -32,7 +32,6 @@ import logging
 import os
 import sys
 import weakref
-from enum import Enum
 from typing import Any
 
 import torch
@@ -60,7 +59,7 @@ from .checkpoint_fp32 import write_16bit_model
 from .summary import log_summary
 from .layout import FlatLayout
 from .paths import NoOptimizerPath
-from .park import ParkedStates, kinds_of
+from .park import ParkedStates
 from .engine_optimizer import needs_wrapper
 from .optimizer_classes import wrapper_class
 from .loss_scaler import build_loss_scaler
@@ -513,12 +512,7 @@ class ZSpeedEngine(torch.nn.Module):
             raise EngineClosedError("this engine was closed (engine.close() / destroy() released its buffers and "
                                     "files); build a new one with zspeed.initialize to train again.")
         if needs != "none" and self._parked.away:
-            caller = sys._getframe(1)
-            name = caller.f_code.co_name if caller.f_locals.get("self") is self else "_fragments"
-            what = (f"engine.{name}()" if not name.startswith("_") else
-                    "loss.backward()" if name == "_begin_direct_backward" else
-                    "the tensor-fragment API (deepspeed.utils.safe_get_full_grad and its siblings)")
-            self._parked.refuse(what, weights_only=needs == "weights")
+            self._parked.refuse(self, sys._getframe(1), weights_only=needs == "weights")
 
     def _collectives(self, what: str):
         return _collectives(what)
@@ -558,19 +552,12 @@ class ZSpeedEngine(torch.nn.Module):
         # there (a full disk under a monitor's or the trace's folder) is logged, never raised, since
         # step() raising asks for a retry that would apply a second optimizer step.
         if boundary and self.monitor.enabled and self.global_rank == 0:
-            after_commit(self.global_steps, "writing the monitors' step events", self._write_monitor_events)
+            scale = self.loss_scaler.loss_scale if self._config.fp16_enabled else None
+            after_commit(self.global_steps, "writing the monitors' step events", lambda: self.monitor.write_events(
+                self._timing.monitor_events(self.global_samples, self.get_lr()[0], scale)))
         self._timing.after_step(boundary)
         if boundary and self._trace.enabled and self.global_steps % 20 == 0:
             after_commit(self.global_steps, "writing the trace (zspeed_trace)", self._trace.flush)
-
-    def _write_monitor_events(self) -> None:
-        """DeepSpeed's events of an optimizer step (zspeed.monitor): the learning rate, the fp16
-        loss scale and, with wall_clock_breakdown, the step's summed timers, at global_samples."""
-        at = self.global_samples
-        events = [("Train/Samples/lr", self.get_lr()[0], at)]
-        if self._config.fp16_enabled:
-            events.append(("Train/Samples/loss_scale", self.loss_scaler.loss_scale, at))
-        self.monitor.write_events(events + self._timing.monitor_events(at))
 
     def _take_model_step(self, lr_kwargs) -> None:
         """One optimizer step as a transaction (step.py), then its commit: the counters, and
@@ -697,39 +684,16 @@ class ZSpeedEngine(torch.nn.Module):
                 self._fetcher.refresh_persistent(wait=True)
 
     def offload_states(self, include=None, device=None, pin_memory: bool = True, non_blocking: bool = False) -> None:
-        """DeepSpeed's: moves the engine's states on the device to host memory, to free the GPU for
-        another phase of the run (an RLHF loop's generation); reload_states() brings them back bit
-        for bit. ``include``: the states (OffloadStateTypeEnum or their names: lp_params, hp_params,
-        optim_states, lp_grads, contiguous_grad_buffer), None for all; ``device``: only "cpu" (the
-        default); ``pin_memory``: page-locked host copies; ``non_blocking``: do not wait for the
-        copies. While the weights are away forward() refuses to run, while anything is away
-        backward, step and the rest do; the parameters point at their host copies meanwhile.
-        Masters and states of an offloaded optimizer are in host memory already and stay.
-        runtime/park.py says how; docs/COMPAT.md where it differs from DeepSpeed."""
+        """DeepSpeed's: the engine's states on the device move to host memory (runtime/park.py says
+        which, how, and what is refused until reload_states() brings them back bit for bit)."""
         self._check_open(needs="none")
         if self._inference:
             raise self.optimizer_path.refuse("engine.offload_states()", "Moving states needs a training engine")
-        where = device.value if isinstance(device, Enum) else ("cpu" if device is None else str(device))
-        if where == "none":
-            log.warning("zspeed: engine.offload_states(device=none): no device to move the states to; nothing moved")
-            return
-        if where != "cpu":
-            raise ValueError(f"engine.offload_states(device={where!r}): the states move to host memory only "
-                             f"(device=OffloadDeviceEnum.cpu, the default), as in DeepSpeed; NVMe is for the "
-                             f"optimizer state of the whole run: zero_optimization.offload_optimizer.device \"nvme\"")
-        kinds = kinds_of(include)
         self._refuse_if_unfinished("engine.offload_states()")
         with self._collectives("offload_states"):
-            self._settle()  # a step still running in the background uses the buffers
-        if "lp_params" in kinds and self._fetcher is not None:
-            self._fetcher.release_all(persistent_too=True)  # gathered weights go back to their shards
-        stores = {id(s): s for s in (self.optimizer_path.sharded, self._frozen_sm,
-                                     getattr(self._fetcher, "sm", None)) if s is not None}
-        from .zero3 import ParamFetcher
-        from .collectives import Collectives
-        self._parked.park(kinds, params=list(self.module.parameters()), stores=list(stores.values()),
-                          roots=[self.optimizer_path, self._sync], skip=(ParamFetcher, Collectives),
-                          pin_memory=pin_memory, non_blocking=non_blocking)
+            self._parked.offload(include, device, self.module, self._fetcher, self._settle, stores=[
+                self.optimizer_path.sharded, self._frozen_sm], roots=[self.optimizer_path, self._sync],
+                pin_memory=pin_memory, non_blocking=non_blocking)
 
     def reload_states(self, non_blocking: bool = False) -> None:
         """DeepSpeed's: the states offload_states() moved, back on the device as they left (a

@@ -28,6 +28,7 @@ without a list to keep up to date; the weights come from the model and the param
 from __future__ import annotations
 
 import gc
+import logging
 from enum import Enum
 
 import torch
@@ -35,6 +36,8 @@ import torch
 from .._native import ZSpeedError
 
 __all__ = ["KINDS", "ParkedStates", "StatesAwayError"]
+
+log = logging.getLogger("zspeed.engine")
 
 # DeepSpeed's OffloadStateTypeEnum values, in the order a storage is claimed: a storage two kinds
 # reach (the 16-bit weights a path writes into, masters that are the parameters at fp32) belongs
@@ -129,14 +132,33 @@ class ParkedStates:
         return {k: sum(self._parked[ptr].host.numel() for ptr in self._by_kind[k]) for k in self.kinds}
 
     # -- the engine's checks ------------------------------------------------------------------
-    def refuse(self, what: str, *, weights_only: bool = False) -> None:
-        """Raises when ``what`` needs states that are away: every kind, or with
-        ``weights_only`` (a forward) the 16-bit weights."""
+    def refuse(self, engine, caller, *, weights_only: bool = False) -> None:
+        """Raises when the engine call running in frame ``caller`` needs states that are away:
+        every kind, or with ``weights_only`` (a forward) the 16-bit weights."""
         if not self.kinds or (weights_only and "lp_params" not in self.kinds):
             return
+        name = caller.f_code.co_name if caller.f_locals.get("self") is engine else "_fragments"
+        what = (f"engine.{name}()" if not name.startswith("_") else
+                "loss.backward()" if name == "_begin_direct_backward" else
+                "the tensor-fragment API (deepspeed.utils.safe_get_full_grad and its siblings)")
         raise StatesAwayError(
             f"zspeed: {what} needs the engine's states on the device, and engine.offload_states() moved "
             f"{', '.join(self.kinds)} to host memory: call engine.reload_states() first")
+
+    @staticmethod
+    def kinds_to_move(include, device) -> list:
+        """engine.offload_states()'s ``include`` as zspeed's sets (see :func:`kinds_of`), after
+        checking ``device`` as DeepSpeed does: "cpu" (the default) or OffloadDeviceEnum.cpu; none
+        moves nothing (a warning); anything else is refused."""
+        where = device.value if isinstance(device, Enum) else ("cpu" if device is None else str(device))
+        if where == "none":
+            log.warning("zspeed: engine.offload_states(device=none): no device to move the states to; nothing moved")
+            return []
+        if where != "cpu":
+            raise ValueError(f"engine.offload_states(device={where!r}): the states move to host memory only "
+                             f"(device=OffloadDeviceEnum.cpu, the default), as in DeepSpeed; NVMe is for the "
+                             f"optimizer state of the whole run: zero_optimization.offload_optimizer.device \"nvme\"")
+        return kinds_of(include)
 
     # -- moving --------------------------------------------------------------------------------
     def _claims(self, params: list, stores: list, roots: list, skip: tuple) -> dict:
@@ -158,9 +180,30 @@ class ParkedStates:
             claims.setdefault(kind, []).append((ptr, st))
         return claims
 
-    def park(self, kinds: list, *, params: list, stores: list, roots: list, skip: tuple, pin_memory: bool,
+    def offload(self, include, device, module: torch.nn.Module, fetcher, settle, *, stores: list, roots: list,
+                pin_memory: bool, non_blocking: bool) -> None:
+        """engine.offload_states(include, device, ...): after ``settle()`` (a step running in the
+        background finishes: it uses the buffers) and, when the weights go, the ZeRO-3 ``fetcher``'s
+        release of every gathered weight, the states move (:meth:`park`)."""
+        kinds = self.kinds_to_move(include, device)
+        if not kinds:
+            return
+        settle()
+        if "lp_params" in kinds and fetcher is not None:
+            fetcher.release_all(persistent_too=True)  # gathered weights go back to their shards
+        self.park(kinds, module, stores + [getattr(fetcher, "sm", None)], roots, pin_memory=pin_memory,
+                  non_blocking=non_blocking)
+
+    def park(self, kinds: list, module: torch.nn.Module, stores: list, roots: list, *, pin_memory: bool,
              non_blocking: bool) -> None:
-        """Moves the storages of ``kinds`` (those not away already) to host memory."""
+        """Moves the storages of ``kinds`` (those not away already) to host memory: the weights of
+        ``module`` and of the parameter ``stores`` (None entries ignored), and what the parts in
+        ``roots`` hold (the optimizer path and the gradient sync; see :func:`_walk`)."""
+        from .collectives import Collectives
+        from .zero3 import ParamFetcher
+        params = list(module.parameters())
+        stores = list({id(s): s for s in stores if s is not None}.values())
+        skip = (ParamFetcher, Collectives)  # the gathers a forward runs use their buffers
         kinds = [k for k in kinds if k not in self.kinds]
         if not kinds:
             return

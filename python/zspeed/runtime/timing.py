@@ -60,11 +60,15 @@ class EngineTiming:
                 if t.started_:
                     t.stop()
 
-    def monitor_events(self, step: int) -> list:
-        """The optimizer step's summed times as DeepSpeed's monitor events (milliseconds, at
-        ``step``); none with the breakdown off."""
-        return [(f"Train/Samples/elapsed_time_ms_{label}", self.timers(name).elapsed(reset=False), step)
-                for label, name in zip(_MONITOR_LABELS, self._global)]
+    def monitor_events(self, step: int, lr: float, loss_scale: float | None) -> list:
+        """DeepSpeed's monitor events of an optimizer step, at ``step`` (global_samples): the
+        learning rate, the fp16 loss scale (None: not fp16) and, with wall_clock_breakdown, the
+        step's summed times (milliseconds)."""
+        events = [("Train/Samples/lr", lr, step)]
+        if loss_scale is not None:
+            events.append(("Train/Samples/loss_scale", loss_scale, step))
+        return events + [(f"Train/Samples/elapsed_time_ms_{label}", self.timers(name).elapsed(reset=False), step)
+                         for label, name in zip(_MONITOR_LABELS, self._global)]
 
     def after_step(self, boundary: bool) -> None:
         """The end of a step() call: the throughput timer's span closes, and with the breakdown
