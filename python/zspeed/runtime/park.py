@@ -118,14 +118,18 @@ class ParkedStates:
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self._device_module = torch.get_device_module(self.device)  # torch.cuda, torch.cpu: synchronize()
-        self.kinds: list = []              # the kinds away, in the order they left
         self._parked: dict = {}            # storage data_ptr at parking -> _Parked
-        self._by_kind: dict = {}           # kind -> [data_ptr]
+        self._by_kind: dict = {}           # kind away -> [data_ptr], in the order they left
         self._pointed: list = []           # (parameter, attribute, the original tensor)
 
     @property
+    def kinds(self) -> list:
+        """The kinds away, in the order they left."""
+        return list(self._by_kind)
+
+    @property
     def away(self) -> bool:
-        return bool(self.kinds)
+        return bool(self._by_kind)
 
     def bytes_away(self) -> dict:
         """kind -> the bytes of that kind in host memory now."""
@@ -220,7 +224,6 @@ class ParkedStates:
                 self._parked[ptr] = _Parked(st, host)
                 ptrs.append(ptr)
             self._by_kind[kind] = ptrs
-            self.kinds.append(kind)
         self._point_params(params, kinds)
         for kind in kinds:  # after the copies were queued: the allocator reuses a block in stream order
             for ptr in self._by_kind[kind]:
@@ -264,7 +267,6 @@ class ParkedStates:
         self._parked.clear()
         self._by_kind.clear()
         self._pointed.clear()
-        self.kinds.clear()
 
     def _bytes(self, storage) -> torch.Tensor:
         """The storage as one uint8 tensor over all of its bytes."""
