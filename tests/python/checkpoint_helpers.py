@@ -28,6 +28,20 @@ def snapshot(e) -> dict:
             "sched": clone(e.lr_scheduler.state_dict()) if e.lr_scheduler is not None else None}
 
 
+def whole_masters(e) -> dict:
+    """name -> fp32 master shaped like the parameter. Over a store's local space the engine names
+    pieces ("name@offset", flat); on one rank (an offloaded optimizer's store) each piece is a
+    whole parameter, "name@0", and is given its parameter's name and shape here."""
+    shapes = {n: p.shape for n, p in e.module.named_parameters()}
+    out = {}
+    for k, m in e._master_named().items():
+        name, _, off = k.rpartition("@")
+        if off == "0" and name in shapes and m.numel() == shapes[name].numel():
+            k, m = name, m.reshape(shapes[name])
+        out[k] = m
+    return out
+
+
 def same(a, b) -> bool:
     if torch.is_tensor(a):
         return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)

@@ -21,7 +21,7 @@ import zspeed.runtime.checkpoint_files as cf
 from zspeed.runtime.checkpoint import CheckpointError
 from zspeed.runtime.checkpoint_fp32 import main_to_fp32
 from engine_helpers import TinyLM, lm_loss, native_ops_available, token_data as data, train
-from checkpoint_helpers import edit_meta, leftovers, rewrite, same, snapshot
+from checkpoint_helpers import edit_meta, leftovers, rewrite, same, snapshot, whole_masters
 
 
 @pytest.fixture(autouse=True)
@@ -555,7 +555,7 @@ def test_to_fp32(tmp_path):
     out = tmp_path / "w.safetensors"
     assert main_to_fp32([str(tmp_path), str(out)]) == 0
     w = load_file(str(out))
-    masters = e._master_named()
+    masters = whole_masters(e)
     assert all(t.dtype == torch.float32 for t in w.values())
     for k, m in masters.items():
         assert torch.equal(w[k], m.cpu()), k  # the fp32 masters, not the bf16 weights
@@ -576,7 +576,7 @@ def test_deepspeeds_zero_to_fp32_functions(tmp_path):
     e = make("bf16_offload")
     train(e, data(3), loss=lm_loss)
     e.save_checkpoint(tmp_path)
-    masters = {k: m.cpu() for k, m in e._master_named().items()}
+    masters = {k: m.cpu() for k, m in whole_masters(e).items()}
     for where, tag in ((tmp_path, None), (tmp_path, "global_step3"), (tmp_path / "global_step3", None)):
         sd = z.get_fp32_state_dict_from_zero_checkpoint(where, tag=tag)
         assert all(torch.equal(sd[k], m) for k, m in masters.items())
@@ -678,7 +678,7 @@ def test_zero_checkpoints_carry_deepspeeds_zero_to_fp32_script(tmp_path, caplog)
                           "--safe_serialization", "-t", "global_step2"], capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     w = load_file(str(tmp_path / "out" / "model.safetensors"))
-    for k, m in e._master_named().items():
+    for k, m in whole_masters(e).items():
         assert torch.equal(w[k], m.cpu()), k
     res = subprocess.run([sys.executable, str(script), str(tmp_path / "nothing"), str(tmp_path / "o2")],
                          capture_output=True, text=True, env=env)
@@ -695,7 +695,7 @@ def test_zero_checkpoints_carry_deepspeeds_zero_to_fp32_script(tmp_path, caplog)
                           "--dtype", "bf16"], capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     w = torch.load(str(tmp_path / "bf" / "pytorch_model.bin"))
-    for k, m in e._master_named().items():
+    for k, m in whole_masters(e).items():
         assert torch.equal(w[k], m.cpu().to(torch.bfloat16)), k
     res = subprocess.run([sys.executable, str(torch_script), str(tmp_path / "ck"), str(tmp_path / "o4")],
                          capture_output=True, text=True, env=env)

@@ -45,10 +45,11 @@ SAVES_PER_ROUND = 4
 VOCAB, WIDTH = 23, 1200
 
 # Points of a save, in order (see checkpoint_files.py); "old tag ..." exist only when a tag is replaced.
-POINTS_NEW = ["partial master.safetensors", "staged master.safetensors", "staged meta.json",
-              "staged manifest.json", "staging synced", "new tag in place", "temporary latest written",
-              "latest replaced"]
-POINTS_FIXED = POINTS_NEW[:5] + ["old tag moved aside"] + POINTS_NEW[5:] + ["old tag removed"]
+# (The optimizer is offloaded: its masters and state are the pieces of a store of one rank.)
+POINTS_NEW = ["partial master.rank0.safetensors", "staged master.rank0.safetensors", "partial optim.rank0.safetensors",
+              "staged meta.json", "staged manifest.json", "staging synced", "new tag in place",
+              "temporary latest written", "latest replaced"]
+POINTS_FIXED = POINTS_NEW[:6] + ["old tag moved aside"] + POINTS_NEW[6:] + ["old tag removed"]
 
 HELPER = textwrap.dedent("""
     import json, os, signal, sys, threading

@@ -72,6 +72,10 @@ def test_the_plan_of_an_engine():
     e, *_ = zspeed.initialize(model=eh.mlp(), config=_zero(stage=2, offload_optimizer={"device": "cpu"}))
     p = e.plan
     assert isinstance(p, RunPlan)
-    assert (p.stage, p.store, p.optimizer, p.timing, p.comm) == (2, "replicated", "host", "sync", "none")
+    # an offloaded optimizer steps a store's local space on one rank too (shard degree 1)
+    assert (p.stage, p.store, p.optimizer, p.timing, p.comm) == (2, "sharded", "host", "sync", "none")
+    assert (p.shard_degree, p.unit_elems) == (1, 1)
+    e, *_ = zspeed.initialize(model=eh.mlp(), config=_zero(stage=2))
+    assert (e.plan.store, e.plan.optimizer) == ("replicated", "device")
     with pytest.raises(Exception):
         p.stage = 3  # frozen

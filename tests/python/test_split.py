@@ -59,7 +59,7 @@ def test_a_split_step_equals_the_cpu_step(ratio, precision, gas):
     path = e.optimizer_path
     total = sum(p.numel() for p in e.module.parameters())
     biggest = max(p.numel() for p in e.module.parameters())
-    assert type(path).__name__ == "SplitPath" and abs(path.gpu_elems - (1 - ratio) * total) <= biggest / 2
+    assert type(path).__name__ == "StoreSplitPath" and abs(path.gpu_elems - (1 - ratio) * total) <= biggest / 2
     _close(_weights(e), _weights(ref), precision)
     assert e.get_lr() == ref.get_lr()  # the schedule reached both halves
     if precision == "fp16":
@@ -68,7 +68,7 @@ def test_a_split_step_equals_the_cpu_step(ratio, precision, gas):
 
 def test_the_gpu_share_is_the_first_parameters():
     e = _run(_cfg(0.5), steps=1)
-    sides = [s for row in e.optimizer_path.where for s, _, _ in row]
+    sides = [s for s, _ in e.optimizer_path._sides()]
     assert sides == sorted(sides, key=lambda s: s != "dev") and "dev" in sides and "cpu" in sides
 
 
@@ -107,7 +107,7 @@ def test_auto_on_a_gpu_splits(caplog):
     msg = [r.getMessage() for r in caplog.records if 'ratio "auto" ->' in r.getMessage()]
     assert msg and "after step 1" in msg[0] and "GPU limit" in msg[0] and "peak of step 1" in msg[0]
     # A tiny model fits the GPU many times over: the measured rates choose a share below 1.
-    assert type(e.optimizer_path).__name__ == "SplitPath" and e.optimizer_path.cpu_share < 1
+    assert type(e.optimizer_path).__name__ == "StoreSplitPath" and e.optimizer_path.cpu_share < 1
     _close(_weights(e), _weights(_run(_cfg(1.0), steps=2)), "fp32")
 
 
@@ -132,7 +132,7 @@ def test_auto_sizes_the_split_from_the_first_steps_peak(monkeypatch, caplog, pre
     with caplog.at_level("WARNING", logger="zspeed"):
         e, *_ = zspeed.initialize(model=eh.mlp(), config=_cfg("auto", precision, gas))
         path = e.optimizer_path
-        assert type(path).__name__ == "SplitPath" and path.cpu_share == 1.0 and path.dev is None
+        assert type(path).__name__ == "StoreSplitPath" and path.cpu_share == 1.0 and path.dev is None
         eh.train(e, DATA, gas)  # step 1: sizes the split
     want = split.choose_ratio(total, budget, None, None)
     assert want == pytest.approx(0.5)
@@ -211,7 +211,7 @@ def test_the_cpu_half_keeps_the_configured_state_dtype(state_dtype):
     want = torch.int8 if state_dtype == "int8" else torch.bfloat16
     cpu_states = list(e.optimizer_path.cpu.optimizer.state.values())
     assert cpu_states and all(st["exp_avg"].dtype == want for st in cpu_states)
-    sides = [s for row in e.optimizer_path.where for s, _, _ in row]
+    sides = [s for s, _ in e.optimizer_path._sides()]
     for side, p, q, r in zip(sides, e.module.parameters(), same_sd.module.parameters(), fp32.module.parameters()):
         torch.testing.assert_close(p.detach(), (q if side == "cpu" else r).detach(), rtol=1e-5, atol=1e-6)
     assert "dev" in sides and "cpu" in sides
@@ -234,7 +234,7 @@ def test_checkpoints_of_a_split_with_8bit_states(tmp_path):
                       (_cfg(0.7), {torch.float32})):
         e = _run(cfg, steps=1)
         e.load_checkpoint(str(tmp_path), tag="s")
-        opt = e.optimizer_path.cpu.optimizer if type(e.optimizer_path).__name__ == "SplitPath" else e.optimizer
+        opt = e.optimizer_path.cpu.optimizer if type(e.optimizer_path).__name__ == "StoreSplitPath" else e.optimizer
         assert {st["exp_avg"].dtype for st in opt.state.values()} == want
         eh.train(e, DATA, 2, start=3)
         assert all(torch.isfinite(p).all() for p in e.module.parameters())

@@ -343,11 +343,6 @@ def test_the_nvme_split_on_ranks_equals_the_host_split(tmp_path):
 
 def test_the_nvme_split_is_refused_where_it_cannot_run(tmp_path):
     from zspeed.runtime.config import ConfigError
-    c = eh.config(zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path),
-                                                                       "ratio": 0.5}})
-    with pytest.raises(ConfigError, match=r"ratio with device 'nvme' = 0.5 splits a rank's part of the model at "
-                                          r"ZeRO-3 or on several ranks .*stage 2 on 1 rank\(s\)\. Use stage 3"):
-        zspeed.initialize(model=eh.mlp(), config=c)
     with pytest.raises(ConfigError, match=r"takes a number here, not \"auto\".*zspeed plan"):
         zspeed.initialize(model=z3.Model(), config=_nv("auto", tmp_path))
 
@@ -482,11 +477,30 @@ def test_max_in_cpu_is_refused_where_it_cannot_run(tmp_path):
     c["zero_optimization"]["offload_optimizer"]["max_in_cpu"] = 1000
     with pytest.raises(ConfigError, match=r"max_in_cpu needs offload_optimizer.device \"nvme\" .*Remove the key"):
         zspeed.initialize(model=z3.Model(), config=c)
-    c = eh.config(zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path),
-                                                                       "max_in_cpu": 1000}})
-    with pytest.raises(ConfigError, match=r"max_in_cpu cuts a rank's part of the model at ZeRO-3 or on several "
-                                          r"ranks .*stage 2 on 1 rank\(s\)"):
-        zspeed.initialize(model=eh.mlp(), config=c)
     c = _tiers(0.5, tmp_path, -1)
     with pytest.raises(ConfigError, match=r"max_in_cpu.*must be a whole number of elements from 0"):
         zspeed.initialize(model=z3.Model(), config=c)
+
+
+@pytest.mark.parametrize("stage,precision", [(1, "fp32"), (2, "bf16")])
+def test_the_nvme_split_and_three_tiers_run_at_stages_1_2_on_one_rank(tmp_path, stage, precision):
+    """An offloaded optimizer steps a store on one rank too (shard degree 1, one parameter per
+    unit), so the GPU/NVMe split and max_in_cpu run at stages 1-2 on one rank (until the one-rank
+    store they were refused there): each equals the GPU/CPU split of the same ratio bit for bit."""
+    n = _n_elems()
+
+    def cfg(**off):
+        c = z3._cfg(stage, opt="cpu", precision=precision)
+        c["zero_optimization"]["offload_optimizer"].update(ratio=0.6, **off)
+        return c
+    ref, lr = z3._train(cfg(), steps=3)
+    assert type(ref.optimizer_path).__name__ == "StoreSplitPath" and ref.plan.shard_degree == 1
+    for extra in ({}, {"max_in_cpu": n // 4}):
+        a, la = z3._train(cfg(device="nvme", nvme_path=str(tmp_path), **extra), steps=3)
+        path = a.optimizer_path
+        assert path.dev is not None and (path.disk is not None) == bool(extra)
+        assert type(path.disk or path.cpu).__name__ == "NVMePath"
+        assert any(f.endswith(".swap") for f in os.listdir(tmp_path))
+        assert la == lr
+        _same_bits(a, ref)
+        a.close()

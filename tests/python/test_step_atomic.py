@@ -81,7 +81,7 @@ def _engine(cfg):
 
 def _host(e):
     p = e.optimizer_path
-    return p.cpu if type(p).__name__ == "SplitPath" else p
+    return p.cpu if type(p).__name__ == "StoreSplitPath" else p
 
 
 def _before_chunks(e, before):

@@ -54,7 +54,7 @@ CASES = {
     "s2-cpu-fp32": (2, "cpu", "none", "fp32", None),       # HostPath
     "s2-cpu-fp16": (2, "cpu", "none", "fp16", None),       # HostPath, loss scale divided out
     "s2-nvme-fp32": (2, "nvme", "none", "fp32", None),     # NVMePath
-    "s2-split-bf16": (2, "cpu", "none", "bf16", 0.5),      # SplitPath
+    "s2-split-bf16": (2, "cpu", "none", "bf16", 0.5),      # StoreSplitPath on one rank
     "s3-fp32": (3, "none", "none", "fp32", None),          # ZeRO-3 pieces on the device
     "s3-cpu-bf16": (3, "cpu", "cpu", "bf16", None),        # ZeRO-3, gradients in the host shards
     "s3-nvme-fp32": (3, "nvme", "cpu", "fp32", None),      # ZeRO-3, NVMe states

@@ -5,7 +5,7 @@ stage, the rank count or the tiering:
 - the parameter store: the model's own parameters (replicated), one flat buffer per unit
   with this rank's shards (sharded, store.ShardedStore), or only the shards, on a medium
   (partitioned, store.PartitionedStore; NVMe for parameters nothing trains: zero3_nvme.py);
-- the optimizer path over the store's local space (paths.py, cpu.py, nvme.py, split.py),
+- the optimizer path over the store's local space (paths.py, cpu.py, nvme.py, split_store.py),
   with its host buffers and gradient reducer where it needs them.
 """
 from __future__ import annotations
@@ -24,11 +24,9 @@ from .dp import NoSync, ReplicaSync, ShardedBuffers, ShardedDevicePath, ShardSyn
 from .layout import FlatLayout
 from .memory import Need, Sizes, deepest_path_elems, state_bytes
 from .nvme import NVMePath
-from .split import SplitPath
 from .split_store import StoreSplitPath
-from .offload import HostBuffers
 from .optimizers import client_as_config, native_client
-from .partition import PartitionPlan
+from .partition import DEFAULT_ALIGN, PartitionPlan
 from .paths import OptimizerPath, device_path, device_path_class
 from .plan import RunPlan
 from .store import PartitionedStore, ShardedStore, full_numel
@@ -72,7 +70,10 @@ def param_store(plan: RunPlan, config, layout: FlatLayout, coll: Collectives):
 
 
 def _sharded_store(plan: RunPlan, config, layout: FlatLayout, coll: Collectives) -> ShardedStore:
-    part = PartitionPlan(layout.numels, plan.world_size, plan.rank, unit_elems=plan.unit_elems)
+    # One rank (an offloaded optimizer's store): no shard straddles ranks, so no unit is padded
+    # and the local space is the model's own layout, parameter by parameter.
+    part = PartitionPlan(layout.numels, plan.world_size, plan.rank, unit_elems=plan.unit_elems,
+                         align=DEFAULT_ALIGN if plan.world_size > 1 else 1)
     return ShardedStore(layout, part, plan.device, plan.dtype, coll)
 
 
@@ -144,11 +145,9 @@ def _device_path(plan: RunPlan, config, layout: FlatLayout, name, params, client
 
 
 def _host_buffers(plan: RunPlan, config, layout: FlatLayout, coll) -> tuple:
-    """(the host buffers of an offloaded path, the local layout it steps) over the plan's store."""
+    """(the host buffers of an offloaded path, the local layout it steps) over the plan's store
+    (an offloaded optimizer always has one: plan.py's _STORE)."""
     store = param_store(plan, config, layout, coll)
-    if store is None:
-        return HostBuffers(layout, plan.device, plan.dtype, plan.pin_memory, plan.bucket_elems,
-                           flat_grads=plan.optimizer == "nvme" or plan.timing == "delayed"), layout
     return ShardedBuffers(store, pin_memory=plan.pin_memory, stage=plan.stage, overlap=plan.reduce_overlap,
                           comm=coll, comm_dtype=plan.comm_dtype, grads_in_shards=plan.grads_in_shards), \
         store.local_layout
@@ -177,29 +176,22 @@ def _split_path(plan: RunPlan, config, layout: FlatLayout, name, params: dict, c
     from . import split
     ratio, auto = plan.ratio, None
     force = config.force_ds_cpu_optimizer
-    threads = host_threads()
     device = plan.device
     if ratio == "auto":
         if split.device_memory(device) is None:
             log.warning("zspeed: offload_optimizer.ratio \"auto\" -> 1.000: the CPU steps 100.0% of the parameters "
                         "(no GPU)")
             return _host_path(plan, config, layout, name, params, client, coll)
-        cpu_s, gpu_s = split.measure_rates(device, name, params, force, threads, model_dtype=plan.dtype)
+        cpu_s, gpu_s = split.measure_rates(device, name, params, force, host_threads(), model_dtype=plan.dtype)
         log.warning("zspeed: offload_optimizer.ratio \"auto\": step 1 runs with the whole optimizer on the CPU; "
                     "the GPU's share is then sized from that step's peak GPU memory")
         ratio, auto = 1.0, split.AutoSplit(device, cpu_s, gpu_s)
-    store = param_store(plan, config, layout, coll)
-    if store is not None:  # several ranks, or ZeRO-3: the split of this rank's local space
-        return StoreSplitPath(store, name, params, float(ratio), stage=plan.stage, reduce_overlap=plan.reduce_overlap,
-                              comm=coll, comm_dtype=plan.comm_dtype, pin_memory=plan.pin_memory, force_native=force,
-                              chunk_elems=plan.chunk_elems, num_threads=host_threads(plan.cores_share),
-                              timing=plan.timing, auto=auto, tier=plan.cpu_tier, host_elems=plan.host_elems,
-                              grads_in_shards=plan.grads_in_shards,
-                              nvme=dict(offload_cfg=config.offload, aio=config.aio,
-                                        sub_group_size=config.sub_group_size))
-    return split.SplitPath(layout, device, plan.dtype, name, params, float(ratio), pin_memory=plan.pin_memory,
-                           bucket=plan.bucket_elems, force_native=force, chunk_elems=plan.chunk_elems,
-                           num_threads=threads, timing=plan.timing, auto=auto)
+    return StoreSplitPath(param_store(plan, config, layout, coll), name, params, float(ratio), stage=plan.stage,
+                          reduce_overlap=plan.reduce_overlap, comm=coll, comm_dtype=plan.comm_dtype,
+                          pin_memory=plan.pin_memory, force_native=force, chunk_elems=plan.chunk_elems,
+                          num_threads=host_threads(plan.cores_share), timing=plan.timing, auto=auto,
+                          tier=plan.cpu_tier, host_elems=plan.host_elems, grads_in_shards=plan.grads_in_shards,
+                          nvme=dict(offload_cfg=config.offload, aio=config.aio, sub_group_size=config.sub_group_size))
 
 
 _PATHS = {"device": _device_path, "host": _host_path, "nvme": _nvme_path, "split": _split_path}
@@ -322,7 +314,7 @@ def path_class(plan: RunPlan) -> type:
     """The optimizer path class of the plan (the split's "auto" may still fall back to HostPath)."""
     return {"device": {"replicated": device_path_class(plan.dtype)}.get(plan.store, ShardedDevicePath),
             "host": HostPath, "nvme": NVMePath,
-            "split": {"replicated": SplitPath}.get(plan.store, StoreSplitPath)}[plan.optimizer]
+            "split": StoreSplitPath}[plan.optimizer]
 
 
 def footprint(plan: RunPlan, place: "WholeModel", config, s: Sizes) -> list:

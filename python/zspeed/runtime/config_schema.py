@@ -451,11 +451,11 @@ SCHEMA: dict[str, S] = {
         "ratio": K(1.0, NUM + (str,), "device cpu or nvme: fraction of the parameters (by elements) whose "
                    "optimizer steps on the CPU; the first others keep fp32 masters and Adam state on the GPU and "
                    "step there at the same time (stages 1-3, any number of ranks: each rank splits its own part; "
-                   "with nvme only a rank's store part, at stage 3 or on several ranks, and a number; Adam/AdamW; "
+                   "with nvme a number, not \"auto\"; Adam/AdamW; "
                    "the CPU's share keeps optimizer.params.state_dtype, the GPU's fp32); \"auto\" runs the first step with everything on the CPU, then sizes the "
                    "GPU's share from that step's peak GPU memory (within set_per_process_memory_fraction, less a "
                    "margin) and the measured step rates, and logs the choice (docs/OFFLOAD.md)", auto=AUTO_KEEP, check=_offload_ratio),
-        "max_in_cpu": K(0, NUM, "zspeed extension (device nvme, at stage 3 or on several ranks): elements of this "
+        "max_in_cpu": K(0, NUM, "zspeed extension (device nvme, stages 1-3, any number of ranks): elements of this "
                         "rank's part whose fp32 masters and optimizer state stay in host memory instead of the swap "
                         "files: the first ones after the GPU's share (ratio), stepped by the CPU path's kernels; "
                         "the rest on NVMe (the three tiers of docs/OFFLOAD.md; 0 puts the whole non-GPU share on "

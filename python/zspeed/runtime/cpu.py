@@ -1,16 +1,16 @@
 """ZeRO-Offload's optimizer path: fp32 masters and optimizer state in CPU memory
 (zero_optimization.offload_optimizer.device = cpu).
 
-Per parameter group, host buffers (flat, views per parameter; offload.py):
-  grads    gradients in the model's dtype (HostBuffers; on the CPU-only path the
-           optimizer reads them where autograd left them)
+It steps a parameter store's local space (store.py: on one rank at stages 1-2 the whole
+model, one shard of degree 1). Per parameter group, host buffers (flat, views per entry of
+that space; offload.py):
+  grads    gradients in the model's dtype, landed there by the gradient reducer (dp.py)
   masters  fp32 master weights, the CPU optimizer's parameters
-  out      updated weights in the model's dtype, copied back into the model; for an
-           fp32 model the masters themselves
-On a CPU-only machine with contiguous parameters the buffers that can be the
-parameters' own storage are: an fp32 model's parameters are its masters, and a
-bf16/fp16 model's parameters are the out buffer the optimizer writes into, so
-nothing is copied back.
+  out      updated weights in the model's dtype, which the store publishes into the model;
+           for an fp32 model the masters themselves
+Where the store's shards are in host memory (a CPU model, or ZeRO-3 shards offloaded there)
+the buffers that can be their own storage are: an fp32 model's shards are its masters, and a
+bf16/fp16 model's shards are the out buffer the optimizer writes into.
 
 The step runs in chunks of about zero_optimization.sub_group_size elements
 (capped, whole parameters), each followed by the copy of its weights back into

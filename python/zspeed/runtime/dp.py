@@ -1,5 +1,6 @@
-"""Data parallelism: the gradient reducer of ZeRO stages 1-3 over several ranks, and the
-optimizer paths' pieces that go with it (torch.distributed, through collectives.py).
+"""Data parallelism: the gradient reducer of ZeRO stages 1-3 (over several ranks, and on one
+rank for an offloaded optimizer), and the optimizer paths' pieces that go with it
+(torch.distributed, through collectives.py).
 
 The parameter store (store.py) holds the partition plan: each parameter group is cut into
 units of whole parameters and every unit into one shard per rank; this rank's shards are its
@@ -37,6 +38,7 @@ overlap with the GPU's work here).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -48,6 +50,7 @@ from .memory import Need, Sizes, state_bytes
 from .offload import HostBuffers
 from .paths import OptimizerPath
 from .optimizers import build_device_optimizer, norms_stats, rebuild_like, torch_grad_stats
+from .trace import OFF
 from .store import GradsInShards, ParamStore, PartitionedStore, flat_base, per_element
 
 __all__ = ["GradReducer", "ShardGrads", "ShardedBuffers", "ShardedDevicePath", "NoSync", "ReplicaSync", "ShardSync"]
@@ -58,6 +61,8 @@ class GradReducer:
     (see the module docstring). ``dests``: per group, a flat buffer of the local space
     (host or device, any float dtype) that receives the summed shard; ``dest_of``, when set,
     gives each unit's destination instead (the GPU/CPU split lands each unit on its half)."""
+
+    trace = OFF  # the engine's tracer once set (one rank: the copies to the host are spans)
 
     def __init__(self, store: ParamStore, dests: list | None, *, stage: int, overlap: bool, comm: Collectives,
                  comm_dtype: torch.dtype):
@@ -74,7 +79,10 @@ class GradReducer:
         # micro-batch's backward (the device keeps no gradient between micro-batches) and
         # accumulates the reduced shards in ``dests``.
         self.accumulate = stage >= 3
-        self.eager = self.accumulate or (stage >= 2 and comm.kind != "staged")
+        # One rank below stage 3 sums nothing: each unit's gradients go straight to their
+        # destination during backward (no unit buffer, no wait), as soon as the unit has them all.
+        self.solo = comm.solo and not self.accumulate
+        self.eager = self.accumulate or self.solo or (stage >= 2 and comm.kind != "staged")
         self.overlap = overlap
         # Where a reduced shard lands (the module docstring), decided once.
         on_device = comm.device.type == "cuda"
@@ -110,16 +118,19 @@ class GradReducer:
         return buf
 
     def _take(self, gi: int, pi: int, g: torch.Tensor | None) -> None:
-        """Puts parameter pi's gradient (or zeros) into its unit buffer."""
+        """Puts parameter pi's gradient (or zeros) into its unit buffer (one rank: holds it)."""
         gp = self.sm.plan.groups[gi]
         ui = gp.unit_of[pi]
-        off = gp.offsets[pi] - gp.units[ui].start
-        dst = self._unit_buf(gi, ui)[off:off + gp.numels[pi]]
-        with torch.no_grad():
-            if g is None:
-                dst.zero_()
-            else:
-                dst.copy_(g.reshape(-1))
+        if self.solo:
+            self._held.setdefault((gi, ui), []).append((pi, g))
+        else:
+            off = gp.offsets[pi] - gp.units[ui].start
+            dst = self._unit_buf(gi, ui)[off:off + gp.numels[pi]]
+            with torch.no_grad():
+                if g is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(g.reshape(-1))
         self._taken.add((gi, pi))
         self._missing[(gi, ui)] -= 1
 
@@ -139,6 +150,9 @@ class GradReducer:
     def _issue(self, gi: int, ui: int) -> None:
         # The unit's buffer is forgotten only once its collective is issued: if that raises (a
         # peer is gone), a later _flush finds the unit still pending instead of a missing buffer.
+        if self.solo:
+            self._pass_on(gi, ui, self._held.pop((gi, ui), ()))
+            return
         buf = self._unit_bufs[(gi, ui)]
         self._issue_unit(gi, ui, buf)
         del self._unit_bufs[(gi, ui)]
@@ -162,6 +176,32 @@ class GradReducer:
         into = None if self.accumulate else dest
         out, work, keep = self.comm.reduce_scatter(buf, n, out=into)
         self._land(out, work, dest, first, (buf, keep))
+
+    def _pass_on(self, gi: int, ui: int, grads) -> None:
+        """One rank: the unit's gradients ``grads`` ((parameter, gradient or None)) into their
+        places in its destination; on CUDA on the side stream once the training stream has
+        produced them, with each gradient's norm (the step then needs no pass over them)."""
+        dest = self._dest(gi, ui)
+        if self.landed is not None:
+            self.landed(gi, ui)
+        gp = self.sm.plan.groups[gi]
+        base = gp.units[ui].start
+        side = self.side
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        on_side = contextlib.nullcontext() if side is None else torch.cuda.stream(side)
+        span = contextlib.nullcontext() if side is None else self.trace.cuda_span("gradients to host", side,
+                                                                                   tensors=len(grads))
+        with torch.no_grad(), on_side, span:
+            for pi, g in grads:
+                d = dest[gp.offsets[pi] - base:gp.offsets[pi] - base + gp.numels[pi]]
+                if g is None:
+                    d.zero_()
+                    continue
+                if side is not None:
+                    self._norms.append(torch.linalg.vector_norm(g, 2, dtype=torch.float32))
+                    g.record_stream(side)  # the device gradient is freed once its copy is done
+                d.copy_(g.reshape(-1), non_blocking=side is not None)
 
     def _land_on_host(self, out, work, dest, first: bool, keep) -> None:
         """The reduced shard ``out`` (host memory) into ``dest`` once the collective is done."""
@@ -287,15 +327,24 @@ class GradReducer:
         self._missing = {(gi, ui): u.count for gi, gp in enumerate(self.sm.plan.groups)
                          for ui, u in enumerate(gp.units)}  # gradients a unit still waits for
         self._unit_bufs: dict = {}  # (group, unit) -> the unit's gradient buffer until issued
+        self._held: dict = {}       # one rank: (group, unit) -> its (parameter, gradient) until issued
         self._next = 0              # index into _order of the next unit to issue
         self._taken: set = set()    # (group, param) whose gradient is in its unit buffer
 
 
 class _ShardedSource:
-    """offload.HostBuffers' gradient source for several ranks: the GradReducer's shards."""
+    """offload.HostBuffers' gradient source over a store: the GradReducer's shards."""
 
     def __init__(self, reducer: GradReducer, grads: list, device_norms: bool):
         self.reducer, self.grads, self.device_norms = reducer, grads, device_norms
+
+    @property
+    def trace(self):
+        return self.reducer.trace
+
+    @trace.setter
+    def trace(self, tracer) -> None:
+        self.reducer.trace = tracer
 
     def before_backward(self, boundary: bool) -> None:
         self.reducer.before_backward(boundary)
@@ -394,7 +443,7 @@ class ShardedBuffers(ShardGrads, HostBuffers):
         self._pending_src = None
         # plan.grads_in_shards: the shards themselves receive the reduced gradients (store.GradsInShards)
         self.grads_in = GradsInShards(store) if grads_in_shards else None
-        super().__init__(store.local_layout, store.device, store.dtype, pin_memory, 0, flat_grads=True)
+        super().__init__(store.local_layout, store.device, store.dtype, pin_memory)
         if self.grads_in is not None:
             store.grads_in = self.grads_in
             self.reducer.landed = self.grads_in.land
@@ -402,7 +451,7 @@ class ShardedBuffers(ShardGrads, HostBuffers):
     def _shard_spans(self) -> list:
         return [(gi, 0, f.numel()) for gi, f in enumerate(self.sm.flat)]
 
-    def _gradient_source(self, bucket_elems: int):
+    def _gradient_source(self):
         self.reducer = GradReducer(self.sm, self.flat_grads, **self._reducer_args)
         return _ShardedSource(self.reducer, self.grads, device_norms=self.reducer.device_norms)
 

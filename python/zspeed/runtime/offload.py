@@ -1,34 +1,19 @@
 """Host memory of the offloaded optimizer paths and the copies between it and the model.
 
-:class:`HostBuffers` is the one component the cpu and nvme paths (cpu.py,
-nvme.py) share. It owns:
-  - flat host buffers, one tensor per parameter group with a view per parameter
-    (layout.py), allocated for the gradients here and for whatever else a path
-    keeps in host memory (masters, updated weights) through :meth:`alloc`;
-  - the gradients' way from the model to the host (:meth:`gather`);
-  - the updated weights' way back into the model (:meth:`write_back`).
+:class:`HostBuffers` is what the cpu and nvme paths (cpu.py, nvme.py) see of host memory,
+over a parameter store's local space (dp.ShardedBuffers for the whole of it,
+split_store.HostShare for a split's host share). It owns:
+  - flat host buffers, one tensor per parameter group with a view per entry (layout.py),
+    allocated for the gradients here and for whatever else a path keeps in host memory
+    (masters, updated weights) through :meth:`alloc`;
+  - the gradients' way from the model to the host (a gradient source the subclass makes:
+    the gradient reducer of dp.py, which lands each unit's gradients in these buffers during
+    backward, with their norms taken on the device);
+  - the updated weights' way back into the model (the subclass's :meth:`write_back`: the
+    store publishes them).
 
 On CUDA the buffers are page-locked (hostmem.py says how, and what happens when the
 driver refuses).
-
-Timeline of one optimizer step on CUDA:
-  backward of the boundary micro-batch: a post-accumulate-grad hook per parameter
-    queues its (device-accumulated) gradient into a bucket; a full bucket is copied
-    to the host gradient buffer on a side stream after an event on the compute
-    stream, so the copies overlap the rest of backward; the device gradient is
-    released as soon as its copy completes (record_stream). The fp32 norm of each
-    gradient is taken on the side stream too, while it is still on the device
-    (nearly free there), so the step needs no CPU pass over the gradients for the
-    global norm.
-  step: wait for the side stream; the path's optimizer runs over the host
-    gradients and writes the new weights into a host buffer; non-blocking H2D
-    copies put them into the model on the compute stream (the next forward is
-    ordered after them); an event guards the host buffers until then.
-Gradient accumulation accumulates on the device (hooks stay idle until the
-boundary). On a CPU-only machine nothing is copied that need not be: the
-gradients are read where autograd left them (or copied into the flat buffer when
-the path needs one contiguous buffer per group, ``flat_grads=True``), and a
-weight buffer that is the parameter's own storage is not copied back.
 """
 from __future__ import annotations
 
@@ -40,7 +25,6 @@ import torch
 
 from .hostmem import alloc_host, unpin
 from .layout import FlatLayout
-from .optimizers import norms_stats
 from .paths import OptimizerPath
 from .trace import OFF
 
@@ -49,15 +33,13 @@ log = logging.getLogger("zspeed.offload")
 __all__ = ["HostBuffers", "OffloadedPath"]
 
 class HostBuffers:
-    """Host buffers, gradient copies and weight copies of one engine's offloaded path.
-
-    ``flat_grads``: on the CPU, gather the gradients into one flat buffer per group
-    (always so on CUDA, where they arrive by copy anyway)."""
+    """Host buffers, gradients and weight copies of one engine's offloaded path (subclasses say
+    where the gradients come from, :meth:`_gradient_source`, and how new weights reach the
+    model, :meth:`write_back`)."""
 
     prefilled = False  # whether alloc() hands out buffers that hold a path's values already
 
-    def __init__(self, layout: FlatLayout, device: torch.device, model_dtype: torch.dtype,
-                 pin_memory: bool, bucket_elems: int, flat_grads: bool):
+    def __init__(self, layout: FlatLayout, device: torch.device, model_dtype: torch.dtype, pin_memory: bool):
         self.layout = layout
         self.device = device
         self.cuda = device.type == "cuda"
@@ -67,13 +49,9 @@ class HostBuffers:
         self._pinned_any = False
         weakref.finalize(self, unpin, self._pinned_ptrs)
         self._flats: list = []  # every flat buffer alloc() made
-        # Per group, per parameter views of one flat gradient buffer per group (or None:
-        # the CPU path reads the gradients where autograd left them).
-        self.flat_grads: list | None = None
-        self.grads: list | None = None
-        if self.cuda or flat_grads:
-            self.flat_grads, self.grads = self._grad_buffers()
-        self._source = self._gradient_source(bucket_elems)
+        # One flat gradient buffer per group, and per group its per-entry views.
+        self.flat_grads, self.grads = self._grad_buffers()
+        self._source = self._gradient_source()
         self._h2d_done = None
 
     def _grad_buffers(self) -> tuple[list, list]:
@@ -102,11 +80,11 @@ class HostBuffers:
     def chunk_stepped(self, keys: list) -> None:
         """The step has written the new weights of the parameters ``keys`` ((group, parameter))."""
 
-    def _gradient_source(self, bucket_elems: int):
-        """Where the gradients come from: copies made during backward (CUDA), or the
-        parameters' .grad read at the step (CPU)."""
-        return (_CudaGradCopies(self.layout, self.grads, self.device, bucket_elems) if self.cuda
-                else _CpuGrads(self.layout, self.grads))
+    def _gradient_source(self):
+        """Where the gradients come from: an object with before_backward(boundary),
+        after_backward(), gather() -> the gradient rows, grad_stats(grads, scale, host_stats),
+        reset() and a ``trace``."""
+        raise NotImplementedError
 
     @property
     def trace(self):
@@ -184,13 +162,9 @@ class HostBuffers:
             self._h2d_done = None
 
     def write_back(self, src: list, keys: list) -> None:
-        """Copies the updated weights ``src[gi][pi]`` of the parameters ``keys`` into the model
-        (asynchronous on CUDA); a buffer that is the parameter's own storage needs no copy."""
-        with torch.no_grad():
-            for gi, pi in keys:
-                p, s = self.layout.params[gi][pi], src[gi][pi]
-                if s.data_ptr() != p.data_ptr():
-                    p.data.copy_(s.view(p.shape), non_blocking=self.cuda)
+        """The updated weights ``src[gi][pi]`` of the entries ``keys`` are ready for the model
+        (the store publishes them, asynchronously on CUDA)."""
+        raise NotImplementedError
 
     def set_h2d_done(self, event) -> None:
         """The event after the last copy into the model (copies made on another stream)."""
@@ -275,136 +249,3 @@ class OffloadedPath(OptimizerPath):
         self._grads = None
         self._edited = False
         self.buffers.release()
-
-
-class _CpuGrads:
-    """The gradients where autograd left them, or copied into the flat buffers when the
-    path reads one contiguous buffer per group (``dests``)."""
-
-    def __init__(self, layout: FlatLayout, dests: list | None):
-        self.layout = layout
-        self.dests = dests
-        self._zeros: dict = {}
-
-    def before_backward(self, boundary: bool) -> None:
-        pass
-
-    def after_backward(self) -> None:
-        pass
-
-    def gather(self) -> list:
-        out = []
-        with torch.no_grad():
-            for gi, ps in enumerate(self.layout.params):
-                row = []
-                for pi, p in enumerate(ps):
-                    g = p.grad
-                    if self.dests is not None:
-                        h = self.dests[gi][pi]
-                        if g is None:
-                            h.zero_()
-                        else:
-                            h.copy_(g.reshape(-1))
-                    elif g is None:
-                        h = self._zero(gi, pi, p)
-                    else:
-                        h = g.detach().contiguous().view(-1)
-                    row.append(h)
-                out.append(row)
-        return out
-
-    def _zero(self, gi, pi, p):
-        z = self._zeros.get((gi, pi))
-        if z is None:
-            z = self._zeros[(gi, pi)] = torch.zeros(p.numel(), dtype=p.dtype)
-        return z
-
-    def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
-        return host_stats([g for row in grads for g in row], scale)
-
-    def reset(self) -> None:
-        pass
-
-
-class _CudaGradCopies:
-    """CUDA: copies each boundary gradient into its host view while backward runs."""
-
-    def __init__(self, layout: FlatLayout, dests: list, device: torch.device, bucket_elems: int):
-        self.layout = layout
-        self.dests = dests
-        self.device = device
-        self.bucket_elems = max(1, int(bucket_elems))
-        self.side = torch.cuda.Stream(device=device)
-        self._armed = False
-        self._copied: set = set()
-        self._pending: list = []
-        self._pending_elems = 0
-        self._norms: list = []  # fp32 norm of each copied gradient, on the device
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
-                       for ps in layout.params for p in ps]
-        self.trace = OFF
-
-    def before_backward(self, boundary: bool) -> None:
-        self._armed = boundary
-
-    def _on_grad(self, p: torch.Tensor) -> None:
-        if not self._armed or p.grad is None:
-            return
-        key = self.layout.index[id(p)]
-        self._pending.append((key, p.grad))
-        self._pending_elems += p.grad.numel()
-        self._copied.add(key)
-        p.grad = None  # the pending list keeps it alive until its copy is queued
-        if self._pending_elems >= self.bucket_elems:
-            self._issue(torch.cuda.current_stream(self.device))
-
-    def _issue(self, producer: torch.cuda.Stream) -> None:
-        if not self._pending:
-            return
-        ready = torch.cuda.Event()
-        ready.record(producer)
-        self.side.wait_event(ready)
-        with torch.cuda.stream(self.side), self.trace.cuda_span("gradients to host", self.side,
-                                                                 tensors=len(self._pending)):
-            for (gi, pi), g in self._pending:
-                self._norms.append(torch.linalg.vector_norm(g, 2, dtype=torch.float32))
-                self.dests[gi][pi].copy_(g.reshape(-1), non_blocking=True)
-                g.record_stream(self.side)  # free the device copy only after the D2H is done
-        self._pending.clear()
-        self._pending_elems = 0
-
-    def after_backward(self) -> None:
-        """Queues the last partial bucket."""
-        if self._pending:
-            self._issue(torch.cuda.current_stream(self.device))
-        self._armed = False
-
-    def gather(self) -> list:
-        cur = torch.cuda.current_stream(self.device)
-        for gi, pi in self.layout.keys:
-            if (gi, pi) in self._copied:
-                continue
-            p = self.layout.params[gi][pi]
-            if p.grad is not None:  # accumulated earlier, no gradient in the boundary micro-batch
-                self._pending.append(((gi, pi), p.grad))
-                p.grad = None
-            else:
-                self.dests[gi][pi].zero_()
-            self._copied.add((gi, pi))
-        self._issue(cur)
-        self.side.synchronize()
-        # _copied is cleared by reset(): a step that raised (an NVMe I/O error) and is called
-        # again gathers the same host gradients instead of zeros.
-        return self.dests
-
-    def grad_stats(self, grads: list, scale: float, host_stats) -> tuple[float, bool]:
-        """From the norms taken on the device: per-tensor fp32 norms summed in float64, as
-        torch_grad_stats does. Kept until reset(): a step that fails (an NVMe I/O error) and
-        is called again sees the same."""
-        return norms_stats(self._norms, scale)
-
-    def reset(self) -> None:
-        self._pending.clear()
-        self._pending_elems = 0
-        self._copied.clear()
-        self._norms = []

@@ -50,13 +50,6 @@ class Facts:
     client: str | None = _UNKNOWN   # "none", "native" (zspeed's own CPU optimizers) or "other"
 
     @property
-    def store_split(self):
-        """Whether each rank steps a store's local space (ZeRO-3, or several ranks): what the
-        GPU/NVMe split is built over; None while the rank count is unknown below stage 3."""
-        known = self.world_size is not None or self.stage == 3
-        return (self.stage == 3 or (self.world_size or 1) > 1) if known else _UNKNOWN
-
-    @property
     def auto_ratio(self) -> bool:
         return self.ratio == "auto"
 
@@ -97,7 +90,6 @@ def _has(f: Facts, name: str) -> str:
                        "an optimizer passed to initialize()", "none": "no optimizer passed"}.get(v, str(v)),
             "optimizer": f"optimizer {v!r}", "delayed": "delayed_update on", "overlap": "overlap_forward on",
             "split": "ratio < 1", "torch_adam": "torch_adam on", "amsgrad": "amsgrad on",
-            "store_split": f"stage {f.stage} on {f.world_size or 1} rank(s)",
             "auto_ratio": 'ratio "auto"', "host_tier": "max_in_cpu > 0"}.get(name, f"{name} {v!r}")
 
 
@@ -179,22 +171,16 @@ FEATURES: tuple = (
             shown=lambda f: f" = {f.ratio!r}"),
     Feature("GPU/NVMe optimizer split", "zero_optimization.offload_optimizer.ratio with device 'nvme'",
             lambda f: _split(f) and f.offload == "nvme",
-            (_req("store_split", {True}, "splits a rank's part of the model at ZeRO-3 or on several ranks",
-                  "the NVMe share is cut from a parameter store's local space", "Use stage 3, or device \"cpu\".",
-                  "3 (or 1-2 on several ranks)", "ZeRO stages"),
-             _req("auto_ratio", {False}, "takes a number here, not \"auto\"",
+            (_req("auto_ratio", {False}, "takes a number here, not \"auto\"",
                   "sizing the GPU's share after step 1 would read every NVMe state back into host memory",
-                  "Set the GPU's share yourself (zspeed plan suggests one).", "a number", "not with")),
+                  "Set the GPU's share yourself (zspeed plan suggests one).", "a number", "not with"),),
             shown=lambda f: f" = {f.ratio!r}"),
     Feature("optimizer state in host memory and on NVMe", "zero_optimization.offload_optimizer.max_in_cpu",
             lambda f: f.host_tier,
             (_req("offload", {"nvme"}, "needs offload_optimizer.device \"nvme\"",
                   "it keeps part of the NVMe share's masters and state in host memory",
                   "Remove the key (with device \"cpu\" everything is in host memory already).", "nvme",
-                  "optimizer offload"),
-             _req("store_split", {True}, "cuts a rank's part of the model at ZeRO-3 or on several ranks",
-                  "the host and NVMe shares are cut from a parameter store's local space",
-                  "Use stage 3, or remove max_in_cpu.", "3 (or 1-2 on several ranks)", "ZeRO stages")),
+                  "optimizer offload"),),
             shown=lambda f: ""),
 )
 
@@ -275,7 +261,7 @@ class RunPlan:
         check(Facts.from_config(config, world_size=world_size, client=client, client_optimizer=client_optimizer))
         stage, several = config.zero_stage, world_size > 1
         pdev, off = config.offload_param["device"], config.offload
-        store = _STORE[stage, several]
+        store = _STORE[stage, several or config.offload_device != "none"]
         param_medium = _MEDIUM[pdev]
         name = config.top["communication_data_type"]
         if (name or "fp32").lower() not in _COMM_DTYPES:
@@ -286,7 +272,7 @@ class RunPlan:
                    comm=_COMM[several, backend == "nccl", device.type],
                    optimizer=_OPTIMIZER[config.offload_device, off["ratio"] != 1.0 or float(off["max_in_cpu"]) > 0],
                    timing=_TIMING[bool(off["delayed_update"]), bool(off["overlap_forward"])], ratio=off["ratio"],
-                   unit_elems=_UNIT.get(store, bucket), bucket_elems=bucket,
+                   unit_elems=_UNIT.get(store, bucket) if several else 1, bucket_elems=bucket,
                    chunk_elems=min(int(config.zero["sub_group_size"]), CHUNK_CAP),
                    reduce_overlap=overlap_comm(config.zero),
                    comm_dtype=_COMM_DTYPES.get((name or "").lower(), dtype), cpu_tier=_CPU_TIER[config.offload_device],
@@ -312,6 +298,8 @@ def _grads_in_shards(config, store: str, medium: str, dtype: torch.dtype, off: d
 
 
 # The plan's decisions, one table each (read by RunPlan.build alone).
+# (stage, several ranks or an offloaded optimizer) -> the store: an offloaded optimizer steps a
+# store's local space on one rank too (shard degree 1), so one path serves any rank count.
 _STORE = {(0, False): "replicated", (1, False): "replicated", (2, False): "replicated", (3, False): "partitioned",
           (0, True): "replicated", (1, True): "sharded", (2, True): "sharded", (3, True): "partitioned"}
 _SHARD_DEGREE = {"replicated": lambda ws: 1, "sharded": lambda ws: ws, "partitioned": lambda ws: ws}
@@ -331,6 +319,6 @@ def overlap_comm(zero: dict) -> bool:
     return int(zero["stage"]) == 3 if v is None else bool(v)
 
 
-_UNIT = {"partitioned": 1}   # ZeRO-3: one parameter per unit; otherwise units of a bucket
+_UNIT = {"partitioned": 1}   # ZeRO-3 and one rank: one parameter per unit; otherwise units of a bucket
 # ignore_unused_parameters false is checked where DeepSpeed checks it: its stage 1-2 CPU offload.
 _CHECKS_UNUSED = {(1, "cpu"): True, (2, "cpu"): True}

@@ -8,10 +8,10 @@ plan's ``timing``:
 :class:`OverlapRunner` ("overlap", offload_optimizer.overlap_forward; exact)
     engine.step() starts the step in a background thread and returns. The thread steps the
     chunks in the model's parameter order and queues each chunk's weights to the model as
-    soon as the chunk is done (on CUDA on a copy stream, with an event per chunk); with
-    several ranks each unit of the partition is published (all-gathered, on a process group
-    of the step's own) once this rank's shard of it is stepped. The next forward waits,
-    module by module, only for the chunk (or unit) holding that module's last parameter
+    soon as the chunk is done (on CUDA on a copy stream, with an event per unit): each unit
+    of the store's partition is published (all-gathered, on a process group of the step's
+    own; on one rank copied) once this rank's shard of it is stepped. The next forward waits,
+    module by module, only for the unit holding that module's last parameter
     (forward pre-hooks), so the first layers compute while the CPU still steps the last.
     The gradients, the decision to step (overflow) and the clipping factor are all known
     before the thread starts: every update equals the synchronous step's. The next backward,
@@ -290,17 +290,12 @@ class OverlapRunner(_BackgroundRunner):
         self._plan_waits()
 
     def _plan_waits(self) -> None:
-        """What the next forward can wait for, in the order the background step makes it ready.
-        Over the model's own parameters: each chunk (its weights copied into the model). Over a
-        store's local space: each unit of the partition plan, published (on a process group of
-        the step's own) once the chunks holding this rank's shard of it are stepped; units come
-        in local order, so each needs a chunk no earlier than the one before."""
+        """What the next forward can wait for, in the order the background step makes it ready:
+        each unit of the store's partition plan, published (on a process group of the step's
+        own) once the chunks holding this rank's shard of it are stepped; units come in local
+        order, so each needs a chunk no earlier than the one before."""
         path = self.path
         sm = path.sharded
-        self._group = None
-        if sm is None:
-            self.waits = [(i, None) for i in range(len(path.chunks))]
-            return
         self._group = sm.comm.new_group()
         units = path.buffers.entry_units()  # per group of the path's layout, per entry: (store group, unit)
         last: dict = {}
@@ -314,11 +309,7 @@ class OverlapRunner(_BackgroundRunner):
     def wait_index(self, p: torch.Tensor) -> int | None:
         """The wait after which the model parameter p holds this step's weights; None for a
         parameter this path does not step."""
-        path = self.path
-        sm = path.sharded
-        if sm is None:
-            key = path.layout.index.get(id(p))
-            return None if key is None else path.chunk_of[key]
+        sm = self.path.sharded
         key = sm.layout.index.get(id(p))
         if key is None:
             return None
@@ -348,9 +339,7 @@ class OverlapRunner(_BackgroundRunner):
     def start(self, factor: float) -> None:
         self.flush()
         path = self.path
-        sm = path.sharded
-        if sm is not None:  # ZeRO-3: the gathered copies are stale from here on (the fetcher waits per unit)
-            sm.mark_stale()
+        path.sharded.mark_stale()  # ZeRO-3: the gathered copies are stale from here on (the fetcher waits per unit)
         # release() drops the path's gradients next: the step keeps its own selection of them.
         pend = self.pending = Pending(self._twin(), [path.chunk_grads(c) for c in path.chunks], factor)
         inf = pend.inflight = InFlight(len(self.waits))
@@ -376,9 +365,8 @@ class OverlapRunner(_BackgroundRunner):
         with path.trace.span("copy back (queue)", chunk=i), on_stream, copy_span:
             path.buffers.write_back(path.weights_out, path.chunks[i])
             while pend.k < len(self.waits) and self.waits[pend.k][0] <= i:
-                unit = self.waits[pend.k][1]
-                if unit is not None:  # every rank's new shard of this unit into every rank's model
-                    path.buffers.gather_unit(*unit, path.weights_out, self._group)
+                # every rank's new shard of this unit into every rank's model
+                path.buffers.gather_unit(*self.waits[pend.k][1], path.weights_out, self._group)
                 ev = None
                 if side is not None:
                     ev = torch.cuda.Event()

@@ -1,9 +1,7 @@
 """The optimizer split between the GPU and the CPU (``offload_optimizer.ratio`` < 1).
 
-Two paths share :class:`TwoHalves`: :class:`SplitPath` here, over whole parameters (one rank at
-ZeRO stages 1-2), and split_store.StoreSplitPath over a parameter store's local space (ZeRO-3
-on any number of ranks, stages 1-2 on several), which that module describes. What follows
-holds for both.
+:class:`TwoHalves` here is what the split does whatever holds its halves; split_store.StoreSplitPath,
+over a parameter store's local space (every stage, any number of ranks), says how they are built.
 
 ``ratio`` is the fraction of the parameters (by elements) whose optimizer step runs on the
 CPU (as near as whole parameters allow), as with ``offload_optimizer.device "cpu"``; the others keep their fp32 masters and
@@ -48,13 +46,12 @@ from .._optimizers import ALGORITHMS
 from .cpu import HostPath
 from .layout import FlatLayout
 from .memory import Need, Sizes
-from .offload import HostBuffers
 from .optimizers import convert_adam_state
-from .paths import OptimizerPath, device_path, indexed_groups
+from .paths import OptimizerPath, indexed_groups
 
 log = logging.getLogger("zspeed.split")
 
-__all__ = ["TwoHalves", "SplitPath", "SplitOptimizer", "AutoSplit", "choose_ratio", "device_memory"]
+__all__ = ["TwoHalves", "SplitOptimizer", "AutoSplit", "choose_ratio", "device_memory"]
 
 # Per element on the GPU for its share: fp32 master, exp_avg, exp_avg_sq, fp32 gradient copy.
 GPU_BYTES_PER_ELEM = 16
@@ -134,7 +131,7 @@ class AutoSplit:
         except (RuntimeError, ValueError, AssertionError):
             pass  # a device without allocator statistics: nothing to reset
 
-    def choose(self, path: "SplitPath", elems: int) -> float:
+    def choose(self, path: "TwoHalves", elems: int) -> float:
         got = device_memory(self.device)
         if got is None:
             return 1.0
@@ -163,11 +160,11 @@ class SplitOptimizer(torch.optim.Optimizer):
 
     checkpoint_class = ALGORITHMS["Adam"].cpu_class  # both halves run Adam/AdamW
 
-    def __init__(self, groups: list, defaults: dict, path: "SplitPath"):
+    def __init__(self, groups: list, defaults: dict, path: "TwoHalves"):
         super().__init__(groups, defaults)
         self._path_ref = weakref.ref(path)
 
-    def step(self, closure=None):  # noqa: D401 - the engine steps through SplitPath.apply
+    def step(self, closure=None):  # noqa: D401 - the engine steps through TwoHalves.apply
         raise RuntimeError("with offload_optimizer.ratio < 1 the optimizer step runs inside engine.step(); "
                            "do not call optimizer.step() yourself.")
 
@@ -202,8 +199,8 @@ _HALF_SPANS = {"dev": "gpu step (split)", "disk": "nvme share (split)"}  # each 
 
 
 class TwoHalves(OptimizerPath):
-    """What the split paths share (this module's SplitPath over whole parameters, and
-    split_store.StoreSplitPath over a store's local space): a GPU half ``dev``, a CPU half
+    """The split whatever holds its halves (split_store.StoreSplitPath builds them over a store's
+    local space): a GPU half ``dev``, a CPU half
     ``cpu`` and, for the store split's three tiers, an NVMe half ``disk`` after it (any may be
     None), rebuilt by :meth:`_build` for a CPU share, the hyperparameters
     handed to both before each step, the GPU's step queued before the CPU's runs, and the
@@ -413,155 +410,6 @@ class TwoHalves(OptimizerPath):
 
     def close(self) -> None:
         self._each("close")
-
-
-class SplitPath(TwoHalves):
-    """The first (1 - ratio) of the parameters on a DevicePath, the rest on a HostPath."""
-
-    def __init__(self, layout: FlatLayout, device: torch.device, dtype: torch.dtype, name: str, params: dict,
-                 ratio: float, *, pin_memory: bool, bucket: int, force_native: bool, chunk_elems: int,
-                 num_threads: int | None, timing: str = "sync", auto: "AutoSplit | None" = None):
-        super().__init__(layout, dict(device=device, dtype=dtype, name=name, params=params, pin_memory=pin_memory,
-                                      bucket=bucket, force_native=force_native, chunk_elems=chunk_elems,
-                                      num_threads=num_threads, timing=timing), auto)
-        self._build(ratio)
-        self.optimizer = self._optimizer(layout.groups)
-
-    def _build(self, ratio: float) -> None:
-        """The two halves for a CPU share of ``ratio`` (of the elements, in whole parameters)."""
-        a = self._args
-        layout = self.layout
-        total = sum(layout.totals)
-        gpu_left = (1.0 - float(ratio)) * total
-        self.where: list[list] = []  # per group, per parameter: ("dev" | "cpu", sub-group, index)
-        self._gmap = []
-        dev_groups, cpu_groups = [], []
-        for gi, (g, ps) in enumerate(zip(layout.groups, layout.params)):
-            dps, cps, row = [], [], []
-            for p in ps:
-                if gpu_left >= p.numel() / 2:  # whole parameters, the share as near as they allow
-                    gpu_left -= p.numel()
-                    row.append(("dev", len(dev_groups), len(dps)))
-                    dps.append(p)
-                else:
-                    gpu_left = 0  # the GPU's share is a prefix of the model's order
-                    row.append(("cpu", len(cpu_groups), len(cps)))
-                    cps.append(p)
-            self.where.append(row)
-            self._gmap.append((len(dev_groups) if dps else None, len(cpu_groups) if cps else None))
-            if dps:
-                dev_groups.append({**g, "params": dps})
-            if cps:
-                cpu_groups.append({**g, "params": cps})
-        self.gpu_elems = sum(p.numel() for g in dev_groups for p in g["params"])
-        self.cpu_share = 1.0 - self.gpu_elems / total if total else 1.0  # of the elements, as chosen
-        self.dev = device_path(FlatLayout(dev_groups), a["device"], a["dtype"], a["name"], a["params"], None) \
-            if dev_groups else None
-        self.cpu = None
-        self.buffers = None
-        if cpu_groups:
-            cl = FlatLayout(cpu_groups)
-            self.buffers = HostBuffers(cl, a["device"], a["dtype"], a["pin_memory"], a["bucket"], flat_grads=False)
-            self.cpu = HostPath(cl, self.buffers, a["name"], a["params"], client=None,
-                                force_native=a["force_native"], chunk_elems=a["chunk_elems"],
-                                num_threads=a["num_threads"], timing=a["timing"])
-        self._finish_build()
-
-    def _sides(self) -> list:
-        return [(s, sg) for row in self.where for s, sg, _ in row]
-
-    def before_backward(self, boundary: bool) -> None:
-        self._each("before_backward", boundary)
-
-    def after_backward(self) -> None:
-        self._each("after_backward")
-
-    def gather(self) -> None:
-        self._each("gather")
-
-    def grad_stats(self, scale: float) -> tuple[float, bool]:
-        total, bad = 0.0, False
-        for h in self._halves:
-            s, b = h.grad_stats(scale)
-            total, bad = total + s, bad or b
-        return total, bad
-
-    def release(self) -> None:
-        self._done = set()
-        self._each("release")
-
-    def zero_grad(self) -> None:
-        self._each("zero_grad")
-
-    def masters(self) -> list:
-        got = {"dev": self.dev.masters() if self.dev else None, "cpu": self.cpu.masters() if self.cpu else None}
-        return [[got[s][sg][i] for s, sg, i in row] for row in self.where]
-
-    def grad_rows(self, create: tuple | None = None) -> list:
-        made = self.where[create[0]][create[1]] if create is not None else None
-        got = {s: self._half(s).grad_rows(create=made[1:] if made and made[0] == s else None)
-               for s in ("dev", "cpu") if self._half(s)}
-        return [[got[s][sg][i] for s, sg, i in row] for row in self.where]
-
-    def grads_edited(self) -> None:
-        self._each("grads_edited")
-
-    def load_masters(self, masters: list) -> None:
-        parts = {"dev": [[None] * len(g) for g in self.dev.layout.params] if self.dev else None,
-                 "cpu": [[None] * len(g) for g in self.cpu.layout.params] if self.cpu else None}
-        for row, ms in zip(self.where, masters):
-            for (s, sg, i), m in zip(row, ms):
-                parts[s][sg][i] = m
-        for s in ("dev", "cpu"):
-            if parts[s] is not None:
-                self._half(s).load_masters(parts[s])
-
-    def export_states(self) -> dict:
-        """param index -> state in CPUAdam's format (int step, fp32 moments shaped like the parameter)."""
-        subs = {s: self._half(s).optimizer.state_dict()["state"] for s in ("dev", "cpu") if self._half(s)}
-        starts = {s: self._sub_index(s) for s in subs}
-        out, idx = {}, 0
-        for gi, row in enumerate(self.where):
-            for pi, (s, sg, i) in enumerate(row):
-                st = subs[s].get(starts[s][sg] + i)
-                if st is not None:
-                    shape = self.layout.params[gi][pi].shape
-                    numel = self.layout.params[gi][pi].numel()
-                    conv = {}
-                    for k, v in st.items():
-                        if k == "step":
-                            conv[k] = int(v.item()) if torch.is_tensor(v) else int(v)
-                        elif torch.is_tensor(v) and s == "dev":  # torch's AdamW: fp32 on the GPU
-                            conv[k] = v.detach().to("cpu", torch.float32).reshape(shape)
-                        elif torch.is_tensor(v):  # CPUAdam's own (fp32, bf16 or 8-bit with block scales)
-                            t = v.detach().cpu()
-                            conv[k] = t.reshape(shape) if t.numel() == numel else t
-                        else:
-                            conv[k] = v
-                    out[idx] = conv
-                idx += 1
-        return out
-
-    def import_states(self, state: dict) -> None:
-        subs = {s: {} for s in ("dev", "cpu") if self._half(s)}
-        starts = {s: self._sub_index(s) for s in subs}
-        idx = 0
-        for row in self.where:
-            for s, sg, i in row:
-                st = state.get(idx)
-                if st is not None:
-                    if s == "dev":
-                        m = self.dev.masters()[sg][i]
-                        st = {k: (torch.tensor(float(v), dtype=torch.float32) if k == "step" else
-                                  v.reshape(m.shape).to(m.device, torch.float32) if torch.is_tensor(v) else v)
-                              for k, v in st.items()}
-                    subs[s][starts[s][sg] + i] = st
-                idx += 1
-        for s, sub in subs.items():
-            opt = self._half(s).optimizer
-            sd = opt.state_dict()
-            sd["state"] = sub
-            opt.load_state_dict(sd)
 
 
 class _Unhook:

@@ -1,5 +1,6 @@
 """The GPU/CPU optimizer split over a parameter store's local space (``offload_optimizer.ratio``
-< 1 or ``"auto"`` at ZeRO-3 on any number of ranks, and at stages 1-2 on several).
+< 1 or ``"auto"``, at every ZeRO stage on any number of ranks: with an offloaded optimizer,
+stages 1-2 on one rank step a store of shard degree 1).
 
 A store (store.py) cuts every parameter group into units and gives this rank one shard of
 each: its local space, which the optimizer steps. The split gives the GPU the first units of
@@ -262,7 +263,7 @@ class HostShare(ShardGrads, HostBuffers):
         # of the same call, so nothing is copied and no host memory is added.
         self._donor, self._calls = donor, 0
         self.prefilled = donor is not None
-        super().__init__(layout, sm.device, sm.dtype, pin_memory, 0, flat_grads=True)
+        super().__init__(layout, sm.device, sm.dtype, pin_memory)
         if donor is not None:  # the page-locked registrations move with the buffers
             ptrs, self._pinned_any = donor.hand_over_pins()
             self._pinned_ptrs.extend(ptrs)
@@ -299,7 +300,7 @@ class HostShare(ShardGrads, HostBuffers):
         at = base - self._base[j]
         return src[at:at + size]
 
-    def _gradient_source(self, bucket_elems: int):
+    def _gradient_source(self):
         return _Given(self.grads)
 
     def unit_dest(self, i: int, gi: int, ui: int) -> torch.Tensor:
@@ -408,6 +409,10 @@ class StoreSplitPath(TwoHalves):
     @property
     def pinned(self) -> bool:
         return any(h.pinned for h in (self.cpu, self.disk) if h is not None)
+
+    def set_trace(self, tracer) -> None:
+        super().set_trace(tracer)
+        self.reducer.trace = tracer
 
     def _build(self, ratio: float) -> None:
         self._build_halves(tier_units(self.sm, ratio, self._args["host_elems"]))

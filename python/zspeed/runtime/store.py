@@ -11,7 +11,7 @@ parameters: pieces like parameters (padding stays zero: zero gradient, weight an
 
 Two kinds, by composition of the same base:
 
-:class:`ShardedStore` (ZeRO stages 1 and 2 on several ranks)
+:class:`ShardedStore` (ZeRO stages 1 and 2 on several ranks, or on one with an offloaded optimizer)
     every rank holds the whole model on its device, each unit flattened into one buffer
     (the parameters are views of it, so an all-gather into the buffer updates the model in
     place); this rank's shard of a unit is a view of that buffer. :meth:`publish` all-gathers
@@ -242,7 +242,8 @@ class ParamStore:
 
 
 class ShardedStore(ParamStore):
-    """ZeRO stages 1-2 on several ranks: the whole model on the device, flattened per unit."""
+    """ZeRO stages 1-2 on several ranks (or on one, with an offloaded optimizer: one unit per
+    parameter, unpadded): the whole model on the device, flattened per unit."""
 
     whole_params = True
 
