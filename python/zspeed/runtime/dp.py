@@ -140,7 +140,12 @@ class GradReducer:
         gi, pi = self.layout.index[id(p)]
         self._take(gi, pi, p.grad)
         p.grad = None
-        self._issue_ready()
+        if self.solo:  # no collective to order: a unit goes as soon as it is complete
+            key = (gi, self.sm.plan.groups[gi].unit_of[pi])
+            if self._missing[key] == 0:
+                self._issue(*key)
+        else:
+            self._issue_ready()
 
     def _issue_ready(self) -> None:
         while self._next < len(self._order) and self._missing[self._order[self._next]] == 0:
@@ -151,7 +156,9 @@ class GradReducer:
         # The unit's buffer is forgotten only once its collective is issued: if that raises (a
         # peer is gone), a later _flush finds the unit still pending instead of a missing buffer.
         if self.solo:
-            self._pass_on(gi, ui, self._held.pop((gi, ui), ()))
+            grads = self._held.pop((gi, ui), None)
+            if grads:  # (none: the unit went during backward)
+                self._pass_on(gi, ui, grads)
             return
         buf = self._unit_bufs[(gi, ui)]
         self._issue_unit(gi, ui, buf)
