@@ -45,7 +45,8 @@ class Collectives:
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group=None) -> None:
         """``out`` (every rank's ``inp``, one after another) on any device."""
         if self.solo:  # asynchronous only into the GPU (a copy to the host is read at once)
-            out.copy_(inp.reshape(-1)[:out.numel()].view_as(out), non_blocking=out.is_cuda)
+            if inp.data_ptr() != out.data_ptr() or inp.device != out.device:  # (a shard published in place: nothing)
+                out.copy_(inp.reshape(-1)[:out.numel()].view_as(out), non_blocking=out.is_cuda)
             return
         o = out if out.device == self.device else torch.empty(out.shape, dtype=out.dtype, device=self.device)
         i = self._local(inp)
