@@ -305,6 +305,51 @@ def test_unused_parameter_and_named_parameters():
         assert (model.unused.weight - w0).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_synchronous_offloaded_step_publishes_each_unit_as_its_chunk_is_stepped(precision):
+    """The new weights of a unit reach the model as soon as the chunk holding its last piece is
+    stepped, not after the whole step (on CUDA their copy then runs while the CPU steps the next
+    chunks; on the CPU the optimizer writes the parameters' own storage): when chunk k starts,
+    the parameters of chunks 0..k-1 hold their new weights and those of chunks k.. the old ones."""
+    top = {"bf16": {"enabled": True}} if precision == "bf16" else {}
+    e, *_ = zspeed.initialize(model=mlp(), config=cfg(zero_optimization={
+        "stage": 2, "sub_group_size": 100, "offload_optimizer": {"device": "cpu"}}, **top))
+    path = e.optimizer_path
+    chunks = path.chunks
+    assert len(chunks) == 4
+    model_p = {(gi, pi): p for gi, ps in enumerate(path.layout.params) for pi, p in enumerate(ps)}
+    before = {k: p.detach().clone() for k, p in model_p.items()}
+    seen, events = [], []
+    step, publish = path.host.step, path.buffers._publish
+
+    def spy(*args, **kw):
+        seen.append({k: p.detach().clone() for k, p in model_p.items()})  # (stream-ordered reads on CUDA)
+        events.append("step")
+        return step(*args, **kw)
+
+    def spy_publish(i, gi, ui, *rest):
+        events.append((gi, ui))
+        return publish(i, gi, ui, *rest)
+    path.host.step, path.buffers._publish = spy, spy_publish
+    x, y = batches(1)[0]
+    p0 = next(e.module.parameters())
+    e.backward(F.mse_loss(e(x.to(p0.device, p0.dtype)).float(), y.to(p0.device)))
+    e.step()
+    assert len(seen) == len(chunks)
+    for k, snap in enumerate(seen):
+        for c, keys in enumerate(chunks):
+            for key in keys:
+                changed = not torch.equal(snap[key], before[key])
+                assert changed == (c < k), (k, c, key)
+    assert all(not torch.equal(p.detach(), before[k]) for k, p in model_p.items())
+    # (on the CPU the optimizer wrote the parameters themselves: the order of the publishes shows it)
+    units = path.buffers.entry_units()
+    want = []
+    for keys in chunks:
+        want += ["step"] + [units[gi][ei] for gi, ei in keys]  # one parameter per unit on one rank
+    assert events == want
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_chunked_offload_step_is_identical(native):
     # sub_group_size splits the CPU step into chunks (each followed by its copy back); per-parameter

@@ -416,6 +416,7 @@ class ShardGrads:
         self._stepping = True
 
     def abandoned(self) -> None:
+        self._published.clear()
         if self.grads_in is not None:
             self.grads_in.restore()
 
@@ -428,6 +429,65 @@ class ShardGrads:
     def chunk_stepped(self, keys: list) -> None:
         if self.grads_in is not None:
             self.grads_in.stepped(u for i, ei in keys if (u := self._ends[i][ei]) is not None)
+
+    # -- new weights, unit by unit as the step goes ---------------------------------------------------
+    _pending_src = None
+    _bases_of = None  # (weight views, their flat buffers) of the last publish
+
+    def _publish(self, i: int, gi: int, ui: int, bases: list | None, group=None) -> None:
+        """Unit ui of store group gi (group i of this layout) published from ``bases`` (per group of
+        this layout, the path's flat weight buffer; None: the shards hold the new weights)."""
+        raise NotImplementedError
+
+    def _bases(self, src: list | None) -> list | None:
+        """Per group, the flat buffer the path's weight views ``src`` are views of (None where the
+        path writes the shards' own storage), found once per set of views."""
+        if src is None:
+            return None
+        if self._bases_of is None or self._bases_of[0] is not src:
+            self._bases_of = (src, flat_base(src, self._flats))
+        return self._bases_of[1]
+
+    @functools.cached_property
+    def _published(self) -> set:
+        """The (store group, unit)s published since the step's weights began to come out."""
+        return set()
+
+    def write_back(self, src: list, keys: list) -> None:
+        """The new weights of the entries ``keys`` are in ``src``: every unit whose last entry is
+        among them is published now, so that its copy (or collective) runs while the step goes on
+        with its next chunks; :meth:`end_write_back` publishes the rest. (overlap_forward publishes
+        through :meth:`gather_unit` from its own thread instead.)"""
+        self._pending_src = src
+        bases = self._bases(src)
+        for i, ei in keys:
+            u = self._ends[i][ei]
+            if u is not None and u not in self._published:
+                self._publish(i, *u, bases)
+                self._published.add(u)
+
+    def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
+        """Once every piece of unit ui (group gi) is stepped: its new shard published, with the
+        collective on ``group`` (offload_optimizer.overlap_forward runs it from the step's own
+        thread, on a process group of its own, so it never interleaves with the training
+        thread's collectives)."""
+        self._publish(self._ends_group(gi), gi, ui, self._bases(src), group)
+
+    def _ends_group(self, gi: int) -> int:
+        """The group of this layout that store group gi is."""
+        return gi
+
+    def end_write_back(self) -> None:
+        """Every unit not published yet is published (with several ranks, every rank's new shards
+        into every rank's parameters)."""
+        bases = self._bases(self._pending_src)
+        self._pending_src = None
+        for i, row in enumerate(self._ends):
+            for u in row:
+                if u is not None and u not in self._published:
+                    self._publish(i, *u, bases)
+        self._published.clear()
+        super().end_write_back()
 
     def _release_shard_grads(self) -> None:
         """Gradients no step read (an overflow skip) give way to the weights; a step under way (in
@@ -447,7 +507,6 @@ class ShardedBuffers(ShardGrads, HostBuffers):
                  comm_dtype: torch.dtype, grads_in_shards: bool = False):
         self.sm = store
         self._reducer_args = dict(stage=stage, overlap=overlap, comm=comm, comm_dtype=comm_dtype)
-        self._pending_src = None
         # plan.grads_in_shards: the shards themselves receive the reduced gradients (store.GradsInShards)
         self.grads_in = GradsInShards(store) if grads_in_shards else None
         super().__init__(store.local_layout, store.device, store.dtype, pin_memory)
@@ -480,28 +539,17 @@ class ShardedBuffers(ShardGrads, HostBuffers):
         self.sm.drop_grads()
         self._source.reset()
 
-    # -- weights ----------------------------------------------------------------------------------
-    def write_back(self, src: list, keys: list) -> None:
-        """The new weights of the pieces ``keys`` are in ``src``: the store publishes them (at
-        :meth:`end_write_back`, or unit by unit with :meth:`gather_unit`)."""
-        self._pending_src = src
-
+    # -- weights (published unit by unit: ShardGrads) ---------------------------------------------
     def entry_units(self) -> list:
         """Per group of this layout, per entry: the (store group, unit) it lies in."""
         return [[(gi, ui) for ui in row] for gi, row in enumerate(self.sm.entry_units())]
 
-    def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
-        """Once every piece of unit ui (group gi) is stepped: its new shard published, with the
-        collective on ``group`` (offload_optimizer.overlap_forward runs it from the step's own
-        thread, on a process group of its own, so it never interleaves with the training
-        thread's collectives)."""
-        self.sm.publish_unit(gi, ui, flat_base(src, self._flats), group)
+    def _publish(self, i: int, gi: int, ui: int, bases: list | None, group=None) -> None:
+        self.sm.publish_unit(gi, ui, bases, group)
 
     def end_write_back(self) -> None:
-        """Every rank's new shards into every rank's parameters (the store's publish)."""
-        src, self._pending_src = self._pending_src, None
-        self.sm.publish(None if src is None else flat_base(src, self._flats))
         super().end_write_back()
+        self.sm.mark_stale()  # ZeRO-3: materialized (persistent) parameters are gathered again
 
     # refresh (HostBuffers'): after a checkpoint load replaced this rank's masters, its shards,
     # its weight buffers and then, by the store's publish, every parameter follow them.

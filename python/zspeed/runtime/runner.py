@@ -3,8 +3,9 @@ masters, the chunks and the optimizer; a runner times their step). Chosen once f
 plan's ``timing``:
 
 :class:`SyncRunner` ("sync")
-    engine.step() runs the step: chunk by chunk, each chunk's weights queued to the model
-    as soon as it is stepped (on CUDA the copy of one chunk overlaps the CPU work of the next).
+    engine.step() runs the step: chunk by chunk, each unit of the store published as soon as
+    the chunk holding its last piece is stepped (on CUDA its copy, with several ranks its
+    all-gather, overlaps the CPU work of the next chunks).
 :class:`OverlapRunner` ("overlap", offload_optimizer.overlap_forward; exact)
     engine.step() starts the step in a background thread and returns. The thread steps the
     chunks in the model's parameter order and queues each chunk's weights to the model as
@@ -363,7 +364,6 @@ class OverlapRunner(_BackgroundRunner):
         copy_span = path.trace.cuda_span("weights to GPU", side, chunk=i) if side is not None \
             else contextlib.nullcontext()
         with path.trace.span("copy back (queue)", chunk=i), on_stream, copy_span:
-            path.buffers.write_back(path.weights_out, path.chunks[i])
             while pend.k < len(self.waits) and self.waits[pend.k][0] <= i:
                 # every rank's new shard of this unit into every rank's model
                 path.buffers.gather_unit(*self.waits[pend.k][1], path.weights_out, self._group)

@@ -49,7 +49,7 @@ from .offload import HostBuffers
 from .optimizers import build_device_optimizer, convert_adam_state, converted_like, norms_stats, torch_grad_stats
 from .paths import OptimizerPath, copy_masters, indexed_groups
 from .split import AutoSplit, TwoHalves
-from .store import GradsInShards, ParamStore, flat_base
+from .store import GradsInShards, ParamStore
 from .streams import streams_for
 
 log = logging.getLogger("zspeed.split")
@@ -256,8 +256,6 @@ class HostShare(ShardGrads, HostBuffers):
         self.grads_in = grads_in
         self._base = [_end(sm.plan.groups[gi], lo) for gi, (lo, _) in zip(gis, spans)]
         self._size = [_end(sm.plan.groups[gi], hi) - b for gi, (_, hi), b in zip(gis, spans, self._base)]
-        self._pending_src = None
-        self._bases_of = None  # (weight views, their flat buffers) of the last publish
         # A shrunk CPU half (StoreSplitPath.resize to a smaller CPU share) takes over the buffers
         # of the half it replaces: each of its alloc() calls gets the tail of that half's buffers
         # of the same call, so nothing is copied and no host memory is added.
@@ -314,15 +312,6 @@ class HostShare(ShardGrads, HostBuffers):
     def release(self) -> None:
         self._release_shard_grads()  # (the store split drops the model's gradients and resets the reducer)
 
-    def _bases(self, src: list | None) -> list | None:
-        """Per group, the flat buffer the path's weight views ``src`` are views of (None where the
-        path writes the shards' own storage), found once per set of views."""
-        if src is None:
-            return None
-        if self._bases_of is None or self._bases_of[0] is not src:
-            self._bases_of = (src, flat_base(src, self._flats))
-        return self._bases_of[1]
-
     def _new(self, bases: list | None, i: int, gi: int, ui: int) -> torch.Tensor:
         """Unit ui's new shard: in ``bases`` (the path's weight buffers), or in the shard itself
         when the path writes the shards' own storage."""
@@ -331,19 +320,12 @@ class HostShare(ShardGrads, HostBuffers):
         start, n = self.sm.local_range(gi, ui)
         return bases[i][start - self._base[i]:start - self._base[i] + n]
 
-    def write_back(self, src: list, keys: list) -> None:
-        self._pending_src = src
+    # write_back / gather_unit / end_write_back: ShardGrads', unit by unit through these
+    def _publish(self, i: int, gi: int, ui: int, bases: list | None, group=None) -> None:
+        self.sm.publish_shard(gi, ui, self._new(bases, i, gi, ui), group)
 
-    def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
-        self.sm.publish_shard(gi, ui, self._new(self._bases(src), self.gis.index(gi), gi, ui), group)
-
-    def end_write_back(self) -> None:
-        src, self._pending_src = self._pending_src, None
-        bases = self._bases(src)
-        for i, (gi, (lo, hi)) in enumerate(zip(self.gis, self.spans)):
-            for ui in range(lo, hi):
-                self.sm.publish_shard(gi, ui, self._new(bases, i, gi, ui))
-        super().end_write_back()
+    def _ends_group(self, gi: int) -> int:
+        return self.gis.index(gi)
 
     # After a load replaced the masters: the shards, the weight buffers and the model follow
     # (the same steps as a whole local space's).
