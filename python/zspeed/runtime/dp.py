@@ -426,9 +426,14 @@ class ShardGrads:
         return [[u if i + 1 == len(row) or row[i + 1] != u else None for i, u in enumerate(row)]
                 for row in self.entry_units()]
 
+    def completed_units(self, keys: list) -> list:
+        """(group of this layout, (store group, unit)) of each unit whose last entry is among the
+        entries ``keys``, in their order: what stepping them completes."""
+        return [(i, u) for i, ei in keys if (u := self._ends[i][ei]) is not None]
+
     def chunk_stepped(self, keys: list) -> None:
         if self.grads_in is not None:
-            self.grads_in.stepped(u for i, ei in keys if (u := self._ends[i][ei]) is not None)
+            self.grads_in.stepped(u for _i, u in self.completed_units(keys))
 
     # -- new weights, unit by unit as the step goes ---------------------------------------------------
     _pending_src = None
@@ -457,25 +462,20 @@ class ShardGrads:
         """The new weights of the entries ``keys`` are in ``src``: every unit whose last entry is
         among them is published now, so that its copy (or collective) runs while the step goes on
         with its next chunks; :meth:`end_write_back` publishes the rest. (overlap_forward publishes
-        through :meth:`gather_unit` from its own thread instead.)"""
+        unit by unit through :meth:`gather_unit` from its own thread instead.)"""
         self._pending_src = src
         bases = self._bases(src)
-        for i, ei in keys:
-            u = self._ends[i][ei]
-            if u is not None and u not in self._published:
+        for i, u in self.completed_units(keys):
+            if u not in self._published:
                 self._publish(i, *u, bases)
                 self._published.add(u)
 
-    def gather_unit(self, gi: int, ui: int, src: list, group) -> None:
-        """Once every piece of unit ui (group gi) is stepped: its new shard published, with the
-        collective on ``group`` (offload_optimizer.overlap_forward runs it from the step's own
-        thread, on a process group of its own, so it never interleaves with the training
-        thread's collectives)."""
-        self._publish(self._ends_group(gi), gi, ui, self._bases(src), group)
-
-    def _ends_group(self, gi: int) -> int:
-        """The group of this layout that store group gi is."""
-        return gi
+    def gather_unit(self, i: int, unit: tuple, src: list, group) -> None:
+        """Once every piece of ``unit`` (store group, unit; group i of this layout) is stepped:
+        its new shard published, with the collective on ``group`` (offload_optimizer.overlap_forward
+        runs it from the step's own thread, on a process group of its own, so it never
+        interleaves with the training thread's collectives)."""
+        self._publish(i, *unit, self._bases(src), group)
 
     def end_write_back(self) -> None:
         """Every unit not published yet is published (with several ranks, every rank's new shards
@@ -488,6 +488,26 @@ class ShardGrads:
                     self._publish(i, *u, bases)
         self._published.clear()
         super().end_write_back()
+
+    # refresh (HostBuffers'): after a checkpoint load replaced this rank's masters, its shards,
+    # its weight buffers and then, by the store's publish, every parameter follow them.
+    def refresh_begin(self) -> None:
+        self.sm.check_writable()  # gradients held in the shards would be overwritten
+
+    def refresh_entry(self, gi: int, pi: int, m: torch.Tensor, outs: list | None) -> None:
+        with torch.no_grad():
+            p = self.layout.params[gi][pi]
+            if p.data_ptr() != m.data_ptr():
+                p.copy_(m.reshape(-1).to(p.device, p.dtype))
+            if outs is not None:
+                o = outs[gi][pi]
+                if o.data_ptr() != m.data_ptr():
+                    o.copy_(m.reshape(-1))
+
+    def refresh_end(self, src: list) -> None:
+        self._pending_src = src
+        self.end_write_back()
+        self.wait_host_buffers()
 
     def _release_shard_grads(self) -> None:
         """Gradients no step read (an overflow skip) give way to the weights; a step under way (in
@@ -550,27 +570,6 @@ class ShardedBuffers(ShardGrads, HostBuffers):
     def end_write_back(self) -> None:
         super().end_write_back()
         self.sm.mark_stale()  # ZeRO-3: materialized (persistent) parameters are gathered again
-
-    # refresh (HostBuffers'): after a checkpoint load replaced this rank's masters, its shards,
-    # its weight buffers and then, by the store's publish, every parameter follow them.
-    def refresh_begin(self) -> None:
-        self.sm.check_writable()  # gradients held in the shards would be overwritten
-
-    def refresh_entry(self, gi: int, pi: int, m: torch.Tensor, outs: list | None) -> None:
-        with torch.no_grad():
-            p = self.layout.params[gi][pi]
-            if p.data_ptr() != m.data_ptr():
-                p.copy_(m.reshape(-1).to(p.device, p.dtype))
-            if outs is not None:
-                o = outs[gi][pi]
-                if o.data_ptr() != m.data_ptr():
-                    o.copy_(m.reshape(-1))
-
-    def refresh_end(self, src: list) -> None:
-        self._pending_src = src
-        self.end_write_back()
-        self.wait_host_buffers()
-
 
 class PhasedStep:
     """A device optimizer's step over fp32 gradients ``grads``: the gradients times the step's

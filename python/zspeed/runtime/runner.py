@@ -292,20 +292,14 @@ class OverlapRunner(_BackgroundRunner):
 
     def _plan_waits(self) -> None:
         """What the next forward can wait for, in the order the background step makes it ready:
-        each unit of the store's partition plan, published (on a process group of the step's
-        own) once the chunks holding this rank's shard of it are stepped; units come in local
-        order, so each needs a chunk no earlier than the one before."""
+        each unit of the store's partition plan that this path steps (all of the store's, or the
+        CPU's share of a split), published (on a process group of the step's own) once the chunk
+        holding this rank's last piece of it is stepped."""
         path = self.path
-        sm = path.sharded
-        self._group = sm.comm.new_group()
-        units = path.buffers.entry_units()  # per group of the path's layout, per entry: (store group, unit)
-        last: dict = {}
-        for (gi, ei), ci in path.chunk_of.items():
-            key = units[gi][ei]
-            last[key] = max(last.get(key, -1), ci)
-        # The units this path steps (all of the store's, or the CPU's share of a split), in local order.
-        self.waits = [(last[key], key) for key in sorted(last)]
-        self._wait_of = {key: k for k, (_ci, key) in enumerate(self.waits)}
+        self._group = path.sharded.comm.new_group()
+        # (chunk, (group of the path's layout, (store group, unit))), in the order the step goes
+        self.waits = [(ci, done) for ci, c in enumerate(path.chunks) for done in path.buffers.completed_units(c)]
+        self._wait_of = {done[1]: k for k, (_ci, done) in enumerate(self.waits)}
 
     def wait_index(self, p: torch.Tensor) -> int | None:
         """The wait after which the model parameter p holds this step's weights; None for a

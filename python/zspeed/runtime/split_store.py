@@ -324,12 +324,6 @@ class HostShare(ShardGrads, HostBuffers):
     def _publish(self, i: int, gi: int, ui: int, bases: list | None, group=None) -> None:
         self.sm.publish_shard(gi, ui, self._new(bases, i, gi, ui), group)
 
-    def _ends_group(self, gi: int) -> int:
-        return self.gis.index(gi)
-
-    # After a load replaced the masters: the shards, the weight buffers and the model follow
-    # (the same steps as a whole local space's).
-    refresh = ShardedBuffers.refresh
 
 
 def _host_half(layout: FlatLayout, buffers: HostShare, a: dict) -> HostPath:
