@@ -27,9 +27,7 @@ One optimizer step (the boundary; a transaction, step.py):
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import os
 import sys
 import weakref
 from typing import Any
@@ -38,9 +36,8 @@ import torch
 
 from .. import comm
 from .._native import ZSpeedError
-from .config import ConfigError, ZSpeedConfig, check_param_dtype, parse_config
-from .dtypes import (cast_inputs, cast_module, densify_grad, dtype_mismatch_hint, dtype_of, float_buffers,  # noqa: F401
-                     keep_in_fp32_pattern, kept_buffers, restore_buffers, sparse_grad_params)
+from .config import ConfigError, ZSpeedConfig, parse_config
+from .dtypes import cast_inputs, dtype_mismatch_hint, keep_in_fp32_pattern  # noqa: F401
 from .fragments import EngineCalls, attach as attach_fragments
 from .assemble import client_algorithm, client_kind, grad_sync, optimizer_path, placement
 from .optimizers import share_client_groups
@@ -53,9 +50,9 @@ from .backward import Accumulation, OutputHooks
 from .step import StepIncompleteError, StepTransaction, after_commit
 from .trace import tracer_from
 from .timing import EngineTiming
-from .checkpoint_files import LoadIncompleteError
-from .engine_checkpoint import Checkpoints, one_line as _one_line
-from .checkpoint_fp32 import write_16bit_model
+from .engine_checkpoint import Checkpoints
+from .errors import one_line as _one_line
+from .engine_queries import EngineQueries
 from .summary import log_summary
 from .layout import FlatLayout
 from .paths import NoOptimizerPath
@@ -77,8 +74,9 @@ class EngineClosedError(ZSpeedError, RuntimeError):
     """The engine was closed (engine.close() / destroy())."""
 
 
-class ZSpeedEngine(torch.nn.Module):
-    """DeepSpeed-compatible engine around one ``torch.nn.Module`` on one device."""
+class ZSpeedEngine(EngineQueries, torch.nn.Module):
+    """DeepSpeed-compatible engine around one ``torch.nn.Module`` on one device (its read-only
+    queries: engine_queries.py)."""
 
     def __init__(self, model: torch.nn.Module, config: ZSpeedConfig, optimizer=None, model_parameters=None,
                  lr_scheduler=None, training_data=None, collate_fn=None, device: torch.device | None = None):
@@ -87,12 +85,7 @@ class ZSpeedEngine(torch.nn.Module):
             raise ConfigError(f"zspeed.initialize needs model=<torch.nn.Module>, got {type(model).__name__}.")
         self._config = config
         self.config = config.to_dict()
-        if config.log_level is not None:  # before anything logs, as in DeepSpeed
-            from .logs import set_log_level_from_string
-            set_log_level_from_string(config.log_level)
-        for w in config.warnings:
-            if comm.get_rank() == 0:
-                log.warning("zspeed: %s", w)
+        setup.announce(config)  # the log level first, then the config's warnings
         self.device = device or pick_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -100,17 +93,11 @@ class ZSpeedEngine(torch.nn.Module):
         # rank in the job, and the number of data-parallel ranks.
         self.local_rank = comm.get_local_rank()
         self.global_rank = comm.get_rank()
-        self.world_size = self.dp_world_size = comm.get_world_size()
-        if self.world_size != config.world_size:
-            raise ConfigError(f"the config was validated for a world size of {config.world_size}, but the "
-                              f"process group has {self.world_size} ranks; pass the config to "
-                              f"zspeed.initialize after the process group exists.")
+        self.world_size = self.dp_world_size = setup.world_size_of(config)
         self.dtype = (torch.float16 if config.fp16_enabled else
                       torch.bfloat16 if config.bf16_enabled else torch.float32)
         self.module = model  # placed on the device once the run plan is known (assemble.placement)
-        _take_from_earlier_engines(model)
-        from .z3_leaf import apply_zero_leaf_module_config
-        apply_zero_leaf_module_config(model, config.leaf_module)  # read by the ZeRO-3 fetcher
+        setup.adopt_model(model, config)  # from earlier engines; ZeRO-3's leaf modules marked
         # DeepSpeed's monitors (zspeed.monitor): made first, so that a monitor whose package is
         # missing stops initialize() before anything is allocated
         self.monitor, monitor_error = setup.monitor_of(config)
@@ -140,17 +127,8 @@ class ZSpeedEngine(torch.nn.Module):
         self._model_params = self._layout.params
         self._placement = placement(self.plan)
         self._stage3 = self.plan.store == "partitioned"  # DeepSpeed's "partitioned weights"
-        loaded = float_buffers(model)
-        param_dtype, buffer_dtype = self._mixed_precision_dtypes()
-        keep = kept_buffers(model, keep_in_fp32_pattern(model, config.keep_in_fp32_modules, param_dtype))
-        self.module = self._placement.place(model, self._layout)
-        restore_buffers(self.module, loaded, buffer_dtype, keep)
-        hook = _WeakHook(self._param_grad)
-        for ps in self._model_params:
-            for p in ps:
-                p.register_hook(hook)
-        for p in sparse_grad_params(self.module):  # first of the accumulation hooks: they see it dense
-            p.register_post_accumulate_grad_hook(densify_grad)
+        self.module = setup.place_module(model, self._placement, self._layout, config, *self._mixed_precision_dtypes())
+        setup.hook_parameters(self._model_params, self.module, _WeakHook(self._param_grad))
         setup.check_ranks_agree(self.collectives, self.config, self._names, self._layout, self.module, self.device,
                                 monitor_error)
         broadcast_module(self.module, self.collectives)  # every rank starts from rank 0's weights
@@ -164,9 +142,7 @@ class ZSpeedEngine(torch.nn.Module):
                                                      self.memory_needs)
         self._frozen_sm = self._placement.frozen_store
         if self._fetcher is not None:
-            self._fetcher.on_modified = weakref.WeakMethod(self._zero3_modified)
-            self._fetcher.before_pin = weakref.WeakMethod(self._settle_for)
-            self._fetcher.owner = weakref.ref(self)
+            self._fetcher.bind(self, self.optimizer_path.follow_edits, self._settle_for)
         self._model_part = ModelPart(self.module, [self.optimizer_path.sharded, self._frozen_sm])
         # DeepSpeed's basic optimizer (the torch optimizer holding the state), and the engine's
         # optimizer: a wrapper with DeepSpeed's attributes where DeepSpeed has one.
@@ -200,14 +176,7 @@ class ZSpeedEngine(torch.nn.Module):
         self.timers = self._timing.timers
         self.optimizer_path.set_trace(self._trace)
         self._path_hooks = self.optimizer_path.hook_modules(self.module)
-        # zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload,
-        # a step whose trained parameters did not all get a gradient is refused (see _decide_step).
-        got = None
-        if self.plan.check_unused:
-            got = set()
-            for p in self.module.parameters():
-                if p.requires_grad:
-                    self._path_hooks.append(p.register_post_accumulate_grad_hook(lambda q: got.add(id(q))))
+        got = setup.record_used(self.plan, self.module, self._path_hooks)
         # The backwards of the step under way and where their gradients are (backward.py).
         self._acc = Accumulation(self.optimizer_path, self._fetcher, self._sync, self._trace, self._timing,
                                  _collectives, gas=self._gas, stage=config.zero_stage, got_grad=got)
@@ -231,43 +200,10 @@ class ZSpeedEngine(torch.nn.Module):
             log.info("zspeed engine: %s", self._describe())
         log_summary(self)
 
-    def _describe(self) -> str:
-        n = sum(self._layout.totals)
-        return (f"device={self.device} dtype={self.dtype} params={n} stage={self._config.zero_stage} "
-                f"offload={self._config.offload_device} pinned={self.optimizer_path.pinned} "
-                f"optimizer={type(self.optimizer).__name__} batch={self.train_batch_size()} "
-                f"micro={self.train_micro_batch_size_per_gpu()} gas={self._gas}")
-
     def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
         """A DataLoader over ``dataset`` with the micro-batch size (DeepSpeed's name)."""
         return setup.dataloader(dataset, batch_size or self.train_micro_batch_size_per_gpu(), collate_fn, shuffle,
                                 self._config, self.world_size, self.global_rank)
-
-    # -- DeepSpeed's query API ------------------------------------------------------------------
-    def train_batch_size(self) -> int:
-        return self._config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self._config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self) -> int:
-        return self._gas
-
-    def get_wall_clock_timers(self) -> dict:
-        """With wall_clock_breakdown true: {timer name: milliseconds} of the last step() call's
-        forward, backward and step timers (timing.py); {} otherwise, or before the first step()."""
-        return dict(self._timing.snapshot)
-
-    def wall_clock_breakdown(self) -> bool:
-        return self._config.wall_clock_breakdown
-
-    def gradient_clipping(self) -> float:
-        """The global gradient norm the step clips to (0: no clipping; DeepSpeed's default 1.0)."""
-        return self._config.gradient_clipping
-
-    def log_level(self) -> str | None:
-        """The config's log_level (None: zspeed's logger kept the level it had)."""
-        return self._config.log_level
 
     def allreduce_gradients(self, bucket_size: int | None = None) -> None:
         """DeepSpeed's name: reduce the accumulated gradients over the data-parallel ranks. zspeed's
@@ -318,77 +254,6 @@ class ZSpeedEngine(torch.nn.Module):
             raise TypeError(f"is_boundary must be True, False or None, got {is_boundary!r}")
         self._acc.override = is_boundary
 
-    def get_lr(self) -> list:
-        """The learning rate of each parameter group ([] without an optimizer, as DeepSpeed)."""
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
-
-    def get_global_grad_norm(self) -> float | None:
-        return self._step.grad_norm
-
-    def __getattr__(self, name: str):
-        """DeepSpeed's pass-through: a public attribute the engine does not have is looked up on
-        the wrapped model (``engine.generate``, ``engine.gradient_checkpointing_enable``, a
-        model's own ``id``). Names starting with "_" are not passed through (zspeed's own state
-        never comes from the model by accident)."""
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            pass
-        module = self.__dict__.get("_modules", {}).get("module")
-        if module is not None and not name.startswith("_"):
-            try:
-                return getattr(module, name)
-            except AttributeError:
-                pass
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-
-    def fp16_enabled(self) -> bool:
-        return self._config.fp16_enabled
-
-    def bfloat16_enabled(self) -> bool:
-        return self._config.bf16_enabled
-
-    # DeepSpeed's mixed-precision helpers (DeepSpeedEngine's names), written against the DeepSpeed
-    # attributes only (self._config.param_dtype / buffer_dtype, fp16_enabled(), bfloat16_enabled(),
-    # self.module), as scripts and DeepSpeed's tests call them on stand-ins too.
-    def _assert_valid_mixed_precision_config(self) -> None:
-        """data_types.param_dtype, when set, must name the dtype fp16/bf16 train in (AssertionError)."""
-        check_param_dtype(self._config.param_dtype,
-                          "fp16" if self.fp16_enabled() else "bf16" if self.bfloat16_enabled() else "fp32")
-
-    def _mixed_precision_dtypes(self) -> tuple:
-        """(param dtype, buffer dtype) of the module cast: the parameters in fp16/bf16's dtype (None
-        in fp32), the floating-point buffers in data_types.buffer_dtype (None: each keeps its own)."""
-        param = torch.float16 if self.fp16_enabled() else torch.bfloat16 if self.bfloat16_enabled() else None
-        name = self._config.buffer_dtype
-        return param, (None if name is None else dtype_of(name))
-
-    def _cast_module_mixed_precision(self, param_dtype, buffer_dtype, is_zero_init_model, keep_pattern=None):
-        """Cast self.module's floating-point parameters to param_dtype (not ZeRO-Init ones, made in
-        it already) and its buffers to buffer_dtype (None leaves them), those whose full names match
-        ``keep_pattern`` (keep_in_fp32_pattern's) to fp32. zspeed's own initialize casts through
-        its placement (the same rules); this serves scripts that call DeepSpeed's helper."""
-        cast_module(self.module, param_dtype, buffer_dtype, is_zero_init_model, keep_pattern)
-
-    def zero_optimization_stage(self) -> int:
-        return self._config.zero_stage
-
-    def zero_cpu_offload(self) -> bool:
-        """True with offload_optimizer.device cpu (DeepSpeed's meaning; nvme is not 'cpu offload')."""
-        return self._config.offload_device == "cpu"
-
-    def zero_overlap_comm(self) -> bool:
-        """zero_optimization.overlap_comm as the run uses it (unset: on at stage 3, as DeepSpeed)."""
-        return self.plan.reduce_overlap
-
-    @property
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
-
-    def was_step_applied(self) -> bool:
-        """False when the last optimizer step was skipped (fp16 overflow), as in DeepSpeed."""
-        return not self._step.overflow
-
     # -- training ---------------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
         """The module's forward. With fp16.auto_cast, floating-point inputs are cast to fp16
@@ -402,18 +267,14 @@ class ZSpeedEngine(torch.nn.Module):
         with self._collectives("forward"), self._timing.phase("fwd"):  # ZeRO-3 gathers and a step in the background communicate
             if not torch.is_grad_enabled():  # evaluation sees the newest weights (delayed update: cpu.py)
                 self._settle()
-            if self.dtype == torch.float32:
+            try:
                 with self._trace.span("forward"):
                     out = self.module(*inputs, **kwargs)
-            else:
-                try:
-                    with self._trace.span("forward"):
-                        out = self.module(*inputs, **kwargs)
-                except RuntimeError as e:
-                    hint = dtype_mismatch_hint(e, inputs, kwargs, self.dtype)
-                    if hint is None:
-                        raise
-                    raise ConfigError(hint) from e
+            except RuntimeError as e:  # fp16 / bf16: inputs of another dtype are named in a ConfigError
+                hint = dtype_mismatch_hint(e, inputs, kwargs, self.dtype) if self.dtype != torch.float32 else None
+                if hint is None:
+                    raise
+                raise ConfigError(hint) from e
         if torch.is_grad_enabled():
             OutputHooks(_WeakHook(self._output_grad)).register(out)
         return out
@@ -489,21 +350,8 @@ class ZSpeedEngine(torch.nn.Module):
         self.optimizer_path.flush()
 
     def _settle_for(self, what: str) -> None:
-        """:meth:`_settle` for a reader of the weights (GatheredParameters): a torn step that fails
-        again is a StepIncompleteError naming ``what``, not a mix of stepped and unstepped weights."""
-        torn = self._step.torn or self.optimizer_path.step_failed()
-        try:
-            self._settle()
-        except (StepIncompleteError, LoadIncompleteError):
-            raise
-        except Exception as e:
-            if not torn:
-                raise
-            raise StepIncompleteError(
-                f"{what}: optimizer step {self.global_steps + 1} stopped partway and completing it failed again "
-                f"({_one_line(e)}); the weights would be a mix of "
-                f"stepped and unstepped parameters. Fix the cause and call engine.step(), or load a "
-                f"checkpoint.") from e
+        """:meth:`_settle` for a reader of the weights (GatheredParameters): StepTransaction.settle_for."""
+        self._step.settle_for(what, self._settle, self.global_steps + 1)
 
     def _check_open(self, needs: str = "all") -> None:
         """Refuses a call on a closed engine, and one that needs states engine.offload_states()
@@ -605,11 +453,6 @@ class ZSpeedEngine(torch.nn.Module):
             self._settle()  # a step that stopped partway or runs in the background completes first
         return self._ckpt.save(save_dir, tag, client_state or {}, save_latest)
 
-    def _change_recovery_script_permissions(self, dst) -> None:
-        """DeepSpeed's name: makes a recovery script executable, or says why not and goes on."""
-        from .checkpoint_fp32 import make_executable
-        make_executable(dst)
-
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False):
@@ -620,23 +463,6 @@ class ZSpeedEngine(torch.nn.Module):
                                with_states=load_optimizer_states and not load_module_only and not self._inference,
                                lr_states=load_lr_scheduler_states and not load_module_only,
                                counters=not load_module_only, step_number=self.global_steps + 1)
-
-    # DeepSpeed's names of a checkpoint's files, for scripts that compute paths: zspeed's files
-    # (docs/CHECKPOINTS.md), as the tag folder holds them.
-    def _get_ckpt_name(self, checkpoints_path, tag, mp_placeholder=None, pp_placeholder=None) -> str:
-        """The file of the module's state in a checkpoint: ``<path>/<tag>/model.safetensors``."""
-        return os.path.join(checkpoints_path, str(tag), "model.safetensors")
-
-    def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
-        """The file of this rank's optimizer state: ``optim.safetensors`` where rank 0 writes
-        the whole state, ``optim.rank<r>.safetensors`` where each rank writes its part (zspeed has
-        no expert-parallel files: ``expp_rank`` is accepted and does not change the name)."""
-        from .checkpoint import optimizer_file
-        return os.path.join(checkpoints_path, str(tag), optimizer_file(self._checkpoint_parts()))
-
-    def _get_zero_ckpt_name(self, checkpoints_path, tag) -> str:
-        """DeepSpeed's name of this rank's ZeRO optimizer file: the same file as above."""
-        return self._get_optimizer_ckpt_name(checkpoints_path, tag)
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
@@ -652,25 +478,11 @@ class ZSpeedEngine(torch.nn.Module):
                         "zero_optimization.stage3_gather_16bit_weights_on_model_save true (or use "
                         "save_checkpoint and `zspeed to-fp32`).")
             return False
-        sd = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
-        if self.global_rank == 0:
-            # Written under a temporary name created exclusively (a symlink planted at it cannot
-            # redirect the write), then renamed over the target: complete or not there at all.
-            from pathlib import Path
-            write_16bit_model(Path(save_dir) / save_filename, sd)
-        self.collectives.barrier()
+        self._ckpt.save_16bit(save_dir, save_filename, self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters),
+                              rank0=self.global_rank == 0, barrier=self.collectives.barrier)
         return True
 
     save_fp16_model = save_16bit_model  # DeepSpeed's older name
-
-    def zero_gather_16bit_weights_on_model_save(self) -> bool:
-        """DeepSpeed's query of zero_optimization.stage3_gather_16bit_weights_on_model_save (or its
-        older fp16 name); accelerate asks it before saving a ZeRO-3 model."""
-        return self._config.gather_16bit_weights_on_model_save
-
-    def zero_optimization_partition_weights(self) -> bool:
-        """DeepSpeed's: whether the weights are partitioned (ZeRO stage 3)."""
-        return self._stage3
 
     def finish_step(self) -> None:
         """Waits for an optimizer step still running in the background (offload_optimizer
@@ -701,14 +513,6 @@ class ZSpeedEngine(torch.nn.Module):
         self._check_open(needs="none")
         self._parked.reload(non_blocking=non_blocking)
 
-    @functools.cached_property
-    def checkpoint_engine(self):
-        """DeepSpeed's ``engine.checkpoint_engine``: torch.save / torch.load of the script's own
-        files (runtime.checkpoint_engine.TorchCheckpointEngine, the config's
-        checkpoint.checkpoint_serialization); the engine's checkpoints do not use it."""
-        from .checkpoint_engine import TorchCheckpointEngine
-        return TorchCheckpointEngine(self._config)
-
     def empty_partition_cache(self) -> None:
         """DeepSpeed's: gives back the device memory of gathered ZeRO-3 parameters (every one goes
         back to its shard, the persistent ones too, as in DeepSpeed; the next forward gathers them
@@ -731,17 +535,7 @@ class ZSpeedEngine(torch.nn.Module):
         if self._closed:
             return
         self._parked.reload()  # states offload_states() moved: back first, the module is handed back whole
-        if self._step.torn or self.optimizer_path.step_failed():
-            try:  # the module gets one step's weights: the torn step completed, if it can be
-                self._settle()
-            except Exception as e:  # noqa: BLE001 - reported; close goes on
-                log.warning("zspeed: engine.close(): optimizer step %d stopped partway and could not be completed "
-                            "(%s: %s); the module is handed back with some parameters stepped and others not. Load "
-                            "a checkpoint before using its weights.", self.global_steps + 1, type(e).__name__, e)
-        elif self._ckpt.failed is not None:
-            log.warning("zspeed: engine.close(): the last load_checkpoint failed partway (%s); the module is handed "
-                        "back holding part of that checkpoint. Load a checkpoint before using its weights.",
-                        self._ckpt.failed)
+        self._step.settle_at_close(self._settle, self._ckpt.failed, self.global_steps + 1)
         self._closed = True
         self.optimizer_path.abandon_step() if self.optimizer_path.step_failed() else self.optimizer_path.flush()
         if self._fetcher is not None:  # ZeRO-3: the parameters hold the weights again (zero3.hand_back)
@@ -752,12 +546,6 @@ class ZSpeedEngine(torch.nn.Module):
         self._trace.flush()
 
     destroy = close  # DeepSpeed's name
-
-    def nvme_stats(self, reset: bool = False) -> list:
-        """nvme offload: per parameter group, the swapper's cumulative statistics (bytes read and
-        written, compute_ns vs read_wait_ns + write_wait_ns), reset to zero afterwards with
-        reset=True; [] otherwise."""
-        return self.optimizer_path.stats(reset=reset)
 
     # -- the engine's state as checkpoint parts (parts.py; checkpoint.py reads only these) -----------
     # -- what the module's hooks call (through weak references: see the classes below) --------
@@ -810,40 +598,11 @@ class ZSpeedEngine(torch.nn.Module):
             sd = {k: v for k, v in sd.items() if k not in frozen}
         return sd if self.global_rank == 0 else {}
 
-    def _zero3_modified(self, states: list) -> None:
-        """Parameters edited whole under GatheredParameters(modifier_rank=...): their shards were
-        written; the fp32 masters (and through them the optimizer's weights) follow."""
-        path, sm = self.optimizer_path, self.optimizer_path.sharded
-        path.flush()
-        new = {(st.gi, st.pi): st.p.detach().reshape(-1) for st in states}
-        rows = []
-        for gi, (entries, ms) in enumerate(zip(sm.pieces, path.masters())):
-            row = []
-            for (pc, _at, n), m in zip(entries, ms):
-                v = new.get((gi, pc.param)) if pc is not None else None
-                row.append(v[pc.offset:pc.offset + n].to("cpu", torch.float32) if v is not None
-                           else m.detach().reshape(-1).to("cpu", torch.float32, copy=True))
-            rows.append(row)
-        path.load_masters(rows)
-
 
 def _collectives(what: str):
     """Turns a failed collective in engine.<what>() into an error that says what probably happened."""
     return comm.guarded(f"in engine.{what}()", f"Another rank has most likely stopped (crashed, killed, out of "
                         f"memory) or is stuck, or {comm.ONE_RANK_HINT}: look at the other ranks' output.")
-
-
-def _take_from_earlier_engines(model: torch.nn.Module) -> None:
-    """A model an earlier engine still partitions at ZeRO-3 (Hugging Face's Trainer builds one
-    engine for evaluate() and another for train()): that engine is closed, which puts its current
-    weights back into the parameters (zero3.ParamFetcher.hand_back), and the new engine starts
-    from them, as DeepSpeed's second initialize() starts from the partitioned parameters."""
-    from .zero3 import engines_holding
-    for old in engines_holding(model):
-        log.warning("zspeed: the model is partitioned by an earlier engine (ZeRO-3); that engine is closed and the "
-                    "new one starts from its current weights (in the training dtype: its fp32 masters and "
-                    "optimizer state are not carried over; load a checkpoint for those).")
-        old.close()
 
 
 class _WeakHook(EngineHook):

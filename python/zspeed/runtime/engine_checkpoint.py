@@ -13,17 +13,12 @@ from __future__ import annotations
 import logging
 
 from .checkpoint_files import LoadIncompleteError
+from .errors import one_line
 from .step import StepIncompleteError
 
 log = logging.getLogger("zspeed.engine")
 
-__all__ = ["Checkpoints", "one_line"]
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as its type and the first line of its text (the type alone without text)."""
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+__all__ = ["Checkpoints"]
 
 
 class Checkpoints:
@@ -55,6 +50,17 @@ class Checkpoints:
             from .checkpoint_fp32 import write_recovery_scripts
             write_recovery_scripts(save_dir)  # as DeepSpeed beside its ZeRO checkpoints
         return saved
+
+    def save_16bit(self, save_dir, filename: str, state: dict, *, rank0: bool, barrier) -> None:
+        """engine.save_16bit_model's file: ``state`` written by rank 0 (``rank0``) into
+        ``save_dir/filename`` under a temporary name created exclusively (a symlink planted at it
+        cannot redirect the write), then renamed over the target: complete or not there at all;
+        every rank then meets at ``barrier()``."""
+        if rank0:
+            from pathlib import Path
+            from .checkpoint_fp32 import write_16bit_model
+            write_16bit_model(Path(save_dir) / filename, state)
+        barrier()
 
     def load(self, load_dir, tag, *, strict: bool, with_states: bool, lr_states: bool, counters: bool,
              step_number: int):

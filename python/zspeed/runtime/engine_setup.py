@@ -14,6 +14,8 @@ from .._optimizers import ZERO_TESTED_CLASSES
 from ..monitor import DeepSpeedMonitorConfig, MonitorMaster
 from .assemble import footprint, memory_fixes
 from .config import ConfigError, ZSpeedConfig
+from .dtypes import (densify_grad, float_buffers, keep_in_fp32_pattern, kept_buffers, restore_buffers,
+                     sparse_grad_params)
 from .schedulers import build_scheduler
 from .optimizers import is_zero_supported_optimizer
 from .store import full_shape
@@ -216,3 +218,79 @@ def dataloader(dataset, batch_size: int, collate_fn, shuffle: bool, config: ZSpe
     gen = None if seed is None else torch.Generator().manual_seed(int(seed))
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate_fn,
                                        drop_last=drop, generator=gen)
+
+
+def hook_parameters(params: list, module: torch.nn.Module, on_grad) -> None:
+    """``on_grad`` (the engine's gradient hook) on every trained parameter (``params``: per group,
+    per parameter), and on the module's parameters with sparse gradients the densifying, first
+    of their accumulation hooks (they all see it dense)."""
+    for ps in params:
+        for p in ps:
+            p.register_hook(on_grad)
+    for p in sparse_grad_params(module):
+        p.register_post_accumulate_grad_hook(densify_grad)
+
+
+def record_used(plan, module: torch.nn.Module, handles: list) -> set | None:
+    """zero_optimization.ignore_unused_parameters false: as DeepSpeed's stage 1-2 CPU offload, a
+    step whose trained parameters did not all get a gradient is refused (backward.Accumulation
+    checks): the set the module's trained parameters add their id to when their gradient is
+    accumulated (the hooks' handles appended to ``handles``); None when nothing is checked."""
+    if not plan.check_unused:
+        return None
+    got: set = set()
+    for p in module.parameters():
+        if p.requires_grad:
+            handles.append(p.register_post_accumulate_grad_hook(lambda q: got.add(id(q))))
+    return got
+
+
+def announce(config: ZSpeedConfig) -> None:
+    """The config's log_level set (before anything logs, as in DeepSpeed), then its warnings
+    logged by rank 0."""
+    if config.log_level is not None:
+        from .logs import set_log_level_from_string
+        set_log_level_from_string(config.log_level)
+    for w in config.warnings if comm.get_rank() == 0 else ():
+        log.warning("zspeed: %s", w)
+
+
+def world_size_of(config: ZSpeedConfig) -> int:
+    """The process group's number of ranks, which must be the one the config was validated for."""
+    n = comm.get_world_size()
+    if n != config.world_size:
+        raise ConfigError(f"the config was validated for a world size of {config.world_size}, but the process group "
+                          f"has {n} ranks; pass the config to zspeed.initialize after the process group exists.")
+    return n
+
+
+def place_module(model: torch.nn.Module, placement, layout, config: ZSpeedConfig, param_dtype, buffer_dtype):
+    """The model placed by the run's placement (assemble.py: on the device, in the training dtype,
+    or partitioned), its floating-point buffers then in ``buffer_dtype`` (None: each as loaded),
+    those of data_types.keep_in_fp32_modules in fp32."""
+    loaded = float_buffers(model)
+    keep = kept_buffers(model, keep_in_fp32_pattern(model, config.keep_in_fp32_modules, param_dtype))
+    module = placement.place(model, layout)
+    restore_buffers(module, loaded, buffer_dtype, keep)
+    return module
+
+
+def adopt_model(model: torch.nn.Module, config: ZSpeedConfig) -> None:
+    """The model taken from earlier engines that still partition it, and its ZeRO-3 leaf modules
+    (zero_optimization.leaf_module) marked for the fetcher."""
+    _take_from_earlier_engines(model)
+    from .z3_leaf import apply_zero_leaf_module_config
+    apply_zero_leaf_module_config(model, config.leaf_module)
+
+
+def _take_from_earlier_engines(model: torch.nn.Module) -> None:
+    """A model an earlier engine still partitions at ZeRO-3 (Hugging Face's Trainer builds one
+    engine for evaluate() and another for train()): that engine is closed, which puts its current
+    weights back into the parameters (zero3.ParamFetcher.hand_back), and the new engine starts
+    from them, as DeepSpeed's second initialize() starts from the partitioned parameters."""
+    from .zero3 import engines_holding
+    for old in engines_holding(model):
+        log.warning("zspeed: the model is partitioned by an earlier engine (ZeRO-3); that engine is closed and the "
+                    "new one starts from its current weights (in the training dtype: its fp32 masters and "
+                    "optimizer state are not carried over; load a checkpoint for those).")
+        old.close()

@@ -79,3 +79,9 @@ def validates_like_pydantic(init):
         except ConfigError as e:
             raise as_validation_error(type(self).__name__, e) from None
     return wrapped
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as its type and the first line of its text (the type alone without text)."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

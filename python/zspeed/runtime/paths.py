@@ -125,6 +125,23 @@ class OptimizerPath(abc.ABC):
         """Replaces every fp32 master (per group, per parameter tensors shaped like the
         parameters) and refreshes the model's weights from them."""
 
+    def follow_edits(self, states: list) -> None:
+        """ZeRO-3: parameters edited whole under GatheredParameters(modifier_rank=...) had their
+        shards written (``states``: the fetcher's states of those parameters); the fp32 masters,
+        and through them the optimizer's weights, follow."""
+        sm = self.sharded
+        self.flush()
+        new = {(st.gi, st.pi): st.p.detach().reshape(-1) for st in states}
+        rows = []
+        for gi, (entries, ms) in enumerate(zip(sm.pieces, self.masters())):
+            row = []
+            for (pc, _at, n), m in zip(entries, ms):
+                v = new.get((gi, pc.param)) if pc is not None else None
+                row.append(v[pc.offset:pc.offset + n].to("cpu", torch.float32) if v is not None
+                           else m.detach().reshape(-1).to("cpu", torch.float32, copy=True))
+            rows.append(row)
+        self.load_masters(rows)
+
     def grad_rows(self, create: tuple | None = None) -> list:
         """After gather(): per group, per entry of :meth:`masters`' rows, the gradient tensor the
         step reads (written in place by the tensor-fragment API), or None for a parameter without

@@ -19,6 +19,8 @@ import logging
 import math
 
 from .._native import ZSpeedError
+from .checkpoint_files import LoadIncompleteError
+from .errors import one_line
 
 log = logging.getLogger("zspeed.engine")
 
@@ -50,6 +52,39 @@ class StepTransaction:
     def torn(self) -> bool:
         """A step raised partway and is pending (step() completes it)."""
         return self.pending is not None
+
+    def settle_for(self, what: str, settle, step_no: int) -> None:
+        """``settle()`` (the engine's: completes the step under way) for a reader of the weights
+        (GatheredParameters): a torn step that fails again is a StepIncompleteError naming
+        ``what``, not a mix of stepped and unstepped weights."""
+        torn = self.torn or self.path.step_failed()
+        try:
+            settle()
+        except (StepIncompleteError, LoadIncompleteError):
+            raise
+        except Exception as e:
+            if not torn:
+                raise
+            raise StepIncompleteError(
+                f"{what}: optimizer step {step_no} stopped partway and completing it failed again ({one_line(e)}); "
+                f"the weights would be a mix of stepped and unstepped parameters. Fix the cause and call "
+                f"engine.step(), or load a checkpoint.") from e
+
+    def settle_at_close(self, settle, load_failed: str | None, step_no: int) -> None:
+        """engine.close(): the module is handed back with one step's weights, the torn step
+        completed by ``settle()`` if it can be; where it cannot (or a checkpoint load failed
+        partway, ``load_failed``) a warning says what the weights are, and close goes on."""
+        if self.torn or self.path.step_failed():
+            try:
+                settle()
+            except Exception as e:  # noqa: BLE001 - reported; close goes on
+                log.warning("zspeed: engine.close(): optimizer step %d stopped partway and could not be completed "
+                            "(%s: %s); the module is handed back with some parameters stepped and others not. Load "
+                            "a checkpoint before using its weights.", step_no, type(e).__name__, e)
+        elif load_failed is not None:
+            log.warning("zspeed: engine.close(): the last load_checkpoint failed partway (%s); the module is handed "
+                        "back holding part of that checkpoint. Load a checkpoint before using its weights.",
+                        load_failed)
 
     def describe(self) -> str:
         """Where the pending step stopped, for the refusals of what would overwrite its inputs."""

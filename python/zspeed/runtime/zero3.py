@@ -226,6 +226,13 @@ class ParamFetcher:
         self._busy = 0  # > 0 while the fetcher itself works (its own tensor calls are not intercepted)
         _FETCHERS.add(self)
 
+    def bind(self, engine, on_modified, before_pin) -> None:
+        """The engine this fetcher serves (weakly: engines_holding), its reaction to parameters
+        edited whole (``on_modified(states)``) and what completes a step under way before a pin
+        reads the weights (``before_pin(what)``), both bound methods held weakly."""
+        self.owner = weakref.ref(engine)
+        self.on_modified, self.before_pin = weakref.WeakMethod(on_modified), weakref.WeakMethod(before_pin)
+
     # -- the hooks, under DeepSpeed's names ---------------------------------------------------------
     def _register_deepspeed_module(self, module=None, count=None) -> None:
         """Installs the fetcher's hooks on every module of the model (DeepSpeed's
