@@ -3,9 +3,9 @@
 One :class:`Algorithm` per optimizer type a config may name: its libzspeed kernel, the
 per-element state it keeps (in the kernel's two state slots), whether its state counts steps,
 and the class names its state is recorded under in checkpoints. The config's type names and
-messages, the memory model, the checkpoint checks, the NVMe tier and ZeRO's list of tested
-client classes all read this table; a new optimizer is one row here plus its parameters'
-schema (runtime/config_schema.py) and its constructor (runtime/optimizers.py).
+messages, the memory model, the checkpoint checks, the NVMe tier's state keys and ZeRO's list
+of tested client classes all read this table. A new optimizer also needs its C kernel, its
+swapper kind, its parameters' schema and its constructors: docs/ARCHITECTURE.md lists the files.
 
 Plain data: imports neither torch nor libzspeed.
 """

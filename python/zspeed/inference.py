@@ -131,6 +131,7 @@ class InferenceEngine(torch.nn.Module):
         from .runtime.assemble import move_except
         from .runtime.layout import FlatLayout
         from .runtime.assemble import build_store
+        from .runtime.plan import shard_medium
         from .runtime.zero3 import ParamFetcher
         layout = FlatLayout([{"params": [p for p in model.parameters() if p.is_floating_point()]}])
         move_except(model, self.device, self.dtype, layout.index)
@@ -138,7 +139,7 @@ class InferenceEngine(torch.nn.Module):
             _broadcast_from_rank0(model, self.device)
         coll = _collectives(self.device)
         self._sm = build_store(layout, comm.get_world_size(), comm.get_rank(), self.device, self.dtype, off, coll,
-                               trained=False)
+                               medium=shard_medium(off.get("device", "none"), trained=False))
         self._fetcher = ParamFetcher.from_zero(self._sm, model, zero, comm=coll)
 
     def forward(self, *args, **kwargs):

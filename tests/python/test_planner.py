@@ -275,14 +275,23 @@ def test_the_predicted_steps_are_within_20_percent_of_the_h200s(layers, d, stage
     assert "Steps predicted from forward+backward" in str(rep)
 
 
-def test_the_forward_backward_timing_of_one_block():
+def test_the_forward_backward_timing_of_one_block(monkeypatch):
     """measure_fwd_bwd times one block and the output layer (here on the CPU, a tiny shape):
-    more layers take longer, checkpointing adds a third of the blocks' time."""
+    more layers take longer, checkpointing adds a third of the blocks' time. The formula is
+    checked on a clock that advances one second per reading (each timed run then takes exactly
+    one second), so a loaded machine cannot turn it around; a real timing is only positive."""
+    import time
     from zspeed.planner import measure_fwd_bwd
     s2, s8 = Shape(layers=2, hidden=64, heads=2, vocab=100), Shape(layers=8, hidden=64, heads=2, vocab=100)
+    assert measure_fwd_bwd(s2, 2, 16, False, "fp32", device="cpu") > 0
+    ticks = iter(range(1, 10**6))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
     t2 = measure_fwd_bwd(s2, 2, 16, False, "fp32", device="cpu")
     t8 = measure_fwd_bwd(s8, 2, 16, False, "fp32", device="cpu")
-    assert 0 < t2 < t8
+    t8c = measure_fwd_bwd(s8, 2, 16, True, "fp32", device="cpu")
+    monkeypatch.undo()
+    assert (t2, t8) == (2 * 1.0 + 1.0, 8 * 1.0 + 1.0)  # layers x block + output layer
+    assert t8c == pytest.approx(8 * 4 / 3 + 1.0)
     rep = plan(params=1.3e9, gpu_memory=24, host_memory=64, cpu_seconds_per_element=1e-9)
     if not torch.cuda.is_available():  # no GPU and no --fwd-bwd-s: no step is predicted, and it says so
         assert all(c.step_s is None for c in rep.candidates) and "Steps not predicted" in str(rep)

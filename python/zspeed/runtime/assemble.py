@@ -79,20 +79,19 @@ def _sharded_store(plan: RunPlan, config, layout: FlatLayout, coll: Collectives)
 
 _STORES = {"replicated": lambda plan, config, layout, coll: None, "sharded": _sharded_store,
            "partitioned": lambda plan, config, layout, coll: build_store(
-               layout, plan.world_size, plan.rank, plan.device, plan.dtype, config.offload_param, coll)}
+               layout, plan.world_size, plan.rank, plan.device, plan.dtype, config.offload_param, coll,
+               medium=plan.param_medium)}
 
 
 def build_store(layout: FlatLayout, world_size: int, rank: int, device: torch.device, dtype: torch.dtype,
-                offload_param: dict, coll: Collectives, *, trained: bool = True, aio: dict | None = None):
+                offload_param: dict, coll: Collectives, *, medium: str, aio: dict | None = None):
     """The ZeRO-3 store of ``layout`` (one unit per parameter: each is gathered and reduced on
-    its own) with its shards where the offload_param section says: host memory (page-locked on
-    CUDA with pin_memory), the device, or, for parameters nothing trains (``trained`` False), a
-    file under nvme_path (zero3_nvme.py; trained parameters stay in host memory with nvme, as
-    that module says)."""
+    its own) with its shards on ``medium`` (plan.shard_medium of the offload_param section):
+    "host" memory (page-locked on CUDA with pin_memory), the "device", or a file under nvme_path
+    ("nvme", for parameters nothing trains: zero3_nvme.py)."""
     part = PartitionPlan(layout.numels, world_size, rank, unit_elems=1)
-    medium = _SHARD_MEDIUM[offload_param.get("device", "none"), trained]
     pin = medium != "device" and device.type == "cuda" and bool(offload_param.get("pin_memory", False))
-    note = _MEDIUM_NOTES.get((offload_param.get("device", "none"), trained))
+    note = _MEDIUM_NOTES.get((offload_param.get("device", "none"), medium))
     if note:
         log.info("zspeed zero3: %s", note)
     return _MEDIUM_STORES[medium](layout, part, device, dtype, coll, offload_param, pin, aio)
@@ -106,9 +105,10 @@ def _nvme_store(layout, part, device, dtype, coll, op: dict, pin: bool, aio):
                           max_in_cpu=int(op.get("max_in_cpu", 1_000_000_000)), pin=pin, aio=aio)
 
 
-# offload_param.device and whether the parameters are trained -> the medium of their shards
-_SHARD_MEDIUM = {("none", True): "device", ("none", False): "device", ("cpu", True): "host",
-                 ("cpu", False): "host", ("nvme", True): "host", ("nvme", False): "nvme"}
+# (offload_param.device, the shards' medium) -> what the log says about it
+_MEDIUM_NOTES = {("nvme", "host"): "offload_param nvme keeps the trained parameters' shards in host memory (the "
+                                   "optimizer writes their new weights there every step); parameters nothing trains "
+                                   "go to NVMe"}
 _MEDIUM_STORES = {
     "device": lambda layout, part, device, dtype, coll, op, pin, aio: PartitionedStore(
         layout, part, device, dtype, coll, param_device=device, pin=pin),
@@ -116,9 +116,6 @@ _MEDIUM_STORES = {
         layout, part, device, dtype, coll, param_device=torch.device("cpu"), pin=pin),
     "nvme": _nvme_store,
 }
-_MEDIUM_NOTES = {("nvme", True): "offload_param nvme keeps the trained parameters' shards in host memory (the "
-                                 "optimizer writes their new weights there every step); parameters nothing trains "
-                                 "go to NVMe"}
 
 
 def optimizer_path(plan: RunPlan, config, layout: FlatLayout, client, coll: Collectives) -> OptimizerPath:
@@ -285,7 +282,7 @@ class PartitionedModel(WholeModel):
         plan = self.plan
         if self.frozen_layout is not None:
             self.frozen_store = build_store(self.frozen_layout, plan.world_size, plan.rank, plan.device, plan.dtype,
-                                            config.offload_param, coll, trained=False, aio=config.aio)
+                                            config.offload_param, coll, medium=plan.frozen_medium, aio=config.aio)
         return ParamFetcher.from_zero(path.sharded, module, config.zero, comm=coll, frozen=self.frozen_store)
 
 

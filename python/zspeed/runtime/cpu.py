@@ -34,9 +34,7 @@ from .optimizers import build_host_optimizer
 from .paths import copy_masters
 from .runner import RUNNERS
 
-__all__ = ["HostPath", "CHUNK_CAP"]
-
-CHUNK_CAP = 1 << 26  # elements per optimizer chunk at most
+__all__ = ["HostPath"]
 
 
 class HostPath(OffloadedPath):

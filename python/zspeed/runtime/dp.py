@@ -594,7 +594,7 @@ class PhasedStep:
 
 class ShardedDevicePath(OptimizerPath):
     """torch's optimizer on the device over this rank's shards (offload_optimizer.device none,
-    several ranks): one flat fp32 master per group (the local space), reduced gradients
+    over a store: several ranks, or ZeRO-3 on any number): one flat fp32 master per group (the local space), reduced gradients
     in fp32 beside it, updated weights into the shards and all-gathered."""
 
     # The gradients it keeps on the device, by stage: stage 1 the model's whole ones until the

@@ -218,9 +218,12 @@ class NVMePath(OffloadedPath):
                 refuse_lr_decay(params)
                 defaults = dict(lr=params["lr"], lr_decay=0, weight_decay=params["weight_decay"],
                                 eps=params["eps"], initial_accumulator_value=params["initial_accumulator_value"])
-            else:
+            elif name == "Lion":
                 defaults = dict(lr=params["lr"], betas=tuple(params["betas"]),
                                 weight_decay=params["weight_decay"])
+            else:
+                raise ConfigError(f"offload_optimizer.device nvme has no hyperparameters for optimizer {name!r} "
+                                  f"(its branch in NVMePath is missing: docs/ARCHITECTURE.md)")
             state_dtype = "fp32"
         self.kind, self.state_dtype, self._counts_steps = kind, state_dtype, ALGORITHMS[name].steps
         defaults["state_dtype"] = state_dtype  # as CPUAdam's groups say it (checkpoints convert to it)

@@ -112,7 +112,7 @@ def client_as_config(client) -> tuple[str, dict]:
     """(optimizer name, params) equivalent to a native client optimizer's defaults, for the
     paths that build their own optimizer from a config (nvme offload); each group's own
     lr, betas, eps and weight decay still come from the client's groups."""
-    from ..ops._torch_optim import CPUAdagrad, CPUAdam
+    from ..ops._torch_optim import CPUAdagrad, CPUAdam, CPULion
     d = client.defaults
     if isinstance(client, CPUAdam):
         return ("AdamW" if d.get("adamw_mode", True) else "Adam"), dict(
@@ -122,7 +122,10 @@ def client_as_config(client) -> tuple[str, dict]:
     if isinstance(client, CPUAdagrad):
         return "Adagrad", dict(lr=d["lr"], lr_decay=0.0, eps=d["eps"], weight_decay=d["weight_decay"],
                                initial_accumulator_value=d["initial_accumulator_value"], torch_adam=False)
-    return "Lion", dict(lr=d["lr"], betas=list(d["betas"]), weight_decay=d["weight_decay"], torch_adam=False)
+    if isinstance(client, CPULion):
+        return "Lion", dict(lr=d["lr"], betas=list(d["betas"]), weight_decay=d["weight_decay"], torch_adam=False)
+    raise TypeError(f"client_as_config: {type(client).__name__} is not one of zspeed's CPU optimizer classes "
+                    f"(CPUAdam, CPUAdagrad, CPULion); a new native class needs its branch here")
 
 
 def share_client_groups(client: torch.optim.Optimizer, basic: torch.optim.Optimizer) -> None:

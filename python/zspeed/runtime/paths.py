@@ -28,13 +28,17 @@ few calls, so its step algorithm does not depend on where the optimizer runs:
                               (its state_dict is the checkpoint's optimizer state)
   stats(reset) / close()      I/O statistics; release what lives outside Python's memory
 
-The paths: :class:`DevicePath` (here: torch's optimizer on the model's device),
-:class:`~zspeed.runtime.cpu.HostPath` (zero_optimization.offload_optimizer.device
-cpu) and :class:`~zspeed.runtime.nvme.NVMePath` (device nvme); the two offloaded
-ones derive from :class:`~zspeed.runtime.offload.OffloadedPath`, whose
-:class:`~zspeed.runtime.offload.HostBuffers` hold the host memory and make the
-copies. Each path covers the flat parameter space of layout.py; with several
-ranks a path would step the slice of it that its rank owns.
+The paths: :class:`DevicePath` and :class:`DeviceMasterPath` (here: torch's optimizer on
+the model's device, over the model's own parameters or fp32 masters of them),
+dp.ShardedDevicePath (the same over a parameter store's local space),
+:class:`~zspeed.runtime.cpu.HostPath` (zero_optimization.offload_optimizer.device cpu),
+:class:`~zspeed.runtime.nvme.NVMePath` (device nvme) and split_store.StoreSplitPath (a
+ratio or max_in_cpu: the local space cut between the device, host memory and NVMe). The
+offloaded ones derive from :class:`~zspeed.runtime.offload.OffloadedPath`, whose
+:class:`~zspeed.runtime.offload.HostBuffers` hold the host memory and make the copies.
+A path over a store (store.py: several ranks, ZeRO-3, or an offloaded optimizer) steps
+the store's local space, this rank's part of the flat parameter space of layout.py;
+docs/ARCHITECTURE.md follows one step through them.
 """
 from __future__ import annotations
 
@@ -155,8 +159,8 @@ class OptimizerPath(abc.ABC):
 
     @property
     def sharded(self):
-        """The parameter store (store.py) whose local space this path steps
-        (several ranks, ZeRO stage 1 or 2), else None."""
+        """The parameter store (store.py) whose local space this path steps (several ranks,
+        ZeRO-3, or an offloaded optimizer at any stage), else None."""
         return getattr(getattr(self, "buffers", None), "sm", None)
 
     # Whether load_masters() and the optimizer's load_state_dict() take checkpoint_files.Deferred

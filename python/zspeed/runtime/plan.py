@@ -262,13 +262,12 @@ class RunPlan:
         stage, several = config.zero_stage, world_size > 1
         pdev, off = config.offload_param["device"], config.offload
         store = _STORE[stage, several or config.offload_device != "none"]
-        param_medium = _MEDIUM[pdev]
         name = config.top["communication_data_type"]
         if (name or "fp32").lower() not in _COMM_DTYPES:
             raise ConfigError(f"communication_data_type = {name!r} is not one of fp32, fp16, bf16.")
         bucket = min(int(config.zero["reduce_bucket_size"]), _BUCKET_CAP)
         return cls(stage=stage, world_size=world_size, rank=rank, device=device, dtype=dtype, store=store,
-                   param_medium=param_medium, frozen_medium=_FROZEN_MEDIUM.get(pdev, param_medium),
+                   param_medium=shard_medium(pdev, True), frozen_medium=shard_medium(pdev, False),
                    comm=_COMM[several, backend == "nccl", device.type],
                    optimizer=_OPTIMIZER[config.offload_device, off["ratio"] != 1.0 or float(off["max_in_cpu"]) > 0],
                    timing=_TIMING[bool(off["delayed_update"]), bool(off["overlap_forward"])], ratio=off["ratio"],
@@ -280,7 +279,7 @@ class RunPlan:
                    pin_memory=bool(off["pin_memory"]), cores_share=getattr(config, "cpu_cores_share", None),
                    shard_degree=_SHARD_DEGREE[store](world_size),
                    grad_divisor={"mean": world_size, "sum": 1}[config.top["gradient_allreduce_op"]],
-                   grads_in_shards=_grads_in_shards(config, store, param_medium, dtype, off),
+                   grads_in_shards=_grads_in_shards(config, store, shard_medium(pdev, True), dtype, off),
                    check_unused=not config.zero["ignore_unused_parameters"]
                    and _CHECKS_UNUSED.get((stage, config.offload_device), False))
 
@@ -305,6 +304,14 @@ _STORE = {(0, False): "replicated", (1, False): "replicated", (2, False): "repli
 _SHARD_DEGREE = {"replicated": lambda ws: 1, "sharded": lambda ws: ws, "partitioned": lambda ws: ws}
 _MEDIUM = {"none": "device", "cpu": "host", "nvme": "host"}       # offload_param.device -> the shards' medium
 _FROZEN_MEDIUM = {"nvme": "nvme"}                                  # ... of parameters nothing trains
+
+
+def shard_medium(offload_param_device: str, trained: bool) -> str:
+    """Where a partitioned store keeps its shards for offload_param.device: "device", "host", or
+    for parameters nothing trains with nvme, "nvme" (trained ones stay in host memory: the
+    optimizer writes their new weights there every step)."""
+    medium = _MEDIUM[offload_param_device]
+    return medium if trained else _FROZEN_MEDIUM.get(offload_param_device, medium)
 _COMM = {**{(False, nccl, dev): "none" for nccl in (False, True) for dev in ("cpu", "cuda")},
          (True, True, "cpu"): "device", (True, True, "cuda"): "device",
          (True, False, "cpu"): "host", (True, False, "cuda"): "staged"}

@@ -42,9 +42,10 @@ import torch
 from .checkpoint_files import Deferred, materialized, real
 from .collectives import Collectives
 from .cpu import HostPath
-from .dp import GradReducer, PhasedStep, ShardGrads, ShardedBuffers
+from .dp import GradReducer, PhasedStep, ShardGrads
 from .layout import FlatLayout
 from .memory import Need
+from .nvme import NVMePath
 from .offload import HostBuffers
 from .optimizers import build_device_optimizer, convert_adam_state, converted_like, norms_stats, torch_grad_stats
 from .paths import OptimizerPath, copy_masters, indexed_groups
@@ -332,12 +333,12 @@ def _host_half(layout: FlatLayout, buffers: HostShare, a: dict) -> HostPath:
 
 
 def _nvme_half(layout: FlatLayout, buffers: HostShare, a: dict):
-    from .nvme import NVMePath
     return NVMePath(layout, buffers, a["name"], a["params"], client=None, **a["nvme"])
 
 
-# The non-GPU share's tier (RunPlan.cpu_tier): host memory, or NVMe (masters and state in swap files).
-_TIERS = {"host": _host_half, "nvme": _nvme_half}
+# The non-GPU share's tier (RunPlan.cpu_tier): host memory, or NVMe (masters and state in swap
+# files); per tier its path class (what it holds where: bytes_needed) and its builder.
+_TIERS = {"host": (HostPath, _host_half), "nvme": (NVMePath, _nvme_half)}
 _SIDES = ("dev", "cpu", "disk")  # the halves in the local space's order
 
 
@@ -353,8 +354,7 @@ class StoreSplitPath(TwoHalves):
 
     @staticmethod
     def _cpu_tier(plan) -> type:
-        from .nvme import NVMePath
-        return {"host": HostPath, "nvme": NVMePath}[plan.cpu_tier]
+        return _TIERS[plan.cpu_tier][0]
 
     def __init__(self, sm: ParamStore, name: str, params: dict, ratio: float, *, stage: int, reduce_overlap: bool,
                  comm: Collectives, comm_dtype: torch.dtype, pin_memory: bool, force_native: bool,
@@ -437,7 +437,7 @@ class StoreSplitPath(TwoHalves):
         self.cpu = self.disk = self.buffers = self.disk_buffers = None
         # With part of an NVMe share in host memory (max_in_cpu), the CPU's tier is host memory and
         # the disk's the swap files; otherwise the CPU's tier is the configured one.
-        kinds = {"cpu": _host_half if a["host_elems"] else _TIERS[a["tier"]], "disk": _nvme_half}
+        kinds = {"cpu": _host_half if a["host_elems"] else _TIERS[a["tier"]][1], "disk": _nvme_half}
         for side in ("cpu", "disk"):
             groups, at = carved[side]
             if not groups:
