@@ -445,3 +445,19 @@ def test_buffers_other_than_numpy():
     with pytest.raises(TypeError, match="dtype uint8"):
         adam_step(p.copy(), g.tobytes(), np.zeros(n, np.float32),
                   np.zeros(n, np.float32), step=1)
+
+
+def test_client_as_config_names_each_cpu_class_and_refuses_others():
+    """The NVMe path and the split rebuild a native client optimizer from its defaults: each of
+    zspeed's CPU classes maps to its own algorithm (none falls through to another's), and any
+    other class is a TypeError, not a silent Lion."""
+    from zspeed.ops._torch_optim import CPUAdagrad, CPUAdam, CPULion
+    from zspeed.runtime.optimizers import client_as_config
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    assert client_as_config(CPUAdam(p, lr=0.1, adamw_mode=True))[0] == "AdamW"
+    assert client_as_config(CPUAdam(p, lr=0.1, adamw_mode=False))[0] == "Adam"
+    assert client_as_config(CPUAdagrad(p, lr=0.1))[0] == "Adagrad"
+    name, params = client_as_config(CPULion(p, lr=0.1, betas=(0.8, 0.9)))
+    assert (name, params["betas"], params["lr"]) == ("Lion", [0.8, 0.9], 0.1)
+    with pytest.raises(TypeError, match="SGD is not one of zspeed's CPU optimizer classes"):
+        client_as_config(torch.optim.SGD(p, lr=0.1))
