@@ -329,3 +329,17 @@ def test_plan_check_times_each_case_in_the_same_run(monkeypatch):
                         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, stdout="", stderr="CUDA out of memory"))
     with pytest.raises(RuntimeError, match="z2-auto: bench_engine failed .*out of memory"):
         plan_check.measure("z2-auto", 4)
+
+
+# -- bench_step_runs.py: per-parameter kernel calls against runs ---------------------------------------
+def test_bench_step_runs_compares_both_cases_and_checks_their_weights():
+    """bench/bench_step_runs.py runs both cases on a tiny GPT's parameter list and reports them
+    with the bit-for-bit check (exit code 0 only when the weights agree)."""
+    env = {k: v for k, v in os.environ.items()}
+    env.setdefault("ZSPEED_LIBRARY", os.path.join(ROOT, "build", "libzspeed.so"))
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_step_runs.py"), "--d-model", "16",
+                        "--layers", "2", "--vocab", "50", "--threads", "1", "--steps", "2"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "27 parameters" in r.stdout and "per parameter" in r.stdout
+    assert "same weights bit for bit: True" in r.stdout

@@ -350,6 +350,39 @@ def test_a_synchronous_offloaded_step_publishes_each_unit_as_its_chunk_is_steppe
     assert events == want
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_host_step_runs_each_chunk_of_a_group_as_one_kernel_call(precision, monkeypatch):
+    """The host path's optimizer states lie end to end per group (flatten_states), as its masters,
+    gradient and weight buffers do, so each chunk of a group is one call of the CPU kernel rather
+    than one per parameter; the weights equal those of a step with one call per parameter bit
+    for bit."""
+    if not native_ops_available():
+        pytest.skip("zspeed.ops (native CPU optimizers) not available")
+    from zspeed.ops import _kernels
+    top = {"bf16": {"enabled": True}} if precision == "bf16" else {}
+    c = cfg(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}, **top)
+    calls = []
+    real = _kernels.adam
+    monkeypatch.setattr(_kernels, "adam", lambda *a, **k: calls.append(a[0].numel()) or real(*a, **k))
+    torch.manual_seed(0)
+    e, *_ = zspeed.initialize(model=mlp(), config=c)
+    path = e.optimizer_path
+    train(e, batches(3), 3)
+    runs = sum(len({gi for gi, _ in keys}) for keys in path.chunks)
+    n_params = sum(len(ps) for ps in path.layout.params)
+    assert len(calls) == 3 * runs < 3 * n_params
+    assert sum(calls) == 3 * sum(path.layout.totals)
+    # the same training with one kernel call per parameter
+    torch.manual_seed(0)
+    ref, *_ = zspeed.initialize(model=mlp(), config=c)
+    ref.optimizer_path.host.optimizer.lay_out_states = False
+    calls.clear()
+    train(ref, batches(3), 3)
+    assert len(calls) == 3 * n_params
+    for a, b in zip(e.module.parameters(), ref.module.parameters()):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_chunked_offload_step_is_identical(native):
     # sub_group_size splits the CPU step into chunks (each followed by its copy back); per-parameter

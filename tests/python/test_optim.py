@@ -4,6 +4,7 @@ CPUAdagrad / CPULion against torch.optim over 100 steps.
 Run: ZSPEED_LIBRARY=$PWD/build/libzspeed.so PYTHONPATH=$PWD/python \
      python -m pytest tests/python/test_optim.py
 """
+import copy
 import os
 import subprocess
 import sys
@@ -461,3 +462,107 @@ def test_client_as_config_names_each_cpu_class_and_refuses_others():
     assert (name, params["betas"], params["lr"]) == ("Lion", [0.8, 0.9], 0.1)
     with pytest.raises(TypeError, match="SGD is not one of zspeed's CPU optimizer classes"):
         client_as_config(torch.optim.SGD(p, lr=0.1))
+
+
+def _end_to_end(sizes, dtype=torch.float32, seed=0):
+    """Views of one flat tensor, of ``sizes`` elements each (as zspeed's host buffers lay out
+    parameters), and the flat tensor."""
+    flat = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(seed)).to(dtype)
+    views, at = [], 0
+    for n in sizes:
+        views.append(flat[at:at + n])
+        at += n
+    return flat, views
+
+
+_FUSE_CASES = [
+    ("adam", lambda ps: __import__("zspeed.ops.adam", fromlist=["CPUAdam"]).CPUAdam(
+        ps, lr=1e-2, weight_decay=0.1, num_threads=2)),
+    ("adam_bf16_state", lambda ps: __import__("zspeed.ops.adam", fromlist=["CPUAdam"]).CPUAdam(
+        ps, lr=1e-2, state_dtype="bf16", adamw_mode=False, num_threads=2)),
+    ("adam_int8_state", lambda ps: __import__("zspeed.ops.adam", fromlist=["CPUAdam"]).CPUAdam(
+        ps, lr=1e-2, state_dtype="int8", num_threads=2)),
+    ("adagrad", lambda ps: __import__("zspeed.ops.adagrad", fromlist=["CPUAdagrad"]).CPUAdagrad(
+        ps, lr=1e-2, initial_accumulator_value=0.1)),
+    ("lion", lambda ps: __import__("zspeed.ops.lion", fromlist=["CPULion"]).CPULion(
+        ps, lr=1e-3, weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("name,make", _FUSE_CASES, ids=[c[0] for c in _FUSE_CASES])
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float16])
+def test_flattened_states_step_runs_of_parameters_bit_for_bit(name, make, out_dtype, monkeypatch):
+    """flatten_states() lays each group's states end to end; step() then runs consecutive
+    parameters whose masters, gradients, outputs and states lie end to end as one kernel call.
+    The result equals one call per parameter bit for bit (difference exactly 0: the kernels
+    are elementwise), over steps where a parameter in the middle has no gradient (the run
+    breaks there) and across a state_dict round trip, which keeps the states end to end."""
+    from zspeed.ops import _kernels
+    sizes = [37, 1, 129, 1000, 3, 517, 64]  # odd sizes, a one-element parameter
+    two_groups = lambda ps: [{"params": ps[:4]}, {"params": ps[4:], "lr": 3e-3}]  # noqa: E731
+    _, ref_ps = _end_to_end(sizes)
+    flat, ps = _end_to_end(sizes)
+    ref, opt = make(two_groups(ref_ps)), make(two_groups(ps))
+    opt.flatten_states()
+    kernel = {"adam": "adam", "adagrad": "adagrad", "lion": "lion"}[name.split("_")[0]]
+    calls = []
+    real = getattr(_kernels, kernel)
+    monkeypatch.setattr(_kernels, kernel, lambda *a, **k: calls.append(a[0].numel()) or real(*a, **k))
+    for step in range(4):
+        g_flat, gs = _end_to_end(sizes, seed=10 + step)
+        if step == 2:
+            gs[5] = None  # no gradient this step: skipped, the run breaks around it
+        outs = None if out_dtype is None else [[torch.zeros(n, dtype=out_dtype) for n in sizes[:4]],
+                                               [torch.zeros(n, dtype=out_dtype) for n in sizes[4:]]]
+        out_flat = None
+        if out_dtype is not None:
+            out_flat, ov = _end_to_end(sizes, out_dtype)
+            out_flat.zero_()
+            outs_fused = [ov[:4], ov[4:]]
+        calls.clear()
+        ref.step(grads=[[g.clone() if g is not None else None for g in gs[:4]],
+                        [g.clone() if g is not None else None for g in gs[4:]]], grad_scale=0.7,
+                 fp16_param_groups=outs)
+        per_param = len(calls)
+        calls.clear()
+        opt.step(grads=[gs[:4], gs[4:]], grad_scale=0.7, fp16_param_groups=outs_fused if out_dtype else None)
+        for a, b in zip(ps, ref_ps):
+            assert torch.equal(a, b)
+        if out_dtype is not None:
+            assert torch.equal(out_flat, torch.cat([o for row in outs for o in row]))
+        if name == "adam_int8_state":  # per-block scales: a tensor per parameter, a call per parameter
+            assert len(calls) == per_param
+        else:  # a run per group; the skip splits group 2 in two, and then its step counters differ
+            counts = "step" in opt.state[ps[0]]
+            assert len(calls) == {2: 3, 3: 4 if counts else 2}.get(step, 2) < per_param
+        if step == 1:  # a round trip through state_dict keeps the states end to end
+            opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for p, q in zip(ps, ref_ps):
+        for k, v in ref.state[q].items():
+            assert torch.equal(opt.state[p][k], v) if torch.is_tensor(v) else opt.state[p][k] == v
+
+
+def test_laid_out_states_appear_at_the_first_step_or_load_end_to_end():
+    """lay_out_states (what the engine's host path sets): no state before the first step (as
+    torch and DeepSpeed: readers of the state see none), then each group's states in one buffer
+    per key; a state_dict loaded into a fresh optimizer lands in such buffers too."""
+    from zspeed.ops.adam import CPUAdam
+    sizes = [5, 17, 1, 40]
+    _, ps = _end_to_end(sizes)
+    opt = CPUAdam([{"params": ps}], lr=1e-2)
+    opt.lay_out_states = True
+    assert len(opt.state) == 0
+    _, gs = _end_to_end(sizes, seed=3)
+    opt.step(grads=[gs])
+
+    def one_buffer(o, params):
+        ptrs = {o.state[p][k].untyped_storage().data_ptr() for p in params for k in ("exp_avg", "exp_avg_sq")}
+        return len(ptrs) == 2 and all(o.state[p]["step"] == 1 for p in params)
+    assert one_buffer(opt, ps)
+    _, qs = _end_to_end(sizes, seed=7)
+    fresh = CPUAdam([{"params": qs}], lr=1e-2)
+    fresh.lay_out_states = True
+    fresh.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert one_buffer(fresh, qs)
+    for p, q in zip(ps, qs):
+        assert torch.equal(opt.state[p]["exp_avg_sq"], fresh.state[q]["exp_avg_sq"])

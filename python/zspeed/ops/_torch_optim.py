@@ -26,11 +26,59 @@ def _state_value(v, p: torch.Tensor):
     return copy.deepcopy(v)
 
 
+def _into(old, new):
+    """A loaded state value: copied into the state tensor it replaces when that has its dtype and
+    size (so states that flatten_states() laid end to end stay so), else ``new`` itself."""
+    if torch.is_tensor(old) and torch.is_tensor(new) and old.dtype == new.dtype and old.numel() == new.numel() \
+            and old.device == new.device:
+        with torch.no_grad():
+            old.copy_(new.reshape(old.shape))
+        return old
+    return new
+
+
+def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """b starts where a ends, in the same storage, both contiguous and of one dtype."""
+    return (a.dtype == b.dtype and a.is_contiguous() and b.is_contiguous()
+            and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
+def _follows(a: tuple, b: tuple) -> bool:
+    """Whether parameter item b (param, grad, state, out) continues item a's run: each of its
+    tensors right after a's, the same state keys and the same non-tensor state (the step)."""
+    (pa, ga, sa, oa), (pb, gb, sb, ob) = a, b
+    if (oa is None) != (ob is None) or sa.keys() != sb.keys():
+        return False
+    pairs = [(pa, pb), (ga, gb)] + ([] if oa is None else [(oa, ob)])
+    for k, v in sa.items():
+        if torch.is_tensor(v):
+            if not torch.is_tensor(sb[k]):
+                return False
+            pairs.append((v, sb[k]))
+        elif v != sb[k]:
+            return False
+    return all(_adjacent(x, y) for x, y in pairs)
+
+
+def _joined(ts) -> torch.Tensor:
+    """One flat tensor over ``ts``, tensors that lie end to end in one storage."""
+    t = ts[0]
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(),
+                                                               (sum(x.numel() for x in ts),))
+
+
 class _CPUOptimizer(torch.optim.Optimizer):
     """Shared step loop: grads from ``grads=`` or ``p.grad``, the optional
     low-precision copy-out, state creation, and a state_dict round trip that
     keeps the states' own dtypes (torch's load_state_dict would cast them to
     the param's dtype)."""
+
+    # Set by zspeed's host path (runtime.optimizers.HostOptimizer): the states are laid out end to
+    # end (flatten_states) at the first step or state load, whichever comes first, so that until
+    # then there are none (as before any step), and afterwards runs of parameters step together.
+    lay_out_states = False
+    _laid_out = False
 
     def __init__(self, params, defaults, num_threads):
         if num_threads is not None:
@@ -96,10 +144,15 @@ class _CPUOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.lay_out_states and not self._laid_out:
+            self.flatten_states()
         for gi, group in enumerate(self.param_groups):
+            run: list = []  # consecutive parameters whose tensors lie end to end: one kernel call
             for pi, p in enumerate(group["params"]):
                 g = self._pick(grads, gi, pi, "grads") if grads is not None else p.grad
                 if g is None:
+                    self._run(group, run, grad_scale)
+                    run = []
                     continue
                 self._check_param(p)
                 if g.is_sparse:
@@ -111,8 +164,65 @@ class _CPUOptimizer(torch.optim.Optimizer):
                 state = self.state[p]
                 if len(state) == 0:
                     self._init_state(group, p, state)
-                self._update(group, p, g.contiguous(), state, out, grad_scale)
+                item = (p, g.contiguous(), state, out)
+                if run and not _follows(run[-1], item):
+                    self._run(group, run, grad_scale)
+                    run = []
+                run.append(item)
+            self._run(group, run, grad_scale)
         return loss
+
+    def _run(self, group, run: list, grad_scale) -> None:
+        """The kernel over ``run``'s parameters, (param, grad, state, out) each, whose tensors
+        lie end to end (:func:`_follows`): one call over the joined ranges, the same update
+        element by element as one call per parameter (the kernels are elementwise)."""
+        if len(run) == 1:
+            self._update(group, *run[0][:3], run[0][3], grad_scale)
+        elif run:
+            ps, gs, states, outs = zip(*run)
+            merged = {k: _joined([st[k] for st in states]) if torch.is_tensor(v) else v
+                      for k, v in states[0].items()}
+            self._update(group, _joined(ps), _joined(gs), merged, None if outs[0] is None else _joined(outs),
+                         grad_scale)
+            for st in states:  # the step counter (the same for every parameter of a run)
+                st.update((k, v) for k, v in merged.items() if not torch.is_tensor(v))
+
+    @torch.no_grad()
+    def flatten_states(self) -> None:
+        """Every parameter's state made now, each per-element state tensor a view of one buffer
+        per group and key, in parameter order (an existing state is copied in), so that step()
+        runs parameters whose weights, gradients and outputs also lie end to end (zspeed's host
+        buffers do) as one kernel call. A group whose states have per-block scales (int8) keeps
+        a tensor per parameter. Host memory holds one parameter's state beside the buffers at
+        most while this runs."""
+        for group in self.param_groups:
+            ps = group["params"]
+            if not ps:
+                continue
+            first: dict = dict(self.state[ps[0]]) or {}
+            if not first:
+                self._init_state(group, ps[0], first)
+            keys = [k for k, v in first.items() if torch.is_tensor(v)]
+            if any(k.endswith("_scale") for k in keys) or any(first[k].numel() != ps[0].numel() for k in keys):
+                continue
+            total = sum(p.numel() for p in ps)
+            flats = {k: torch.empty(total, dtype=first[k].dtype) for k in keys}
+            at = 0
+            for i, p in enumerate(ps):
+                st = self.state[p]
+                src = first if i == 0 else (st if len(st) else None)
+                if src is None:
+                    src = {}
+                    self._init_state(group, p, src)
+                n = p.numel()
+                new = {k: v for k, v in src.items() if not torch.is_tensor(v)}
+                for k in keys:
+                    view = flats[k][at:at + n].view(p.shape)
+                    view.copy_(src[k].reshape(p.shape))
+                    new[k] = view
+                self.state[p] = new
+                at += n
+        self._laid_out = True
 
     def load_state_dict(self, state_dict):
         """torch's load_state_dict of the param groups, then the saved states
@@ -122,12 +232,17 @@ class _CPUOptimizer(torch.optim.Optimizer):
         ``load()`` method and no tensor data); what it reads is kept as is."""
         saved = state_dict["state"]
         ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        # torch would copy (and cast) every state tensor first: the states are taken below.
+        # torch would copy (and cast) every state tensor first: the states are taken below, into
+        # the tensors they replace where those match (flatten_states' buffers stay end to end).
+        if self.lay_out_states and not self._laid_out:
+            self.flatten_states()  # (the loaded values are copied into these states below)
+        had = {p: dict(st) for p, st in self.state.items()}
         super().load_state_dict({**state_dict, "state": {}})
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(ids, params):
             if pid in saved:
-                self.state[p] = {k: _state_value(v, p) for k, v in saved[pid].items()}
+                have = had.get(p, {})
+                self.state[p] = {k: _into(have.get(k), _state_value(v, p)) for k, v in saved[pid].items()}
 
 
 class CPUAdam(_CPUOptimizer):

@@ -174,6 +174,11 @@ class HostOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, native: bool, grad_stats=None):
         self.optimizer = optimizer
         self.native = native
+        if native:
+            # The state of each group in one buffer per key (from the first step or load on), in
+            # the order of the host buffers that hold the masters, gradients and weights: a run of
+            # consecutive parameters is one kernel call (the per-call cost once per run).
+            optimizer.lay_out_states = True
         self._grad_stats = grad_stats
         self._gbufs: list | None = None  # fp32 gradient buffers of the torch fallback
 

@@ -250,13 +250,21 @@ class ShardedStore(ParamStore):
     def __init__(self, layout: FlatLayout, plan: PartitionPlan, device: torch.device, dtype: torch.dtype,
                  comm: Collectives):
         super().__init__(layout, plan, device, dtype, comm, param_device=device)
-        # Per group, per unit: one flat buffer holding the unit's parameters.
+        # Per group, per unit: one flat buffer holding the unit's parameters. In host memory the
+        # units of a group are end to end in one allocation: the CPU optimizer writes the
+        # parameters there, and steps a run of them that lie end to end in one call. On a device
+        # each unit is an allocation of its own, made as the model's own storage is freed
+        # parameter by parameter (one allocation would hold the model twice for a moment).
         self.bufs: list[list[torch.Tensor]] = []
         with torch.no_grad():
             for gi, gp in enumerate(plan.groups):
                 row = []
+                whole = torch.zeros(sum(u.padded for u in gp.units), dtype=dtype) if device.type == "cpu" else None
+                start = 0
                 for u in gp.units:
-                    buf = torch.zeros(u.padded, dtype=dtype, device=device)
+                    buf = (whole[start:start + u.padded] if whole is not None else
+                           torch.zeros(u.padded, dtype=dtype, device=device))
+                    start += u.padded
                     at = 0
                     for pi in range(u.first, u.first + u.count):
                         p = layout.params[gi][pi]
